@@ -1,0 +1,48 @@
+// Command oncegate is the exactly-once gateway for LLM APIs: `oncegate serve` (the default)
+// runs the gateway, `oncegate mock` the standalone mock model backend, and `oncegate config
+// check` validates a configuration file. This package is wiring only.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+const usage = `usage:
+  oncegate [serve] [--listen ADDR] [--data-dir DIR] [--config FILE] [--role all|api|worker]
+                   [--nats-url URL] [--nats-listen ADDR]
+  oncegate mock [--listen ADDR] [--ttft DUR] [--inter-token DUR] [--tokens N]
+  oncegate config check FILE
+`
+
+// run dispatches a subcommand and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	cmd := "serve"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		return serveMain(ctx, args, stderr, getenv, nil)
+	case "mock":
+		return mockMain(ctx, args, stdout, stderr)
+	case "config":
+		return configMain(args, stdout, stderr, getenv)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "oncegate: unknown command %q\n%s", cmd, usage)
+	return 2
+}

@@ -1,0 +1,314 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/oncegate/oncegate/internal/lease"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// Outcomes reported in Oncegate-Idempotency.
+const (
+	outcomeCreated  = "created"
+	outcomeJoined   = "joined"
+	outcomeReplayed = "replayed"
+	outcomeBypassed = "bypassed"
+)
+
+// generation is an owned copy of everything a generation request needs after the handler's
+// *fiber.Ctx is gone (Fiber reuses its memory).
+type generation struct {
+	tenant       string
+	echoKey      string // Idempotency-Key response header
+	recKey       string
+	fingerprint  string
+	auto         bool
+	retry        bool
+	bypass       bool
+	async        bool
+	model        string
+	backend      string
+	stream       bool
+	includeUsage bool
+	body         []byte
+}
+
+// chatCompletions is POST /v1/chat/completions.
+func (s *Server) chatCompletions(c *fiber.Ctx) error {
+	g, err := s.parseGeneration(c)
+	if err != nil {
+		return err
+	}
+	adm, err := s.admit(c.UserContext(), g)
+	if err != nil {
+		return err
+	}
+	if g.async {
+		return s.respondAccepted(c, g, adm)
+	}
+	return s.deliver(c, g, adm)
+}
+
+// parseGeneration authenticates, validates and copies the request. It changes no state.
+func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
+	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
+		return nil, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_media_type",
+			Message: "Content-Type must be application/json"}
+	}
+	tenant, err := s.authenticate(c)
+	if err != nil {
+		return nil, err
+	}
+	g := &generation{tenant: tenant, body: bytes.Clone(c.Body())}
+	fp, obj, err := canonicalFingerprint(g.body)
+	if err != nil {
+		return nil, badRequest("invalid_json", "", "request body is not a valid JSON object: "+err.Error())
+	}
+	model, ok := obj["model"].(string)
+	if !ok || model == "" {
+		return nil, badRequest("missing_required_parameter", "model", "you must provide a model parameter")
+	}
+	if msgs, ok := obj["messages"].([]any); !ok || len(msgs) == 0 {
+		return nil, badRequest("missing_required_parameter", "messages", "messages must be a non-empty array")
+	}
+	if v, present := obj["stream"]; present && v != nil {
+		b, ok := v.(bool)
+		if !ok {
+			return nil, badRequest("invalid_type", "stream", "stream must be a boolean")
+		}
+		g.stream = b
+	}
+	if so, ok := obj["stream_options"].(map[string]any); ok {
+		g.includeUsage, _ = so["include_usage"].(bool)
+	}
+	rt, ok := s.router.Resolve(model)
+	if !ok || len(rt.Backends) == 0 {
+		return nil, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+			Message: fmt.Sprintf("The model `%s` does not exist or is not served by this gateway", model)}
+	}
+	g.model, g.backend, g.fingerprint = model, rt.Backends[0], fp
+
+	g.bypass = !rt.Dedup || strings.EqualFold(c.Get("X-Allow-Duplicate"), "true")
+	raw := c.Get("Idempotency-Key")
+	if raw == "" {
+		raw = c.Get("X-Idempotency-Key")
+	}
+	if raw != "" && !g.bypass {
+		key, err := parseIdempotencyKey(raw)
+		if err != nil {
+			return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_idempotency_key",
+				Message: err.Error(), ShouldRetry: &retryNo}
+		}
+		g.echoKey, g.recKey = key, recordKey(tenant, key)
+	} else if !g.bypass {
+		g.auto = true
+		g.recKey = hashParts(tenant, "auto", c.Method(), c.Path(), fp)
+		g.echoKey = autoKeyPrefix + g.recKey
+	}
+	g.retry = s.isRetry(c)
+	g.async = preferAsync(c.Get("Prefer"))
+	return g, nil
+}
+
+// isRetry: the request declares itself a retry of an earlier attempt.
+func (s *Server) isRetry(c *fiber.Ctx) bool {
+	if n, err := strconv.Atoi(c.Get("x-stainless-retry-count")); err == nil && n >= 1 {
+		return true
+	}
+	for _, h := range s.idem.RetryHeaders {
+		if v := c.Get(h); v != "" && v != "0" && !strings.EqualFold(v, "false") {
+			return true
+		}
+	}
+	return false
+}
+
+func preferAsync(prefer string) bool {
+	for _, p := range strings.Split(prefer, ",") {
+		if strings.EqualFold(strings.TrimSpace(strings.SplitN(p, ";", 2)[0]), "respond-async") {
+			return true
+		}
+	}
+	return false
+}
+
+// admission is the decision for one request: what it is attached to.
+type admission struct {
+	outcome string
+	key     string
+	rec     *kv.Record
+	fl      *jobs.Follower // created and joined
+	jobID   string
+}
+
+var errGone = errors.New("record vanished")
+
+// admit claims the key or finds what already holds it. Only the claim and the job publish
+// write; replays and joins read.
+func (s *Server) admit(ctx context.Context, g *generation) (*admission, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if g.bypass {
+		jobID := jobs.NewID()
+		g.recKey = hashParts(g.tenant, "bypass", jobID)
+		g.echoKey = autoKeyPrefix + g.recKey
+		return s.create(ctx, g, g.recKey, jobID, outcomeBypassed)
+	}
+	for attempt := 0; attempt < 5; attempt++ {
+		adm, err := s.create(ctx, g, g.recKey, jobs.NewID(), outcomeCreated)
+		if !errors.Is(err, kv.ErrExists) {
+			return adm, err
+		}
+		adm, err = s.attach(ctx, g)
+		if errors.Is(err, errGone) || errors.Is(err, kv.ErrConflict) {
+			continue // expired or changed under us: decide again
+		}
+		return adm, err
+	}
+	return nil, unavailable("the idempotency key is contended; retry")
+}
+
+// newRecord is a PENDING claim for g: it names the job, the epoch, the fingerprint, a lease,
+// and carries the request so the job can be re-driven from it.
+func (s *Server) newRecord(g *generation, jobID string, epoch int) *kv.Record {
+	now := s.now()
+	return &kv.Record{State: kv.Pending, Tenant: g.tenant, JobID: jobID, Epoch: epoch, Fingerprint: g.fingerprint,
+		Owner: kv.NewOwner(), Auto: g.auto, Bypassed: g.bypass, Created: now, EpochStarted: now,
+		LeaseUntil: now.Add(s.idem.Lease.D()), Progress: kv.ProgressQueued, Model: g.model, Backend: g.backend,
+		Stream: g.stream, Request: g.body}
+}
+
+// create claims key with a new record and publishes its job; kv.ErrExists if taken.
+func (s *Server) create(ctx context.Context, g *generation, key, jobID, outcome string) (*admission, error) {
+	rec := s.newRecord(g, jobID, 1)
+	rev, err := s.store.Claim(ctx, key, rec)
+	if err != nil {
+		if errors.Is(err, kv.ErrExists) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("httpapi: claim: %w", err)
+	}
+	return s.launch(ctx, g, key, rec, rev, outcome)
+}
+
+// launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
+// can be missed), and indexes the job id.
+func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, outcome string) (*admission, error) {
+	job := lease.JobOf(key, rec)
+	fl, err := s.hub.Open(ctx, job.Subject())
+	if err != nil {
+		s.release(key, rec, rev)
+		return nil, fmt.Errorf("httpapi: follow %s: %w", job.ID, err)
+	}
+	if err := jobs.Submit(ctx, s.js, job); err != nil {
+		fl.Close()
+		s.release(key, rec, rev)
+		return nil, fmt.Errorf("httpapi: %w", err)
+	}
+	if rec.Epoch == 1 {
+		if err := s.store.IndexJob(ctx, job.ID, key, g.async); err != nil {
+			s.log.Warn().Err(err).Str(fieldJobID, job.ID).Msg("indexing job id")
+		}
+	}
+	return &admission{outcome: outcome, key: key, rec: rec, fl: fl, jobID: job.ID}, nil
+}
+
+// release marks a claim whose job could not be published as a retryable failure, so the
+// client's retry re-executes.
+func (s *Server) release(key string, rec *kv.Record, rev uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	failed := *rec
+	failed.State, failed.Request = kv.Failed, nil
+	failed.Result = &kv.Result{Status: http.StatusServiceUnavailable, Retryable: true}
+	if _, err := s.store.Update(ctx, key, &failed, rev); err != nil {
+		s.log.Warn().Err(err).Str(fieldKey, key).Msg("releasing claim")
+	}
+}
+
+// attach handles a key that already has a record.
+func (s *Server) attach(ctx context.Context, g *generation) (*admission, error) {
+	rec, rev, err := s.store.Get(ctx, g.recKey)
+	if errors.Is(err, kv.ErrNotFound) {
+		return nil, errGone
+	}
+	if err != nil {
+		return nil, fmt.Errorf("httpapi: read record: %w", err)
+	}
+	if rec.Tenant != g.tenant {
+		// Only a crafted "auto-" key can name another tenant's record: it does not exist for them.
+		return nil, &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
+			Message: "this Idempotency-Key was used with a different request", ShouldRetry: &retryNo}
+	}
+	if rec.Fingerprint != g.fingerprint {
+		return nil, &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
+			Message: "this Idempotency-Key was already used with a different request body", ShouldRetry: &retryNo}
+	}
+	now := s.now()
+	if g.auto && !g.retry && now.Sub(rec.Created) > s.idem.AutoWindow.D() {
+		// Identical content after the window is a new intent, not a copy.
+		if rec.State == kv.Pending {
+			jobID := jobs.NewID()
+			return s.create(ctx, g, hashParts(g.recKey, jobID), jobID, outcomeCreated)
+		}
+		return s.reclaim(ctx, g, rec, rev, jobs.NewID())
+	}
+	switch rec.State {
+	case kv.Pending:
+		if rec.LeaseExpired(now) {
+			job, nrec, nrev, err := lease.TakeOver(ctx, s.js, s.store, g.recKey, rec, rev, now, s.idem.Lease.D())
+			if err != nil {
+				return nil, err
+			}
+			s.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).Msg("lease expired; execution re-driven by a client request")
+			adm, err := s.launch(ctx, g, g.recKey, nrec, nrev, outcomeJoined)
+			return adm, err
+		}
+		fl, err := s.hub.Join(ctx, jobs.ChunkSubject(g.recKey, rec.Epoch))
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: join: %w", err)
+		}
+		return &admission{outcome: outcomeJoined, key: g.recKey, rec: rec, fl: fl, jobID: rec.JobID}, nil
+	case kv.Failed:
+		if rec.Result != nil && rec.Result.Retryable && !rec.Cancelled {
+			return s.reclaim(ctx, g, rec, rev, rec.JobID)
+		}
+	}
+	return &admission{outcome: outcomeReplayed, key: g.recKey, rec: rec, jobID: rec.JobID}, nil
+}
+
+// reclaim replaces a finished record by compare-and-set with a new PENDING epoch.
+func (s *Server) reclaim(ctx context.Context, g *generation, old *kv.Record, rev uint64, jobID string) (*admission, error) {
+	rec := s.newRecord(g, jobID, old.Epoch+1)
+	if jobID == old.JobID {
+		rec.Created = old.Created
+	}
+	nrev, err := s.store.Update(ctx, g.recKey, rec, rev)
+	if err != nil {
+		return nil, err
+	}
+	if jobID != old.JobID {
+		rec.Epoch = old.Epoch + 1 // epochs keep growing on one key so chunk subjects never repeat
+	}
+	return s.launch(ctx, g, g.recKey, rec, nrev, outcomeCreated)
+}
+
+// Log field names.
+const (
+	fieldJobID = "job_id"
+	fieldKey   = "idem_key_hash"
+)
+
+// unused guard for json import in this file
+var _ = json.Valid

@@ -1,0 +1,282 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+const (
+	// heartbeatEvery is how often an idle SSE stream gets a comment, so a gone client is noticed.
+	heartbeatEvery = 5 * time.Second
+	// maxGeneration bounds how long one request follows an execution.
+	maxGeneration = 15 * time.Minute
+	mimeSSE       = "text/event-stream"
+)
+
+// setGenerationHeaders writes the headers every generation response carries.
+func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *admission) {
+	c.Set("Idempotency-Key", g.echoKey)
+	c.Set("Oncegate-Idempotency", adm.outcome)
+	c.Set("Oncegate-Job-Id", adm.jobID)
+	expires := s.now()
+	if adm.rec != nil && adm.rec.Result != nil && !adm.rec.Result.Finished.IsZero() {
+		expires = adm.rec.Result.Finished
+	}
+	c.Set("Idempotency-Expires", expires.Add(s.idem.TTL.D()).UTC().Format(http.TimeFormat))
+	if adm.outcome == outcomeReplayed {
+		c.Set("Idempotent-Replayed", "true")
+	}
+}
+
+// deliver answers a generation request from its admission.
+func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
+	s.setGenerationHeaders(c, g, adm)
+	if adm.fl == nil {
+		return s.replay(c, g, adm.rec)
+	}
+	// Wait for the first chunk in the handler: its kind decides the status line.
+	wait := maxGeneration
+	if adm.outcome == outcomeJoined && !g.stream {
+		wait = s.idem.MaxWait.D()
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
+	defer cancel()
+	fl := adm.fl
+	first, err := s.nextChunk(ctx, g, adm)
+	fl = adm.fl // nextChunk may have moved to a new epoch
+	if err != nil {
+		fl.Close()
+		if errors.Is(err, errReplay) {
+			return s.replay(c, g, adm.rec)
+		}
+		if errors.Is(err, context.DeadlineExceeded) && adm.outcome == outcomeJoined {
+			return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
+				Message: "a request with this Idempotency-Key is still in progress; retry shortly", ShouldRetry: &retryYes, RetryAfter: 1})
+		}
+		return err
+	}
+	if g.stream && (first.Kind == jobs.KindData || first.Kind == jobs.KindUsage) {
+		s.streamLive(c, g, adm, first)
+		return nil
+	}
+	if !g.stream {
+		// Non-stream: skip output chunks until the terminal one.
+		for !first.Terminal() {
+			if first, err = s.nextChunk(ctx, g, adm); err != nil {
+				adm.fl.Close()
+				if errors.Is(err, errReplay) {
+					return s.replay(c, g, adm.rec)
+				}
+				if errors.Is(err, context.DeadlineExceeded) && adm.outcome == outcomeJoined {
+					return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
+						Message: "a request with this Idempotency-Key is still in progress; retry shortly", ShouldRetry: &retryYes, RetryAfter: 1})
+				}
+				return err
+			}
+		}
+	}
+	adm.fl.Close()
+	switch first.Kind {
+	case jobs.KindResult:
+		if !g.stream || first.Status != http.StatusOK {
+			if first.Status >= 400 {
+				c.Set("x-should-retry", "false")
+			}
+			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+			return c.Status(first.Status).Send(first.Payload)
+		}
+	case jobs.KindError:
+		if first.Status != http.StatusOK { // failed before output: the key was released
+			c.Set("x-should-retry", "true")
+			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+			return c.Status(first.Status).Send(first.Payload)
+		}
+	}
+	// Anything else is rendered from the stored record (done, a result for a stream copy…).
+	rec, _, err := s.store.Get(c.UserContext(), adm.key)
+	if err != nil {
+		return unavailable("the result is not readable yet; retry")
+	}
+	return s.replay(c, g, rec)
+}
+
+var errReplay = errors.New("answer from the record")
+
+// nextChunk returns the next chunk, following a takeover to the new epoch when the client has
+// received nothing of the old one. errReplay means: render adm.rec instead.
+func (s *Server) nextChunk(ctx context.Context, g *generation, adm *admission) (jobs.Chunk, error) {
+	for {
+		ch, err := adm.fl.Next(ctx)
+		if err != nil && !errors.Is(err, jobs.ErrEnded) {
+			return ch, err
+		}
+		if err == nil && ch.Kind != jobs.KindFence {
+			return ch, nil
+		}
+		// Fenced (taken over) or the feed ended: see what the record says now.
+		rec, _, gerr := s.store.Get(ctx, adm.key)
+		if gerr != nil {
+			return ch, unavailable("the execution was interrupted; retry")
+		}
+		adm.rec = rec
+		if rec.State != kv.Pending {
+			return ch, errReplay
+		}
+		adm.fl.Close()
+		fl, jerr := s.hub.Join(ctx, jobs.ChunkSubject(adm.key, rec.Epoch))
+		if jerr != nil {
+			return ch, unavailable("the execution was interrupted; retry")
+		}
+		adm.fl = fl
+	}
+}
+
+// streamLive writes an SSE stream that follows the execution live. It runs after the handler
+// returned, so it captures only owned values.
+func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first jobs.Chunk) {
+	c.Set(fiber.HeaderContentType, mimeSSE)
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	c.Set("X-Accel-Buffering", "no")
+	c.Status(http.StatusOK)
+	fl, includeUsage, shutdown, log := adm.fl, g.includeUsage, s.shutdown, s.log
+	jobID := adm.jobID
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer fl.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
+		defer cancel()
+		ch := first
+		for {
+			switch ch.Kind {
+			case jobs.KindData:
+				_, _ = w.Write(ch.Payload)
+			case jobs.KindUsage:
+				if includeUsage {
+					_, _ = w.Write(ch.Payload)
+				}
+			case jobs.KindDone:
+				_, _ = w.Write(openaiwire.DoneFrame)
+				_ = w.Flush()
+				return
+			case jobs.KindError:
+				_, _ = w.Write(openaiwire.Frame(ch.Payload))
+				_ = w.Flush()
+				return
+			case jobs.KindFence, jobs.KindResult:
+				// The execution restarted after this client got output: never splice two runs.
+				_, _ = w.Write(openaiwire.Frame(openaiwire.ErrorBody("the execution was restarted after a worker was lost; retry with the same Idempotency-Key to receive the complete answer",
+					"server_error", "execution_restarted", "")))
+				_ = w.Flush()
+				return
+			}
+			if err := w.Flush(); err != nil {
+				return // client gone; the execution goes on for its other copies
+			}
+			for {
+				hctx, hcancel := context.WithTimeout(ctx, heartbeatEvery)
+				next, err := fl.Next(hctx)
+				hcancel()
+				if err == nil {
+					ch = next
+					break
+				}
+				if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+					if _, err := w.WriteString(": ping\n\n"); err != nil {
+						return
+					}
+					if err := w.Flush(); err != nil {
+						return
+					}
+					continue
+				}
+				select {
+				case <-shutdown:
+				default:
+				}
+				log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
+				_, _ = w.Write(openaiwire.Frame(openaiwire.ErrorBody("the stream was interrupted; retry with the same Idempotency-Key to receive the complete answer",
+					"server_error", "stream_interrupted", "")))
+				_ = w.Flush()
+				return
+			}
+		}
+	})
+}
+
+// replay answers from a stored record: the original status and body for non-stream (byte for
+// byte), the stored frames then [DONE] for a stream.
+func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
+	res := rec.Result
+	if res == nil {
+		return unavailable("the result is not available yet; retry")
+	}
+	if rec.State == kv.Completed && res.Status != http.StatusOK {
+		c.Set("x-should-retry", "false")
+		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+		return c.Status(res.Status).Send(res.Body)
+	}
+	if rec.State == kv.Failed && (!res.Partial || !g.stream) {
+		c.Set("x-should-retry", strconv.FormatBool(res.Retryable))
+		status := res.Status
+		if status == http.StatusOK {
+			status = http.StatusBadGateway
+		}
+		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+		body := res.Body
+		if len(body) == 0 {
+			body = openaiwire.ErrorBody("the execution failed", "server_error", "execution_failed", "")
+		}
+		return c.Status(status).Send(body)
+	}
+	if !g.stream {
+		body := res.Body
+		if rec.Stream {
+			var err error
+			if body, err = openaiwire.Assemble(res.Events, res.UsageEvent); err != nil {
+				return err
+			}
+		}
+		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+		return c.Status(http.StatusOK).Send(body)
+	}
+	events, usage := res.Events, res.UsageEvent
+	if !rec.Stream {
+		var err error
+		if events, usage, err = openaiwire.Synthesize(res.Body); err != nil {
+			return err
+		}
+	}
+	out := make([]byte, 0, len(events)+len(usage)+64)
+	out = append(out, events...)
+	if rec.State == kv.Failed {
+		out = openaiwire.AppendFrame(out, res.Body)
+	} else {
+		if g.includeUsage {
+			out = append(out, usage...)
+		}
+		out = append(out, openaiwire.DoneFrame...)
+	}
+	c.Set(fiber.HeaderContentType, mimeSSE)
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	return c.Status(http.StatusOK).Send(out)
+}
+
+// respondAccepted answers Prefer: respond-async with 202 and where to find the job.
+func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *admission) error {
+	if adm.fl != nil {
+		adm.fl.Close()
+	}
+	s.setGenerationHeaders(c, g, adm)
+	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.jobID)
+	status := jobStatus(adm.rec)
+	return c.Status(http.StatusAccepted).JSON(fiber.Map{"id": adm.jobID, "object": "job", "status": status})
+}

@@ -1,0 +1,194 @@
+// Package httpapi is oncegate's HTTP face: a Fiber v2 app with the OpenAI-compatible chat
+// completions endpoint, the jobs and idempotency status APIs, models and health. Handlers are
+// thin: they copy what they need out of the borrowed *fiber.Ctx, authenticate the tenant,
+// validate, and hand the request to kv (the claim) and jobs (submit and follow). Every error
+// goes through one handler that writes the OpenAI error format.
+//
+// A Server is safe for concurrent use; the goroutines it starts end with the request that
+// started them.
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// Router resolves a model name to the backends that serve it.
+type Router interface {
+	Resolve(model string) (config.RouteTarget, bool)
+	ModelNames() []string
+}
+
+// Deps is what the API needs.
+type Deps struct {
+	NC      *nats.Conn
+	JS      jetstream.JetStream
+	Store   *kv.Store
+	Hub     *jobs.Hub
+	Router  Router
+	Tenants []config.Tenant
+	Idem    config.Idempotency
+	HTTP    config.HTTP
+	Log     zerolog.Logger
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// Server holds the Fiber app.
+type Server struct {
+	app     *fiber.App
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	store   *kv.Store
+	hub     *jobs.Hub
+	router  Router
+	tenants []tenantKeys
+	idem    config.Idempotency
+	log     zerolog.Logger
+	now     func() time.Time
+	// shutdown is closed when the server begins to stop: stream writers finish up.
+	shutdown chan struct{}
+}
+
+type tenantKeys struct {
+	id     string
+	hashes [][]byte
+}
+
+// anonymousTenant is the tenant of every request when no tenants are configured.
+const anonymousTenant = "anonymous"
+
+// New builds the app and its routes.
+func New(d Deps) *Server {
+	s := &Server{nc: d.NC, js: d.JS, store: d.Store, hub: d.Hub, router: d.Router, idem: d.Idem, log: d.Log,
+		now: d.Now, shutdown: make(chan struct{})}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for _, t := range d.Tenants {
+		tk := tenantKeys{id: t.ID}
+		for _, h := range t.APIKeysSHA256 {
+			b, err := hex.DecodeString(h)
+			if err == nil {
+				tk.hashes = append(tk.hashes, b)
+			}
+		}
+		s.tenants = append(s.tenants, tk)
+	}
+	s.app = fiber.New(fiber.Config{
+		AppName:               "oncegate",
+		BodyLimit:             d.HTTP.MaxBodyBytes,
+		ReadTimeout:           d.HTTP.ReadTimeout.D(),
+		WriteTimeout:          0, // SSE responses run long; generations are bounded by their own deadlines
+		IdleTimeout:           d.HTTP.IdleTimeout.D(),
+		DisableStartupMessage: true,
+		ErrorHandler:          s.errorHandler,
+		StreamRequestBody:     false,
+	})
+	s.app.Get("/healthz", s.healthz)
+	s.app.Get("/readyz", s.readyz)
+	v1 := s.app.Group("/v1")
+	v1.Get("/models", s.models)
+	v1.Post("/chat/completions", s.chatCompletions)
+	s.routesJobs(v1)
+	return s
+}
+
+// App exposes the Fiber app (for Listen and for tests).
+func (s *Server) App() *fiber.App { return s.app }
+
+// Shutdown stops accepting, tells stream writers to finish, and waits (bounded by ctx).
+func (s *Server) Shutdown(ctx context.Context) error {
+	select {
+	case <-s.shutdown:
+	default:
+		close(s.shutdown)
+	}
+	return s.app.ShutdownWithContext(ctx)
+}
+
+func (s *Server) healthz(c *fiber.Ctx) error {
+	return c.JSON(fiber.Map{"status": "ok"})
+}
+
+func (s *Server) readyz(c *fiber.Ctx) error {
+	if s.nc == nil || !s.nc.IsConnected() {
+		return writeAPIError(c, unavailable("not connected to NATS"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := s.js.AccountInfo(ctx); err != nil {
+		return writeAPIError(c, unavailable("JetStream is not available"))
+	}
+	return c.JSON(fiber.Map{"status": "ready"})
+}
+
+func (s *Server) models(c *fiber.Ctx) error {
+	if _, err := s.authenticate(c); err != nil {
+		return err
+	}
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	names := s.router.ModelNames()
+	data := make([]model, 0, len(names))
+	for _, n := range names {
+		owner := "oncegate"
+		if rt, ok := s.router.Resolve(n); ok && len(rt.Backends) > 0 {
+			owner = rt.Backends[0]
+		}
+		data = append(data, model{ID: n, Object: "model", Created: 0, OwnedBy: owner})
+	}
+	return c.JSON(fiber.Map{"object": "list", "data": data})
+}
+
+// authenticate returns the caller's tenant. With no tenants configured every caller is the
+// anonymous tenant (and any Authorization header is ignored).
+func (s *Server) authenticate(c *fiber.Ctx) (string, error) {
+	if len(s.tenants) == 0 {
+		return anonymousTenant, nil
+	}
+	key := c.Get("x-api-key")
+	if key == "" {
+		auth := c.Get(fiber.HeaderAuthorization)
+		if len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+			key = strings.TrimSpace(auth[7:])
+		}
+	}
+	if key == "" {
+		return "", &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "missing_api_key",
+			Message: "an API key is required (Authorization: Bearer <key> or x-api-key)"}
+	}
+	sum := sha256.Sum256([]byte(key))
+	found := ""
+	for _, t := range s.tenants {
+		for _, h := range t.hashes {
+			// compare against every key, so the time does not say which tenant matched
+			if subtle.ConstantTimeCompare(sum[:], h) == 1 {
+				found = t.id
+			}
+		}
+	}
+	if found == "" {
+		return "", &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+			Message: "invalid API key"}
+	}
+	return found, nil
+}

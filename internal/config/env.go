@@ -1,0 +1,66 @@
+package config
+
+import (
+	"os"
+	"slices"
+)
+
+// Environment variables read by [Config.ApplyEnv].
+const (
+	EnvListen   = "ONCEGATE_LISTEN"
+	EnvDataDir  = "ONCEGATE_DATA_DIR"
+	EnvNATSURL  = "ONCEGATE_NATS_URL"
+	EnvLogLevel = "ONCEGATE_LOG_LEVEL"
+	EnvRole     = "ONCEGATE_ROLE"
+
+	EnvOpenAIBaseURL = "OPENAI_BASE_URL"
+	EnvOpenAIAPIKey  = "OPENAI_API_KEY"
+)
+
+// ApplyEnv applies environment overrides; an unset or empty variable changes
+// nothing. getenv is usually os.Getenv (nil means os.Getenv).
+//
+//   - ONCEGATE_LISTEN, ONCEGATE_DATA_DIR, ONCEGATE_NATS_URL,
+//     ONCEGATE_LOG_LEVEL and ONCEGATE_ROLE override listen, data_dir,
+//     nats.url, log_level and role.
+//   - If OPENAI_BASE_URL and OPENAI_API_KEY are both set and no backend of
+//     type openai exists, a backend named "openai" is appended that serves
+//     every model ("*") at $OPENAI_BASE_URL with the key from
+//     $OPENAI_API_KEY (only the variable's name is stored).
+//
+// ApplyEnv does not validate; call [Config.Validate] afterwards.
+func (c *Config) ApplyEnv(getenv func(string) string) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	for _, o := range []struct {
+		env string
+		dst *string
+	}{
+		{EnvListen, &c.Listen},
+		{EnvDataDir, &c.DataDir},
+		{EnvNATSURL, &c.NATS.URL},
+		{EnvLogLevel, &c.LogLevel},
+		{EnvRole, &c.Role},
+	} {
+		if v := getenv(o.env); v != "" {
+			*o.dst = v
+		}
+	}
+
+	baseURL := getenv(EnvOpenAIBaseURL)
+	if baseURL == "" || getenv(EnvOpenAIAPIKey) == "" {
+		return
+	}
+	if slices.ContainsFunc(c.Backends, func(b Backend) bool { return b.Type == TypeOpenAI }) {
+		return
+	}
+	c.Backends = append(c.Backends, Backend{
+		Name:      "openai",
+		Type:      TypeOpenAI,
+		BaseURL:   baseURL,
+		APIKeyEnv: EnvOpenAIAPIKey,
+		Models:    []string{CatchAll},
+		Timeout:   Duration(DefaultBackendTimeout),
+	})
+}

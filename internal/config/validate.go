@@ -1,0 +1,457 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ErrInvalid matches (errors.Is) every error caused by the configuration's
+// content: YAML errors from [Load] and [Parse], and [*ValidationError].
+var ErrInvalid = errors.New("config: invalid")
+
+// FieldError is one validation problem.
+type FieldError struct {
+	Path    string // e.g. "backends[1].base_url", "routes[0].backends[2]"
+	Message string
+}
+
+// Error returns "path: message".
+func (e FieldError) Error() string {
+	if e.Path == "" {
+		return e.Message
+	}
+	return e.Path + ": " + e.Message
+}
+
+// ValidationError lists every validation problem of a configuration.
+type ValidationError struct {
+	Errors []FieldError
+}
+
+// Error returns one line per field error, sorted by path (indexes compare
+// numerically, so backends[2] comes before backends[10]).
+func (e *ValidationError) Error() string {
+	errs := slices.Clone(e.Errors)
+	sortFieldErrors(errs)
+	lines := make([]string, len(errs))
+	for i, fe := range errs {
+		lines[i] = fe.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Is reports whether target is [ErrInvalid].
+func (e *ValidationError) Is(target error) bool { return target == ErrInvalid }
+
+func sortFieldErrors(errs []FieldError) {
+	slices.SortStableFunc(errs, func(a, b FieldError) int { return comparePaths(a.Path, b.Path) })
+}
+
+// comparePaths orders paths bytewise except that runs of digits compare by
+// numeric value.
+func comparePaths(a, b string) int {
+	for a != "" && b != "" {
+		if isDigit(a[0]) && isDigit(b[0]) {
+			da, db := digitRun(a), digitRun(b)
+			na, nb := strings.TrimLeft(a[:da], "0"), strings.TrimLeft(b[:db], "0")
+			if c := len(na) - len(nb); c != 0 {
+				return c
+			}
+			if c := strings.Compare(na, nb); c != 0 {
+				return c
+			}
+			a, b = a[da:], b[db:]
+			continue
+		}
+		if a[0] != b[0] {
+			return int(a[0]) - int(b[0])
+		}
+		a, b = a[1:], b[1:]
+	}
+	return len(a) - len(b)
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+func digitRun(s string) int {
+	i := 0
+	for i < len(s) && isDigit(s[i]) {
+		i++
+	}
+	return i
+}
+
+const (
+	mib = 1 << 20
+
+	minNATSPayload = 1 * mib
+	maxNATSPayload = 64 * mib
+	maxBodyBytes   = 64 * mib
+
+	maxConcurrency = 100000
+	maxMockTokens  = 100000
+
+	minTTL   = time.Second
+	minLease = 2 * time.Second
+)
+
+var (
+	backendNameRE = regexp.MustCompile(`^[a-z0-9_-]+$`)
+	envNameRE     = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*$`)
+	tenantIDRE    = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+	sha256HexRE   = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// validator collects field errors.
+type validator struct {
+	errs []FieldError
+}
+
+func (v *validator) add(path, format string, args ...any) {
+	v.errs = append(v.errs, FieldError{Path: path, Message: fmt.Sprintf(format, args...)})
+}
+
+// Validate checks every rule and returns nil or a [*ValidationError] listing
+// all problems, sorted by path.
+func (c *Config) Validate() error {
+	v := &validator{}
+	v.top(c)
+	v.nats(&c.NATS)
+	v.http(&c.HTTP)
+	v.workers(&c.Workers)
+	v.idempotency(&c.Idempotency)
+	v.backends(c.Backends)
+	v.routes(c.Routes, c.Backends)
+	v.tenants(c.Tenants)
+	if len(v.errs) == 0 {
+		return nil
+	}
+	sortFieldErrors(v.errs)
+	return &ValidationError{Errors: v.errs}
+}
+
+func (v *validator) top(c *Config) {
+	v.hostPort("listen", c.Listen)
+	if c.DataDir == "" && c.NATS.URL == "" {
+		v.add("data_dir", "must not be empty when the embedded NATS server is used (nats.url is empty)")
+	}
+	v.oneOf("log_level", c.LogLevel, "debug", "info", "warn", "error")
+	v.oneOf("role", c.Role, "all", "api", "worker")
+}
+
+func (v *validator) nats(n *NATS) {
+	if n.URL != "" {
+		// Like the NATS client, accept a comma-separated list of servers.
+		for _, u := range strings.Split(n.URL, ",") {
+			if msg := checkNATSURL(strings.TrimSpace(u)); msg != "" {
+				v.add("nats.url", "%s", msg)
+				break
+			}
+		}
+	}
+	if n.Listen != "" {
+		v.hostPort("nats.listen", n.Listen)
+	}
+	if n.Sync != "always" {
+		if d, err := time.ParseDuration(n.Sync); err != nil || d <= 0 {
+			v.add("nats.sync", `must be "always" or a positive duration like "1s", got %q`, n.Sync)
+		}
+	}
+	if n.MaxPayload < minNATSPayload || n.MaxPayload > maxNATSPayload {
+		v.add("nats.max_payload", "must be between %d (1 MiB) and %d (64 MiB), got %d",
+			minNATSPayload, maxNATSPayload, n.MaxPayload)
+	}
+}
+
+func checkNATSURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || s == "" {
+		return fmt.Sprintf("must be empty (embedded server) or a nats://, tls://, ws:// or wss:// URL, got %q", s)
+	}
+	switch u.Scheme {
+	case "nats", "tls", "ws", "wss":
+	default:
+		return fmt.Sprintf("must be empty (embedded server) or a nats://, tls://, ws:// or wss:// URL, got %q", s)
+	}
+	if u.Host == "" {
+		return fmt.Sprintf("URL %q has no host", s)
+	}
+	return ""
+}
+
+func (v *validator) http(h *HTTP) {
+	if h.MaxBodyBytes <= 0 || h.MaxBodyBytes > maxBodyBytes {
+		v.add("http.max_body_bytes", "must be > 0 and at most %d (64 MiB), got %d", maxBodyBytes, h.MaxBodyBytes)
+	}
+	v.positive("http.read_timeout", h.ReadTimeout)
+	v.positive("http.write_timeout", h.WriteTimeout)
+	v.positive("http.idle_timeout", h.IdleTimeout)
+	v.positive("http.shutdown_grace", h.ShutdownGrace)
+}
+
+func (v *validator) workers(w *Workers) {
+	if w.Concurrency < 1 || w.Concurrency > maxConcurrency {
+		v.add("workers.concurrency", "must be between 1 and %d, got %d", maxConcurrency, w.Concurrency)
+	}
+}
+
+func (v *validator) idempotency(i *Idempotency) {
+	if i.TTL.D() < minTTL {
+		v.add("idempotency.ttl", "must be at least %s, got %s", minTTL, i.TTL)
+	}
+	switch {
+	case i.AutoWindow < 0:
+		v.add("idempotency.auto_window", "must be >= 0, got %s", i.AutoWindow)
+	case i.AutoWindow >= i.TTL:
+		v.add("idempotency.auto_window", "must be less than idempotency.ttl (%s), got %s", i.TTL, i.AutoWindow)
+	}
+	v.positive("idempotency.max_wait", i.MaxWait)
+	if i.Lease.D() < minLease {
+		v.add("idempotency.lease", "must be at least %s, got %s", minLease, i.Lease)
+	}
+	switch {
+	case i.RenewEvery <= 0:
+		v.add("idempotency.renew_every", "must be > 0, got %s", i.RenewEvery)
+	case i.Lease.D() < 3*i.RenewEvery.D():
+		v.add("idempotency.renew_every",
+			"must be at most a third of idempotency.lease (%s), got %s: the lease holder must get at least two renewal attempts before its lease can expire, or a slow renewal lets a second worker take over and execute the request again",
+			i.Lease, i.RenewEvery)
+	}
+	for j, h := range i.RetryHeaders {
+		if !isToken(h) {
+			v.add(fmt.Sprintf("idempotency.retry_headers[%d]", j), "must be a valid HTTP header name, got %q", h)
+		}
+	}
+}
+
+// isToken reports whether s is an RFC 9110 token (a valid header name).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func (v *validator) backends(bs []Backend) {
+	if len(bs) == 0 {
+		v.add("backends", "at least one backend is required")
+		return
+	}
+	seen := map[string]int{}
+	for i, b := range bs {
+		p := fmt.Sprintf("backends[%d]", i)
+		switch {
+		case b.Name == "":
+			v.add(p+".name", "must not be empty")
+		case !backendNameRE.MatchString(b.Name):
+			v.add(p+".name", "must match [a-z0-9_-]+, got %q", b.Name)
+		}
+		if b.Name != "" {
+			if j, dup := seen[b.Name]; dup {
+				v.add(p+".name", "duplicate backend name %q (also backends[%d])", b.Name, j)
+			} else {
+				seen[b.Name] = i
+			}
+		}
+
+		switch b.Type {
+		case TypeOpenAI:
+			if msg := checkHTTPURL(b.BaseURL); msg != "" {
+				v.add(p+".base_url", "%s", msg)
+			}
+		case TypeMock:
+			if b.BaseURL != "" {
+				v.add(p+".base_url", "must be empty for a mock backend")
+			}
+		default:
+			v.add(p+".type", "must be one of %s, %s; got %q", TypeOpenAI, TypeMock, b.Type)
+		}
+		if b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv) {
+			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")
+		}
+
+		if len(b.Models) == 0 {
+			v.add(p+".models", "must list at least one model")
+		}
+		models := map[string]bool{}
+		for j, m := range b.Models {
+			mp := fmt.Sprintf("%s.models[%d]", p, j)
+			if msg := checkModelName(m); msg != "" {
+				v.add(mp, "%s", msg)
+				continue
+			}
+			if models[m] {
+				v.add(mp, "duplicate model %q", m)
+				continue
+			}
+			models[m] = true
+			if b.Type == TypeMock {
+				switch {
+				case m == CatchAll:
+					v.add(mp, "a mock backend cannot be a catch-all (%q): the mock never impersonates a real provider's model", CatchAll)
+				case !strings.HasPrefix(m, MockModelPrefix):
+					v.add(mp, "a mock backend may only serve model names starting with %q (the mock never impersonates a real provider's model), got %q", MockModelPrefix, m)
+				}
+			}
+		}
+
+		v.positive(p+".timeout", b.Timeout)
+		if b.Type == TypeMock {
+			if b.Mock.TTFT < 0 {
+				v.add(p+".mock.ttft", "must be >= 0, got %s", b.Mock.TTFT)
+			}
+			if b.Mock.InterToken < 0 {
+				v.add(p+".mock.inter_token", "must be >= 0, got %s", b.Mock.InterToken)
+			}
+			if b.Mock.Tokens < 1 || b.Mock.Tokens > maxMockTokens {
+				v.add(p+".mock.tokens", "must be between 1 and %d, got %d", maxMockTokens, b.Mock.Tokens)
+			}
+		}
+	}
+}
+
+func checkModelName(m string) string {
+	switch {
+	case strings.TrimSpace(m) == "":
+		return "must not be empty"
+	case m != strings.TrimSpace(m):
+		return fmt.Sprintf("must not have leading or trailing spaces, got %q", m)
+	case m != CatchAll && strings.Contains(m, CatchAll):
+		return fmt.Sprintf("patterns are not supported, got %q (use %q alone for a catch-all)", m, CatchAll)
+	}
+	return ""
+}
+
+func checkHTTPURL(s string) string {
+	const want = "must be an absolute http(s) URL"
+	if s == "" {
+		return want
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Sprintf("%s, got %q", want, s)
+	}
+	if u.User != nil {
+		return "must not contain credentials (put the key in the variable named by api_key_env)"
+	}
+	return ""
+}
+
+func (v *validator) routes(rs []Route, bs []Backend) {
+	types := map[string]string{}
+	for _, b := range bs {
+		if _, ok := types[b.Name]; !ok {
+			types[b.Name] = b.Type
+		}
+	}
+	seen := map[string]int{}
+	for i, r := range rs {
+		p := fmt.Sprintf("routes[%d]", i)
+		if msg := checkModelName(r.Model); msg != "" {
+			v.add(p+".model", "%s", msg)
+		} else if r.Model == CatchAll {
+			v.add(p+".model", "must be an exact model name, not %q (list %q in a backend's models instead)", CatchAll, CatchAll)
+		} else if j, dup := seen[r.Model]; dup {
+			v.add(p+".model", "duplicate route for model %q (also routes[%d])", r.Model, j)
+		} else {
+			seen[r.Model] = i
+		}
+		if len(r.Backends) == 0 {
+			v.add(p+".backends", "must name at least one backend")
+		}
+		names := map[string]bool{}
+		for j, name := range r.Backends {
+			bp := fmt.Sprintf("%s.backends[%d]", p, j)
+			typ, ok := types[name]
+			switch {
+			case !ok:
+				v.add(bp, "unknown backend %q", name)
+			case names[name]:
+				v.add(bp, "duplicate backend %q", name)
+			case typ == TypeMock && r.Model != "" && !strings.HasPrefix(r.Model, MockModelPrefix):
+				v.add(bp, "mock backend %q cannot serve model %q: the mock only serves model names starting with %q", name, r.Model, MockModelPrefix)
+			}
+			names[name] = true
+		}
+	}
+}
+
+func (v *validator) tenants(ts []Tenant) {
+	ids := map[string]int{}
+	keys := map[string]string{} // key -> path of first use
+	for i, t := range ts {
+		p := fmt.Sprintf("tenants[%d]", i)
+		switch {
+		case t.ID == "":
+			v.add(p+".id", "must not be empty")
+		case !tenantIDRE.MatchString(t.ID):
+			v.add(p+".id", "must match [A-Za-z0-9_.-]+, got %q", t.ID)
+		}
+		if t.ID != "" {
+			if j, dup := ids[t.ID]; dup {
+				v.add(p+".id", "duplicate tenant id %q (also tenants[%d])", t.ID, j)
+			} else {
+				ids[t.ID] = i
+			}
+		}
+		if len(t.APIKeysSHA256) == 0 {
+			v.add(p+".api_keys_sha256", "must list at least one key hash")
+		}
+		for j, k := range t.APIKeysSHA256 {
+			kp := fmt.Sprintf("%s.api_keys_sha256[%d]", p, j)
+			if !sha256HexRE.MatchString(k) {
+				if len(k) != 64 {
+					v.add(kp, "must be the hex sha256 of an API key: exactly 64 lowercase hex characters, got %d characters", len(k))
+				} else {
+					v.add(kp, "must be the hex sha256 of an API key: exactly 64 lowercase hex characters (0-9a-f)")
+				}
+				continue
+			}
+			if first, dup := keys[k]; dup {
+				v.add(kp, "key hash already used by %s: a key must identify exactly one tenant", first)
+				continue
+			}
+			keys[k] = kp
+		}
+	}
+}
+
+// hostPort checks a host:port listen address with a numeric port.
+func (v *validator) hostPort(path, addr string) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		v.add(path, "must be host:port, got %q", addr)
+		return
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		v.add(path, "port must be a number between 0 and 65535, got %q", port)
+	}
+}
+
+func (v *validator) oneOf(path, val string, allowed ...string) {
+	if !slices.Contains(allowed, val) {
+		v.add(path, "must be one of %s, got %q", strings.Join(allowed, "|"), val)
+	}
+}
+
+func (v *validator) positive(path string, d Duration) {
+	if d <= 0 {
+		v.add(path, "must be > 0, got %s", d)
+	}
+}

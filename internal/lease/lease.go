@@ -1,0 +1,44 @@
+// Package lease moves an execution whose owner vanished to a new epoch. It is the one place
+// where a record (kv) and the job plumbing (jobs) change together, used by workers (on a
+// redelivered job) and by httpapi (when a client finds a record whose lease ran out).
+package lease
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// TakeOver moves a PENDING record whose lease expired to a new epoch by compare-and-set (only
+// one taker wins; the loser gets kv.ErrConflict), then fences the old epoch's chunk subject so
+// its owner can write nothing more and its followers see the restart. The returned job is not
+// published; the caller runs it or submits it.
+func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, rev uint64, now time.Time, lease time.Duration) (*jobs.Job, *kv.Record, uint64, error) {
+	old := rec.Epoch
+	next := *rec
+	next.Epoch = old + 1
+	next.EpochStarted = now
+	next.LeaseUntil = now.Add(lease)
+	next.Worker = ""
+	next.Progress = kv.ProgressQueued
+	next.Chunks = 0
+	nrev, err := store.Update(ctx, key, &next, rev)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("lease: take over %s epoch %d: %w", key, old, err)
+	}
+	if err := jobs.Fence(ctx, js, key, old); err != nil {
+		return nil, nil, 0, err
+	}
+	return JobOf(key, &next), &next, nrev, nil
+}
+
+// JobOf is the job that executes the current epoch of rec.
+func JobOf(key string, rec *kv.Record) *jobs.Job {
+	return &jobs.Job{ID: rec.JobID, Key: key, Epoch: rec.Epoch, Tenant: rec.Tenant, Backend: rec.Backend,
+		Model: rec.Model, Stream: rec.Stream, Body: rec.Request}
+}

@@ -1,0 +1,862 @@
+// Package mockllm is oncegate's deterministic mock model backend. It speaks
+// the OpenAI Chat Completions API (streaming and non-streaming) over
+// net/http and is used in three ways:
+//
+//   - in-process, as the built-in backend when no provider is configured
+//     (see [Server.RoundTripper], which needs no network listener);
+//   - standalone, by "oncegate mock --listen ADDR", for benchmarks;
+//   - in tests, to script faults and to count backend executions
+//     (see [Server.Stats]).
+//
+// # Determinism
+//
+// The generated text depends only on the request: the model and the
+// canonical JSON of "messages" are hashed with SHA-256 and the hash stream
+// picks words from a fixed 64-word list. The same request always yields the
+// same bytes (id, created, content, usage); max_tokens and
+// max_completion_tokens only cut the output short (the shorter output is a
+// prefix of the longer one), and "n" is ignored.
+//
+// # Routes
+//
+//	POST /v1/chat/completions   chat completion (JSON or SSE when "stream": true)
+//	GET  /v1/models             OpenAI model list
+//	GET  /v1/models/{model}     one model object
+//	GET  /stats                 Stats as JSON
+//	POST /stats/reset           zero the counters, returns the new Stats
+//
+// Any other path answers 404 with an OpenAI-style JSON error.
+//
+// # Timing
+//
+// Nothing is sent before TTFT has elapsed. In stream mode the role chunk
+// and the first token are written at TTFT and every further token follows
+// InterToken after the previous one. In non-stream mode the whole body is
+// written after TTFT + tokens*InterToken. All waits end early when the
+// request context is cancelled.
+//
+// # Per-request knobs and faults
+//
+// A request may override Options and inject a fault either with a "mock"
+// object in the request body,
+//
+//	"mock": {"ttft_ms": 50, "inter_token_ms": 5, "tokens": 8,
+//	         "fault": "drop_after", "fault_after": 3, "retry_after": "2"}
+//
+// or with the headers X-Mock-TTFT-Ms, X-Mock-Inter-Token-Ms, X-Mock-Tokens,
+// X-Mock-Fault, X-Mock-Fault-After and X-Mock-Retry-After. A header wins
+// over the corresponding body field. Faults:
+//
+//	error_400, error_401,
+//	error_500, error_502,
+//	error_503, error_504  that status with an OpenAI error body (after TTFT)
+//	rate_limit            429 with Retry-After (retry_after, default "1") and retry-after-ms
+//	stall                 read the request, then send nothing until the request context ends
+//	drop_after            stream: abort the connection after fault_after token chunks;
+//	                      non-stream: abort after half of the body
+//	slow_drip             normal response, but 200ms between tokens unless inter_token_ms is set
+//
+// Every chat completion request increments Stats.Requests and every injected
+// fault increments Stats.Faults. An aborted response is reported to a
+// net/http client as a read error (unexpected EOF), never as a clean EOF.
+package mockllm
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+const (
+	defaultModel     = "oncegate-mock"
+	defaultTokens    = 16
+	fixedCreated     = 1700000000
+	fingerprint      = "fp_oncegate_mock"
+	idPrefix         = "chatcmpl-mock-"
+	slowDripInterval = 200 * time.Millisecond
+	maxBodyBytes     = 32 << 20
+	maxTokensKnob    = 1 << 20
+	maxDelayMs       = 24 * 60 * 60 * 1000 // knob delays are capped at one day
+)
+
+// words is the fixed vocabulary; the hash stream picks one word per byte
+// (low 6 bits), so it must hold exactly 64 distinct words.
+var words = [...]string{
+	"the", "of", "and", "to", "in", "is", "that", "for",
+	"it", "as", "was", "with", "be", "by", "on", "not",
+	"he", "this", "are", "or", "his", "from", "at", "which",
+	"but", "have", "an", "had", "they", "you", "were", "their",
+	"one", "all", "we", "can", "her", "has", "there", "been",
+	"if", "more", "when", "will", "would", "who", "so", "no",
+	"time", "people", "about", "out", "up", "what", "some", "into",
+	"only", "new", "other", "could", "like", "then", "now", "day",
+}
+
+// Compile-time check that words has exactly 64 entries.
+var _ = [1]struct{}{}[len(words)-64]
+
+// Options configures a Server. The zero value is usable.
+type Options struct {
+	TTFT       time.Duration // delay before the first byte of the response (stream and non-stream)
+	InterToken time.Duration // delay between tokens (stream); non-stream waits TTFT + tokens*InterToken total
+	Tokens     int           // output tokens, default 16 when 0
+	Models     []string      // served model names; default ["oncegate-mock"]
+}
+
+// Stats are the Server's counters.
+type Stats struct {
+	Requests  int64 `json:"requests"`  // chat completion requests received (any outcome) = backend executions
+	Completed int64 `json:"completed"` // successful chat completion responses fully written
+	InFlight  int64 `json:"in_flight"` // chat completion requests being handled now
+	Faults    int64 `json:"faults"`    // injected faults
+}
+
+// Server is the mock backend. It implements http.Handler and is safe for
+// concurrent use.
+type Server struct {
+	opts   Options
+	models []string
+	known  map[string]bool
+
+	requests  atomic.Int64
+	completed atomic.Int64
+	inFlight  atomic.Int64
+	faults    atomic.Int64
+}
+
+// New returns a Server configured by opts.
+func New(opts Options) *Server {
+	s := &Server{opts: opts, known: make(map[string]bool)}
+	for _, m := range opts.Models {
+		if m != "" && !s.known[m] {
+			s.known[m] = true
+			s.models = append(s.models, m)
+		}
+	}
+	if len(s.models) == 0 {
+		s.models = []string{defaultModel}
+		s.known[defaultModel] = true
+	}
+	s.opts.Models = s.models
+	return s
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	return Stats{
+		Requests:  s.requests.Load(),
+		Completed: s.completed.Load(),
+		InFlight:  s.inFlight.Load(),
+		Faults:    s.faults.Load(),
+	}
+}
+
+// Reset zeroes the Requests, Completed and Faults counters. InFlight is a
+// gauge of running handlers and is left alone, so it stays accurate.
+func (s *Server) Reset() {
+	s.requests.Store(0)
+	s.completed.Store(0)
+	s.faults.Store(0)
+}
+
+// ServeHTTP routes the request (see the package documentation).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	path := r.URL.Path
+	switch {
+	case path == "/v1/chat/completions":
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, http.MethodPost)
+			return
+		}
+		s.serveChat(w, r)
+	case path == "/v1/models":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, r, http.MethodGet)
+			return
+		}
+		list := modelList{Object: "list", Data: make([]modelObject, 0, len(s.models))}
+		for _, m := range s.models {
+			list.Data = append(list.Data, newModelObject(m))
+		}
+		writeJSON(w, http.StatusOK, list)
+	case strings.HasPrefix(path, "/v1/models/"):
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, r, http.MethodGet)
+			return
+		}
+		id := strings.TrimPrefix(path, "/v1/models/")
+		if !s.known[id] {
+			writeModelNotFound(w, id)
+			return
+		}
+		writeJSON(w, http.StatusOK, newModelObject(id))
+	case path == "/stats":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, r, http.MethodGet)
+			return
+		}
+		writeJSON(w, http.StatusOK, s.Stats())
+	case path == "/stats/reset":
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, http.MethodPost)
+			return
+		}
+		s.Reset()
+		writeJSON(w, http.StatusOK, s.Stats())
+	default:
+		writeError(w, http.StatusNotFound, apiError{
+			Message: fmt.Sprintf("Unknown request URL: %s %s.", r.Method, path),
+			Type:    "invalid_request_error",
+			Code:    strPtr("unknown_url"),
+		})
+	}
+}
+
+// ---- wire types (field order is the byte order on the wire) ----
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func newModelObject(id string) modelObject {
+	return modelObject{ID: id, Object: "model", Created: fixedCreated, OwnedBy: "oncegate"}
+}
+
+type modelList struct {
+	Object string        `json:"object"`
+	Data   []modelObject `json:"data"`
+}
+
+type apiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+type errorBody struct {
+	Error apiError `json:"error"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type completion struct {
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	Created           int64              `json:"created"`
+	Model             string             `json:"model"`
+	SystemFingerprint string             `json:"system_fingerprint"`
+	Choices           []completionChoice `json:"choices"`
+	Usage             usage              `json:"usage"`
+}
+
+type completionChoice struct {
+	Index        int               `json:"index"`
+	Message      completionMessage `json:"message"`
+	Logprobs     *struct{}         `json:"logprobs"`
+	FinishReason string            `json:"finish_reason"`
+}
+
+type completionMessage struct {
+	Role    string  `json:"role"`
+	Content string  `json:"content"`
+	Refusal *string `json:"refusal"`
+}
+
+type chunk struct {
+	ID                string          `json:"id"`
+	Object            string          `json:"object"`
+	Created           int64           `json:"created"`
+	Model             string          `json:"model"`
+	SystemFingerprint string          `json:"system_fingerprint"`
+	Choices           []chunkChoice   `json:"choices"`
+	Usage             json.RawMessage `json:"usage,omitempty"`
+}
+
+type chunkChoice struct {
+	Index        int        `json:"index"`
+	Delta        chunkDelta `json:"delta"`
+	Logprobs     *struct{}  `json:"logprobs"`
+	FinishReason *string    `json:"finish_reason"`
+}
+
+type chunkDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// ---- request ----
+
+type chatRequest struct {
+	Model               string          `json:"model"`
+	Messages            json.RawMessage `json:"messages"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Mock *mockKnobs `json:"mock"`
+}
+
+type mockKnobs struct {
+	TTFTMs       *int64          `json:"ttft_ms"`
+	InterTokenMs *int64          `json:"inter_token_ms"`
+	Tokens       *int64          `json:"tokens"`
+	Fault        string          `json:"fault"`
+	FaultAfter   *int64          `json:"fault_after"`
+	RetryAfter   json.RawMessage `json:"retry_after"` // string or number
+}
+
+// plan is everything a chat request resolves to before output starts.
+type plan struct {
+	model        string
+	seed         [32]byte
+	promptTokens int
+	tokens       int    // tokens to emit
+	finish       string // "stop" or "length"
+	stream       bool
+	includeUsage bool
+	ttft         time.Duration
+	interToken   time.Duration
+	fault        string
+	faultAfter   int
+	retryAfter   string
+}
+
+// badRequest is a validation failure answered with a 400 (or the status in
+// it) OpenAI error.
+type badRequest struct {
+	status int
+	err    apiError
+}
+
+func invalid(param, format string, args ...any) *badRequest {
+	e := apiError{Message: fmt.Sprintf(format, args...), Type: "invalid_request_error"}
+	if param != "" {
+		e.Param = strPtr(param)
+	}
+	return &badRequest{status: http.StatusBadRequest, err: e}
+}
+
+func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
+	s.requests.Add(1)
+	s.inFlight.Add(1)
+	defer s.inFlight.Add(-1)
+
+	body, err := readBody(w, r)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, apiError{
+				Message: fmt.Sprintf("Request body too large (limit %d bytes).", mbe.Limit),
+				Type:    "invalid_request_error",
+			})
+			return
+		}
+		if r.Context().Err() == nil {
+			writeError(w, http.StatusBadRequest, apiError{
+				Message: "Could not read the request body: " + err.Error(),
+				Type:    "invalid_request_error",
+			})
+		}
+		return
+	}
+	p, bad := s.resolve(r, body)
+	if bad != nil {
+		writeError(w, bad.status, bad.err)
+		return
+	}
+
+	ctx := r.Context()
+	switch p.fault {
+	case "":
+	case "error_400", "error_401", "error_500", "error_502", "error_503", "error_504", "rate_limit":
+		s.faults.Add(1)
+		if !sleep(ctx, p.ttft) {
+			return
+		}
+		writeFault(w, p)
+		return
+	case "stall":
+		s.faults.Add(1)
+		<-ctx.Done()
+		return
+	case "drop_after", "slow_drip":
+		s.faults.Add(1)
+	}
+
+	var ok bool
+	if p.stream {
+		ok = s.writeStream(w, r, p)
+	} else {
+		ok = s.writeNonStream(w, r, p)
+	}
+	if ok {
+		s.completed.Add(1)
+	}
+}
+
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if r.Body == nil {
+		return nil, nil
+	}
+	var buf bytes.Buffer
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	return buf.Bytes(), err
+}
+
+// resolve validates the request and computes its plan.
+func (s *Server) resolve(r *http.Request, body []byte) (*plan, *badRequest) {
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, invalid("", "We could not parse the JSON body of your request. (mock: %v)", err)
+	}
+	if len(req.Messages) == 0 || string(req.Messages) == "null" {
+		return nil, invalid("messages", "Missing required parameter: 'messages'.")
+	}
+	dec := json.NewDecoder(bytes.NewReader(req.Messages))
+	dec.UseNumber()
+	var msgs any
+	if err := dec.Decode(&msgs); err != nil {
+		return nil, invalid("messages", "Invalid 'messages': %v.", err)
+	}
+	list, isList := msgs.([]any)
+	if !isList {
+		return nil, invalid("messages", "Invalid type for 'messages': expected an array.")
+	}
+	if len(list) == 0 {
+		return nil, invalid("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.")
+	}
+	for i, m := range list {
+		if _, isObj := m.(map[string]any); !isObj {
+			return nil, invalid(fmt.Sprintf("messages.[%d]", i), "Invalid type for 'messages.[%d]': expected an object.", i)
+		}
+	}
+	if req.Model == "" {
+		return nil, invalid("model", "you must provide a model parameter")
+	}
+	if !s.known[req.Model] {
+		return nil, &badRequest{status: http.StatusNotFound, err: modelNotFound(req.Model)}
+	}
+
+	// Canonical JSON: maps marshal with sorted keys, numbers keep their
+	// literal text, insignificant whitespace is gone.
+	canonical, err := json.Marshal(list)
+	if err != nil {
+		return nil, invalid("messages", "Invalid 'messages': %v.", err)
+	}
+	h := sha256.New()
+	h.Write(canonical)
+	h.Write([]byte{0})
+	h.Write([]byte(req.Model))
+
+	p := &plan{
+		model:        req.Model,
+		promptTokens: countPromptTokens(list),
+		stream:       req.Stream,
+		includeUsage: req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		ttft:         s.opts.TTFT,
+		interToken:   s.opts.InterToken,
+		tokens:       s.opts.Tokens,
+		retryAfter:   "1",
+	}
+	copy(p.seed[:], h.Sum(nil))
+	if p.tokens <= 0 {
+		p.tokens = defaultTokens
+	}
+	if p.ttft < 0 {
+		p.ttft = 0
+	}
+	if p.interToken < 0 {
+		p.interToken = 0
+	}
+
+	// Knobs: body first, headers override.
+	k := req.Mock
+	if k == nil {
+		k = &mockKnobs{}
+	}
+	var retryAfter string
+	if len(k.RetryAfter) > 0 && string(k.RetryAfter) != "null" {
+		var str string
+		var num json.Number
+		switch {
+		case json.Unmarshal(k.RetryAfter, &str) == nil:
+			retryAfter = str
+		case json.Unmarshal(k.RetryAfter, &num) == nil:
+			retryAfter = num.String()
+		default:
+			return nil, invalid("mock.retry_after", "Invalid 'mock.retry_after': expected a string or a number.")
+		}
+	}
+	hdr := r.Header
+	var bad *badRequest
+	intKnob := func(dst **int64, header, param string, max int64) {
+		if bad != nil {
+			return
+		}
+		if v := hdr.Get(header); v != "" {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				bad = invalid(header, "Invalid header %s: %q is not an integer.", header, v)
+				return
+			}
+			*dst = &n
+		}
+		if *dst != nil && (**dst < 0 || **dst > max) {
+			bad = invalid(param, "Invalid %s: %d is out of range [0, %d].", param, **dst, max)
+		}
+	}
+	intKnob(&k.TTFTMs, "X-Mock-TTFT-Ms", "mock.ttft_ms", maxDelayMs)
+	intKnob(&k.InterTokenMs, "X-Mock-Inter-Token-Ms", "mock.inter_token_ms", maxDelayMs)
+	intKnob(&k.Tokens, "X-Mock-Tokens", "mock.tokens", maxTokensKnob)
+	intKnob(&k.FaultAfter, "X-Mock-Fault-After", "mock.fault_after", math.MaxInt32)
+	if bad != nil {
+		return nil, bad
+	}
+	if v := hdr.Get("X-Mock-Fault"); v != "" {
+		k.Fault = strings.TrimSpace(v)
+	}
+	if v := hdr.Get("X-Mock-Retry-After"); v != "" {
+		retryAfter = strings.TrimSpace(v)
+	}
+
+	if k.TTFTMs != nil {
+		p.ttft = time.Duration(*k.TTFTMs) * time.Millisecond
+	}
+	if k.InterTokenMs != nil {
+		p.interToken = time.Duration(*k.InterTokenMs) * time.Millisecond
+	}
+	if k.Tokens != nil {
+		p.tokens = int(*k.Tokens)
+	}
+	if k.FaultAfter != nil {
+		p.faultAfter = int(*k.FaultAfter)
+	}
+	if retryAfter != "" {
+		p.retryAfter = retryAfter
+	}
+	switch k.Fault {
+	case "", "none":
+	case "error_400", "error_401", "error_500", "error_502", "error_503", "error_504",
+		"rate_limit", "stall", "drop_after":
+		p.fault = k.Fault
+	case "slow_drip":
+		p.fault = k.Fault
+		if k.InterTokenMs == nil {
+			p.interToken = slowDripInterval
+		}
+	default:
+		return nil, invalid("mock.fault", "Unknown mock fault %q.", k.Fault)
+	}
+
+	// Output length: the configured count, cut by max_tokens /
+	// max_completion_tokens (the smaller one when both are set).
+	p.finish = "stop"
+	for _, lim := range []struct {
+		v    *int64
+		name string
+	}{{req.MaxTokens, "max_tokens"}, {req.MaxCompletionTokens, "max_completion_tokens"}} {
+		if lim.v == nil {
+			continue
+		}
+		if *lim.v < 1 {
+			return nil, invalid(lim.name, "Invalid '%s': integer below minimum value. Expected a value >= 1, but got %d instead.", lim.name, *lim.v)
+		}
+		if *lim.v < int64(p.tokens) {
+			p.tokens = int(*lim.v)
+			p.finish = "length"
+		}
+	}
+	return p, nil
+}
+
+// countPromptTokens counts whitespace-separated words across all message
+// contents: string contents, and the text parts of array contents.
+func countPromptTokens(msgs []any) int {
+	n := 0
+	for _, m := range msgs {
+		switch c := m.(map[string]any)["content"].(type) {
+		case string:
+			n += len(strings.Fields(c))
+		case []any:
+			for _, part := range c {
+				pm, ok := part.(map[string]any)
+				if !ok {
+					continue
+				}
+				if t, _ := pm["type"].(string); t != "text" {
+					continue
+				}
+				if text, ok := pm["text"].(string); ok {
+					n += len(strings.Fields(text))
+				}
+			}
+		}
+	}
+	return n
+}
+
+// tokens returns the first n output tokens for the seed: block k of the hash
+// stream is SHA-256(seed || uint64be(k)) and each byte picks a word.
+func genTokens(seed [32]byte, n int) []string {
+	out := make([]string, 0, n)
+	var in [40]byte
+	copy(in[:], seed[:])
+	for k := uint64(0); len(out) < n; k++ {
+		binary.BigEndian.PutUint64(in[32:], k)
+		block := sha256.Sum256(in[:])
+		for _, b := range block {
+			if len(out) == n {
+				break
+			}
+			w := words[b&63]
+			if len(out) > 0 {
+				w = " " + w
+			}
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+func (p *plan) id() string {
+	return idPrefix + hex.EncodeToString(p.seed[:])[:24]
+}
+
+func (p *plan) usage() usage {
+	return usage{PromptTokens: p.promptTokens, CompletionTokens: p.tokens, TotalTokens: p.promptTokens + p.tokens}
+}
+
+// writeNonStream writes the chat.completion object. It reports whether the
+// full body was written.
+func (s *Server) writeNonStream(w http.ResponseWriter, r *http.Request, p *plan) bool {
+	toks := genTokens(p.seed, p.tokens)
+	obj := completion{
+		ID:                p.id(),
+		Object:            "chat.completion",
+		Created:           fixedCreated,
+		Model:             p.model,
+		SystemFingerprint: fingerprint,
+		Choices: []completionChoice{{
+			Index:        0,
+			Message:      completionMessage{Role: "assistant", Content: strings.Join(toks, "")},
+			FinishReason: p.finish,
+		}},
+		Usage: p.usage(),
+	}
+	body := marshalLine(obj)
+	delay := p.ttft + time.Duration(p.tokens)*p.interToken
+	if !sleep(r.Context(), delay) {
+		return false
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	if p.fault == "drop_after" {
+		_, _ = w.Write(body[:len(body)/2])
+		_ = flush(w)
+		panic(http.ErrAbortHandler)
+	}
+	if _, err := w.Write(body); err != nil {
+		return false
+	}
+	return flush(w) == nil
+}
+
+// writeStream writes the SSE stream. It reports whether the whole stream,
+// including "data: [DONE]", was written.
+func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bool {
+	ctx := r.Context()
+	if !sleep(ctx, p.ttft) {
+		return false
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+
+	var usageField json.RawMessage
+	if p.includeUsage {
+		usageField = json.RawMessage("null")
+	}
+	id := p.id()
+	mk := func(delta chunkDelta, finish *string) chunk {
+		return chunk{
+			ID:                id,
+			Object:            "chat.completion.chunk",
+			Created:           fixedCreated,
+			Model:             p.model,
+			SystemFingerprint: fingerprint,
+			Choices:           []chunkChoice{{Index: 0, Delta: delta, FinishReason: finish}},
+			Usage:             usageField,
+		}
+	}
+	send := func(v any) bool {
+		frame := append(append([]byte("data: "), marshal(v)...), '\n', '\n')
+		if _, err := w.Write(frame); err != nil {
+			return false
+		}
+		return flush(w) == nil
+	}
+	drop := p.fault == "drop_after"
+
+	empty := ""
+	if !send(mk(chunkDelta{Role: "assistant", Content: &empty}, nil)) {
+		return false
+	}
+	for i, tok := range genTokens(p.seed, p.tokens) {
+		if drop && i == p.faultAfter {
+			panic(http.ErrAbortHandler)
+		}
+		if i > 0 && !sleep(ctx, p.interToken) {
+			return false
+		}
+		if !send(mk(chunkDelta{Content: &tok}, nil)) {
+			return false
+		}
+	}
+	if drop {
+		// fault_after >= tokens: every token went out, the end never does.
+		panic(http.ErrAbortHandler)
+	}
+	finish := p.finish
+	if !send(mk(chunkDelta{}, &finish)) {
+		return false
+	}
+	if p.includeUsage {
+		u := marshal(p.usage())
+		c := mk(chunkDelta{}, nil)
+		c.Choices = []chunkChoice{}
+		c.Usage = u
+		if !send(c) {
+			return false
+		}
+	}
+	if _, err := w.Write([]byte("data: [DONE]\n\n")); err != nil {
+		return false
+	}
+	return flush(w) == nil
+}
+
+func writeFault(w http.ResponseWriter, p *plan) {
+	switch p.fault {
+	case "rate_limit":
+		h := w.Header()
+		h.Set("Retry-After", p.retryAfter)
+		if secs, err := strconv.ParseFloat(p.retryAfter, 64); err == nil && secs >= 0 && !math.IsInf(secs, 0) {
+			h.Set("Retry-After-Ms", strconv.FormatInt(int64(math.Round(secs*1000)), 10))
+		}
+		writeError(w, http.StatusTooManyRequests, apiError{
+			Message: "mock: injected rate_limit. Rate limit reached; please try again in " + p.retryAfter + "s.",
+			Type:    "requests",
+			Code:    strPtr("rate_limit_exceeded"),
+		})
+	case "error_400":
+		writeError(w, http.StatusBadRequest, apiError{Message: "mock: injected 400", Type: "invalid_request_error"})
+	case "error_401":
+		writeError(w, http.StatusUnauthorized, apiError{
+			Message: "mock: injected 401",
+			Type:    "invalid_request_error",
+			Code:    strPtr("invalid_api_key"),
+		})
+	default: // error_5xx
+		code, _ := strconv.Atoi(strings.TrimPrefix(p.fault, "error_"))
+		writeError(w, code, apiError{Message: fmt.Sprintf("mock: injected %d", code), Type: "server_error"})
+	}
+}
+
+// ---- helpers ----
+
+func modelNotFound(model string) apiError {
+	return apiError{
+		Message: fmt.Sprintf("The model `%s` does not exist", model),
+		Type:    "invalid_request_error",
+		Param:   strPtr("model"),
+		Code:    strPtr("model_not_found"),
+	}
+}
+
+func writeModelNotFound(w http.ResponseWriter, model string) {
+	writeError(w, http.StatusNotFound, modelNotFound(model))
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	writeError(w, http.StatusMethodNotAllowed, apiError{
+		Message: fmt.Sprintf("Method %s is not allowed for %s; use %s.", r.Method, r.URL.Path, allow),
+		Type:    "invalid_request_error",
+		Code:    strPtr("method_not_supported"),
+	})
+}
+
+func writeError(w http.ResponseWriter, status int, e apiError) {
+	writeJSON(w, status, errorBody{Error: e})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body := marshalLine(v)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// marshal encodes the wire types, which cannot fail to marshal.
+func marshal(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("mockllm: marshal: " + err.Error())
+	}
+	return b
+}
+
+func marshalLine(v any) []byte { return append(marshal(v), '\n') }
+
+// flush flushes w if it can; a writer that cannot flush is not an error.
+func flush(w http.ResponseWriter) error {
+	err := http.NewResponseController(w).Flush()
+	if errors.Is(err, http.ErrNotSupported) {
+		return nil
+	}
+	return err
+}
+
+// sleep waits for d or until ctx is done, reporting whether ctx is still
+// live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func strPtr(s string) *string { return &s }

@@ -1,0 +1,200 @@
+// Package openaiwire reads and writes the OpenAI Chat Completions wire format: the SSE event
+// stream of a backend, the usage-only chunk, and the two conversions that let a streamed and a
+// non-streamed copy of one intent share one execution (assembling a chat.completion from
+// chunks, and synthesizing chunks from a chat.completion). It also builds OpenAI error bodies.
+// All functions are pure and safe for concurrent use.
+package openaiwire
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// ErrTruncated is returned when an event stream ends without `data: [DONE]`.
+var ErrTruncated = errors.New("openaiwire: stream ended without [DONE]")
+
+// ErrMalformed is returned for input that is not the expected JSON shape.
+var ErrMalformed = errors.New("openaiwire: malformed")
+
+// MaxEventBytes bounds one SSE event read from a backend.
+const MaxEventBytes = 4 << 20
+
+var doneData = []byte("[DONE]")
+
+// EventReader reads SSE events from a backend response one at a time.
+type EventReader struct {
+	br   *bufio.Reader
+	data []byte
+	line []byte
+}
+
+// NewEventReader reads events from r.
+func NewEventReader(r io.Reader) *EventReader {
+	return &EventReader{br: bufio.NewReaderSize(r, 32<<10)}
+}
+
+// Buffered reports whether more input is already read and waiting: a writer can coalesce
+// events while this is true without adding latency.
+func (er *EventReader) Buffered() bool { return er.br.Buffered() > 0 }
+
+// Next returns the data of the next event (valid until the next call). It returns io.EOF
+// after `[DONE]`, ErrTruncated if the input ends first, or the read error. Comments, event
+// names and ids are ignored; multi-line data is joined with "\n" as the SSE spec says.
+func (er *EventReader) Next() ([]byte, error) {
+	er.data = er.data[:0]
+	have := false
+	for {
+		line, err := er.readLine()
+		if err != nil {
+			if err == io.EOF {
+				if have && bytes.Equal(er.data, doneData) {
+					return nil, io.EOF
+				}
+				return nil, ErrTruncated
+			}
+			return nil, fmt.Errorf("openaiwire: read events: %w", err)
+		}
+		if len(line) == 0 {
+			if !have {
+				continue
+			}
+			if bytes.Equal(er.data, doneData) {
+				return nil, io.EOF
+			}
+			return er.data, nil
+		}
+		if line[0] == ':' {
+			continue
+		}
+		field, value, _ := bytes.Cut(line, []byte(":"))
+		if len(value) > 0 && value[0] == ' ' {
+			value = value[1:]
+		}
+		if string(field) == "data" {
+			if have {
+				er.data = append(er.data, '\n')
+			}
+			er.data = append(er.data, value...)
+			have = true
+			if len(er.data) > MaxEventBytes {
+				return nil, fmt.Errorf("%w: event over %d bytes", ErrMalformed, MaxEventBytes)
+			}
+		}
+	}
+}
+
+// readLine returns one line without its line ending; a final line without one is returned
+// before io.EOF.
+func (er *EventReader) readLine() ([]byte, error) {
+	er.line = er.line[:0]
+	for {
+		frag, err := er.br.ReadSlice('\n')
+		er.line = append(er.line, frag...)
+		if err == bufio.ErrBufferFull {
+			if len(er.line) > MaxEventBytes {
+				return nil, fmt.Errorf("%w: line over %d bytes", ErrMalformed, MaxEventBytes)
+			}
+			continue
+		}
+		if err == io.EOF && len(er.line) > 0 {
+			return bytes.TrimRight(er.line, "\r\n"), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return bytes.TrimRight(er.line, "\r\n"), nil
+	}
+}
+
+// ReadEvents calls fn with the data of each SSE event until `[DONE]`. It returns nil after
+// [DONE], ErrTruncated if the stream ends first, or the read error.
+func ReadEvents(r io.Reader, fn func(data []byte) error) error {
+	er := NewEventReader(r)
+	for {
+		data, err := er.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := fn(data); err != nil {
+			return err
+		}
+	}
+}
+
+// Frame returns data as one SSE frame: "data: <data>\n\n".
+func Frame(data []byte) []byte {
+	out := make([]byte, 0, len(data)+8)
+	return AppendFrame(out, data)
+}
+
+// AppendFrame appends data as one SSE frame to dst.
+func AppendFrame(dst, data []byte) []byte {
+	dst = append(dst, "data: "...)
+	dst = append(dst, data...)
+	return append(dst, '\n', '\n')
+}
+
+// DoneFrame ends an OpenAI stream.
+var DoneFrame = []byte("data: [DONE]\n\n")
+
+// Usage is token usage.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type usageProbe struct {
+	Choices []json.RawMessage `json:"choices"`
+	Usage   *Usage            `json:"usage"`
+}
+
+// UsageOnly reports whether a chunk is the usage-only chunk (`choices: []` with usage) and
+// returns its usage. Cheap for ordinary chunks: they are not decoded.
+func UsageOnly(data []byte) (*Usage, bool) {
+	if !bytes.Contains(data, []byte(`"usage":{`)) && !bytes.Contains(data, []byte(`"usage": {`)) {
+		return nil, false
+	}
+	var p usageProbe
+	if err := json.Unmarshal(data, &p); err != nil || p.Usage == nil || len(p.Choices) != 0 {
+		return nil, false
+	}
+	return p.Usage, true
+}
+
+// UsageOf reads the usage of a chat.completion body, if any.
+func UsageOf(body []byte) *Usage {
+	var p usageProbe
+	if json.Unmarshal(body, &p) != nil {
+		return nil
+	}
+	return p.Usage
+}
+
+// ErrorBody is an OpenAI error body.
+func ErrorBody(message, typ, code, param string) []byte {
+	type inner struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}
+	in := inner{Message: message, Type: typ}
+	if param != "" {
+		in.Param = &param
+	}
+	if code != "" {
+		in.Code = &code
+	}
+	b, _ := json.Marshal(struct {
+		Error inner `json:"error"`
+	}{in})
+	return b
+}

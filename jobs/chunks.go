@@ -1,0 +1,128 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Kind says what a chunk carries.
+type Kind string
+
+// Chunk kinds. Data and Usage are output; the others are terminal.
+const (
+	// KindData carries one or more SSE event frames of a streamed execution.
+	KindData Kind = "data"
+	// KindUsage carries the usage-only SSE frame (sent only to clients that asked for usage).
+	KindUsage Kind = "usage"
+	// KindResult ends a non-stream execution: Status and the response body.
+	KindResult Kind = "result"
+	// KindDone ends a streamed execution successfully; it is published after the record is COMPLETED.
+	KindDone Kind = "done"
+	// KindError ends an execution with a failure: Status and a provider-format error body.
+	KindError Kind = "error"
+	// KindFence ends an epoch that was taken over: the execution restarted under a new epoch.
+	KindFence Kind = "fence"
+)
+
+const (
+	hdrKind   = "Og-Kind"
+	hdrIdx    = "Og-Idx"
+	hdrStatus = "Og-Status"
+)
+
+// ErrFenced is returned by a Publisher whose epoch was taken over: its writes are refused.
+var ErrFenced = errors.New("jobs: execution fenced (epoch taken over)")
+
+// Chunk is one message of an execution's output.
+type Chunk struct {
+	Idx     int
+	Kind    Kind
+	Status  int
+	Payload []byte
+}
+
+// Terminal reports whether the chunk ends its execution's stream.
+func (c Chunk) Terminal() bool {
+	switch c.Kind {
+	case KindResult, KindDone, KindError, KindFence:
+		return true
+	}
+	return false
+}
+
+func (c Chunk) msg(subject string) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(hdrKind, string(c.Kind))
+	m.Header.Set(hdrIdx, strconv.Itoa(c.Idx))
+	if c.Status != 0 {
+		m.Header.Set(hdrStatus, strconv.Itoa(c.Status))
+	}
+	m.Data = c.Payload
+	return m
+}
+
+func decodeChunk(h nats.Header, data []byte) (Chunk, error) {
+	idx, err := strconv.Atoi(h.Get(hdrIdx))
+	if err != nil {
+		return Chunk{}, fmt.Errorf("jobs: chunk index %q: %w", h.Get(hdrIdx), err)
+	}
+	c := Chunk{Idx: idx, Kind: Kind(h.Get(hdrKind)), Payload: data}
+	if s := h.Get(hdrStatus); s != "" {
+		if c.Status, err = strconv.Atoi(s); err != nil {
+			return Chunk{}, fmt.Errorf("jobs: chunk status %q: %w", s, err)
+		}
+	}
+	return c, nil
+}
+
+// Publisher appends the chunks of one execution epoch. Each publish expects the subject's last
+// sequence to be the one this publisher wrote before, so once a taker has written a fence to
+// the subject, every further write of the old owner is refused (ErrFenced). Not safe for
+// concurrent use (Next excepted): one execution has one writer.
+type Publisher struct {
+	js      jetstream.JetStream
+	subject string
+	lastSeq uint64
+	next    atomic.Int64 // read by the lease renewer while the writer publishes
+}
+
+// NewPublisher starts writing the execution of job; the subject must still be empty.
+func NewPublisher(js jetstream.JetStream, job *Job) *Publisher {
+	return &Publisher{js: js, subject: job.Subject()}
+}
+
+// Next is the index the next chunk will get (= chunks written so far).
+func (p *Publisher) Next() int { return int(p.next.Load()) }
+
+// Publish appends one chunk; its index is assigned here.
+func (p *Publisher) Publish(ctx context.Context, kind Kind, status int, payload []byte) error {
+	c := Chunk{Idx: p.Next(), Kind: kind, Status: status, Payload: payload}
+	ack, err := p.js.PublishMsg(ctx, c.msg(p.subject), jetstream.WithExpectLastSequencePerSubject(p.lastSeq))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return fmt.Errorf("%w: %s", ErrFenced, p.subject)
+		}
+		return fmt.Errorf("jobs: publish chunk %d on %s: %w", c.Idx, p.subject, err)
+	}
+	p.lastSeq = ack.Sequence
+	p.next.Add(1)
+	return nil
+}
+
+// Fence ends epoch of key for good: clients following it get a fence chunk and the old
+// owner's next write is refused. It is written by whoever takes an execution over.
+func Fence(ctx context.Context, js jetstream.JetStream, key string, epoch int) error {
+	c := Chunk{Idx: -1, Kind: KindFence}
+	if _, err := js.PublishMsg(ctx, c.msg(ChunkSubject(key, epoch))); err != nil {
+		return fmt.Errorf("jobs: fence %s epoch %d: %w", key, epoch, err)
+	}
+	return nil
+}

@@ -1,0 +1,305 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// ErrHubClosed is returned by a Hub (and its followers) after Close.
+var ErrHubClosed = errors.New("jobs: hub closed")
+
+// Hub fans the chunks of an execution out to every local follower. Per node there is one
+// source per execution (a core subscription for the request that created it, or one ordered
+// consumer for joiners), never one JetStream consumer per HTTP client. The chunks of a live
+// execution are kept in memory, so a follower attaching late replays from index 0 with no gap
+// and no repeat at the join point.
+type Hub struct {
+	js       jetstream.JetStream
+	nc       *nats.Conn
+	coreFast bool
+	log      zerolog.Logger
+
+	mu     sync.Mutex
+	feeds  map[string]*feed
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// HubOptions configures a Hub.
+type HubOptions struct {
+	// CoreFastPath lets Open use a core subscription registered before the job is published.
+	// That is safe when the subscriber's server is the one the chunks are published on
+	// (embedded mode); with an external cluster, interest propagates asynchronously, so Open
+	// uses an ordered consumer instead.
+	CoreFastPath bool
+}
+
+// NewHub makes a Hub on nc; the caller must use the same connection to submit jobs when
+// CoreFastPath is set (so the subscription precedes the job on the wire).
+func NewHub(nc *nats.Conn, js jetstream.JetStream, log zerolog.Logger, opts HubOptions) *Hub {
+	return &Hub{nc: nc, js: js, coreFast: opts.CoreFastPath, log: log, feeds: make(map[string]*feed)}
+}
+
+// Open registers interest in a new execution before its job is published.
+func (h *Hub) Open(ctx context.Context, subject string) (*Follower, error) {
+	return h.attach(ctx, subject, h.coreFast)
+}
+
+// Join follows an execution that may already have output: history from index 0, then live.
+func (h *Hub) Join(ctx context.Context, subject string) (*Follower, error) {
+	return h.attach(ctx, subject, false)
+}
+
+func (h *Hub) attach(ctx context.Context, subject string, core bool) (*Follower, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, ErrHubClosed
+	}
+	f, ok := h.feeds[subject]
+	if ok {
+		f.mu.Lock()
+		ok = !f.done // a feed that is ending is replaced, never joined
+		f.mu.Unlock()
+	}
+	if !ok {
+		f = &feed{hub: h, subject: subject, followers: make(map[*Follower]struct{})}
+		var err error
+		if core {
+			err = f.startCore()
+		} else {
+			err = f.startConsumer(ctx)
+		}
+		if err != nil {
+			return nil, err
+		}
+		h.feeds[subject] = f
+	}
+	fl := &Follower{f: f, wake: make(chan struct{}, 1)}
+	f.mu.Lock()
+	f.followers[fl] = struct{}{}
+	f.mu.Unlock()
+	return fl, nil
+}
+
+// Close stops every source and wakes every follower with ErrHubClosed.
+func (h *Hub) Close() {
+	h.mu.Lock()
+	h.closed = true
+	feeds := make([]*feed, 0, len(h.feeds))
+	for _, f := range h.feeds {
+		feeds = append(feeds, f)
+	}
+	h.feeds = map[string]*feed{}
+	h.mu.Unlock()
+	for _, f := range feeds {
+		f.finish(ErrHubClosed)
+	}
+	h.wg.Wait()
+}
+
+// Active is the number of executions this hub follows (for metrics and tests).
+func (h *Hub) Active() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.feeds)
+}
+
+func (h *Hub) drop(f *feed) {
+	h.mu.Lock()
+	if h.feeds[f.subject] == f {
+		delete(h.feeds, f.subject)
+	}
+	h.mu.Unlock()
+}
+
+type feed struct {
+	hub     *Hub
+	subject string
+
+	mu        sync.Mutex
+	chunks    []Chunk
+	done      bool
+	err       error // set with done when the feed ended without a terminal chunk
+	followers map[*Follower]struct{}
+	sub       *nats.Subscription
+	cons      jetstream.ConsumeContext
+}
+
+// startCore subscribes on the core subject; called with hub.mu held.
+func (f *feed) startCore() error {
+	sub, err := f.hub.nc.Subscribe(f.subject, func(m *nats.Msg) { f.deliver(m.Header, m.Data) })
+	if err != nil {
+		return fmt.Errorf("jobs: subscribe %s: %w", f.subject, err)
+	}
+	_ = sub.SetPendingLimits(-1, -1) // a slow reader must not make the client drop chunks
+	f.sub = sub
+	return nil
+}
+
+// startConsumer reads the subject's history and then live chunks through one ordered consumer.
+func (f *feed) startConsumer(ctx context.Context) error {
+	cons, err := f.hub.js.OrderedConsumer(ctx, ChunksStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{f.subject},
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("jobs: ordered consumer %s: %w", f.subject, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) { f.deliver(m.Headers(), m.Data()) })
+	if err != nil {
+		return fmt.Errorf("jobs: consume %s: %w", f.subject, err)
+	}
+	f.mu.Lock()
+	f.cons = cc
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *feed) deliver(h nats.Header, data []byte) {
+	c, err := decodeChunk(h, data)
+	if err != nil {
+		f.hub.log.Warn().Err(err).Str("subject", f.subject).Msg("dropping malformed chunk")
+		return
+	}
+	f.mu.Lock()
+	if f.done {
+		f.mu.Unlock()
+		return
+	}
+	switch {
+	case c.Kind == KindFence:
+		c.Idx = len(f.chunks)
+	case c.Idx < len(f.chunks):
+		f.mu.Unlock()
+		return // already have it (history overlapping live)
+	case c.Idx > len(f.chunks):
+		// A gap on the core path (slow consumer or late interest): re-read from the stream.
+		missing := len(f.chunks)
+		f.mu.Unlock()
+		f.hub.log.Warn().Str("subject", f.subject).Int("want", missing).Int("got", c.Idx).Msg("chunk gap; re-reading from stream")
+		f.recover()
+		return
+	}
+	f.chunks = append(f.chunks, c)
+	terminal := c.Terminal()
+	f.wakeLocked()
+	f.mu.Unlock()
+	if terminal {
+		f.finish(nil)
+	}
+}
+
+// recover replaces a core source with an ordered consumer; duplicates are skipped by index.
+func (f *feed) recover() {
+	f.mu.Lock()
+	if f.done || f.sub == nil {
+		f.mu.Unlock()
+		return
+	}
+	sub := f.sub
+	f.sub = nil
+	f.mu.Unlock()
+	_ = sub.Unsubscribe()
+	f.hub.wg.Add(1)
+	go func() {
+		defer f.hub.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := f.startConsumer(ctx); err != nil {
+			f.finish(err)
+		}
+	}()
+}
+
+func (f *feed) wakeLocked() {
+	for fl := range f.followers {
+		select {
+		case fl.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// finish ends the feed: no more chunks, the source stops, the hub forgets it.
+func (f *feed) finish(err error) {
+	f.mu.Lock()
+	if f.done {
+		f.mu.Unlock()
+		return
+	}
+	f.done, f.err = true, err
+	sub, cons := f.sub, f.cons
+	f.sub, f.cons = nil, nil
+	f.wakeLocked()
+	f.mu.Unlock()
+	f.hub.drop(f)
+	if sub != nil {
+		_ = sub.Unsubscribe()
+	}
+	if cons != nil {
+		// finish may run inside the consumer's own callback: wait for it to close elsewhere.
+		cons.Stop()
+		f.hub.wg.Add(1)
+		go func() {
+			defer f.hub.wg.Done()
+			<-cons.Closed()
+		}()
+	}
+}
+
+// Follower reads one execution's chunks in order from index 0. Not safe for concurrent use.
+type Follower struct {
+	f    *feed
+	pos  int
+	wake chan struct{}
+}
+
+// ErrEnded is returned by Next when the feed ended without a terminal chunk.
+var ErrEnded = errors.New("jobs: execution feed ended")
+
+// Next returns the next chunk, waiting for it until ctx ends. After a terminal chunk the
+// follower has nothing more; calling Next again returns ErrEnded.
+func (fl *Follower) Next(ctx context.Context) (Chunk, error) {
+	for {
+		fl.f.mu.Lock()
+		if fl.pos < len(fl.f.chunks) {
+			c := fl.f.chunks[fl.pos]
+			fl.pos++
+			fl.f.mu.Unlock()
+			return c, nil
+		}
+		done, err := fl.f.done, fl.f.err
+		fl.f.mu.Unlock()
+		if done {
+			if err != nil {
+				return Chunk{}, err
+			}
+			return Chunk{}, ErrEnded
+		}
+		select {
+		case <-fl.wake:
+		case <-ctx.Done():
+			return Chunk{}, ctx.Err()
+		}
+	}
+}
+
+// Close detaches the follower; the last follower of an unfinished feed stops its source.
+func (fl *Follower) Close() {
+	f := fl.f
+	f.mu.Lock()
+	delete(f.followers, fl)
+	last := len(f.followers) == 0 && !f.done
+	f.mu.Unlock()
+	if last {
+		f.finish(ErrEnded)
+	}
+}

@@ -1,0 +1,134 @@
+// Package jobs owns the unit of work and its JetStream plumbing: the Job wire type, the JOBS
+// work-queue stream a job is published to (deduplicated by Nats-Msg-Id), the CHUNKS stream that
+// carries an execution's output on its own subject, and the Hub that fans one execution's chunks
+// out to every local HTTP client, replaying history to late joiners.
+//
+// Both streams use memory storage: the idempotency record in kv is the durable truth and can
+// re-drive a lost job, so neither stream pays for fsync. A Hub is safe for concurrent use.
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+)
+
+// Stream and subject names.
+const (
+	JobsStream   = "JOBS"
+	JobsSubject  = "jobs.run"
+	ChunksStream = "CHUNKS"
+	chunksPrefix = "chunks."
+	// WireVersion is the version of the Job and chunk wire formats.
+	WireVersion = 1
+)
+
+// ErrInvalidJob is returned when a job message cannot be decoded.
+var ErrInvalidJob = errors.New("jobs: invalid job message")
+
+// Job is one execution request: what a worker needs to run it, and the fencing facts (key and
+// epoch) it must check against the idempotency record before it writes anything.
+type Job struct {
+	V       int    `json:"v"`
+	ID      string `json:"id"`
+	Key     string `json:"key"` // record key (a hash, never client text)
+	Epoch   int    `json:"epoch"`
+	Tenant  string `json:"tenant"`
+	Backend string `json:"backend"`
+	Model   string `json:"model"`
+	Stream  bool   `json:"stream"`
+	// Body is the request as the backend receives it.
+	Body json.RawMessage `json:"body"`
+}
+
+// Subject is the CHUNKS subject of this job's execution.
+func (j *Job) Subject() string { return ChunkSubject(j.Key, j.Epoch) }
+
+// ChunkSubject names the CHUNKS subject of execution epoch of a record key.
+func ChunkSubject(key string, epoch int) string {
+	return fmt.Sprintf("%s%s.%d", chunksPrefix, key, epoch)
+}
+
+// NewID returns a job id: a ULID with crypto-random entropy (job ids grant access).
+func NewID() string {
+	return ulid.MustNew(ulid.Timestamp(time.Now()), rand.Reader).String()
+}
+
+// ParseID reports whether s is a well-formed job id.
+func ParseID(s string) bool {
+	_, err := ulid.ParseStrict(s)
+	return err == nil
+}
+
+// StreamConfig sizes the streams.
+type StreamConfig struct {
+	// ChunkRetention is how long chunks stay replayable from CHUNKS (records keep results longer).
+	ChunkRetention time.Duration
+	// MaxChunkBytes caps the CHUNKS stream's memory.
+	MaxChunkBytes int64
+}
+
+// EnsureStreams creates or updates JOBS and CHUNKS; it is idempotent.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
+	if cfg.ChunkRetention == 0 {
+		cfg.ChunkRetention = 15 * time.Minute
+	}
+	if cfg.MaxChunkBytes == 0 {
+		cfg.MaxChunkBytes = 512 << 20
+	}
+	streams := []jetstream.StreamConfig{{
+		Name:       JobsStream,
+		Subjects:   []string{JobsSubject},
+		Retention:  jetstream.WorkQueuePolicy,
+		Storage:    jetstream.MemoryStorage,
+		Duplicates: 2 * time.Minute,
+	}, {
+		Name:              ChunksStream,
+		Subjects:          []string{chunksPrefix + ">"},
+		Storage:           jetstream.MemoryStorage,
+		MaxAge:            cfg.ChunkRetention,
+		MaxBytes:          cfg.MaxChunkBytes,
+		Discard:           jetstream.DiscardOld,
+		Duplicates:        2 * time.Minute,
+		AllowDirect:       true,
+		MaxMsgsPerSubject: 100_000,
+	}}
+	for _, sc := range streams {
+		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+			return fmt.Errorf("jobs: ensure stream %s: %w", sc.Name, err)
+		}
+	}
+	return nil
+}
+
+// Submit publishes a job to JOBS. The message id is key+epoch, so a re-published job inside
+// the duplicate window is dropped by JetStream (the record is the real gate).
+func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
+	job.V = WireVersion
+	data, err := json.Marshal(job)
+	if err != nil {
+		return fmt.Errorf("jobs: encode job %s: %w", job.ID, err)
+	}
+	if _, err := js.Publish(ctx, JobsSubject, data, jetstream.WithMsgID(fmt.Sprintf("%s.%d", job.Key, job.Epoch))); err != nil {
+		return fmt.Errorf("jobs: submit %s: %w", job.ID, err)
+	}
+	return nil
+}
+
+// Decode parses a job message.
+func Decode(data []byte) (*Job, error) {
+	var j Job
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
+	}
+	if j.V != WireVersion || j.Key == "" || j.Epoch < 1 || j.ID == "" {
+		return nil, fmt.Errorf("%w: version %d key %q epoch %d", ErrInvalidJob, j.V, j.Key, j.Epoch)
+	}
+	return &j, nil
+}

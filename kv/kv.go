@@ -1,0 +1,235 @@
+// Package kv is the idempotency state machine on the IDEM JetStream key-value bucket: one
+// record per tenant+key, created atomically (the claim), then changed only by compare-and-set
+// on its revision. The revision is the fencing token: a writer whose revision is stale gets
+// ErrConflict and must stop.
+//
+// NATS errors never leave this package; callers branch on ErrExists, ErrConflict and
+// ErrNotFound. A Store is safe for concurrent use.
+package kv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket is the name of the idempotency bucket.
+const Bucket = "IDEM"
+
+// Sentinel errors.
+var (
+	// ErrExists is returned by Claim when the key already has a record (owned by someone else).
+	ErrExists = errors.New("kv: key exists")
+	// ErrConflict is returned by Update when the record changed since the given revision.
+	ErrConflict = errors.New("kv: revision conflict")
+	// ErrNotFound is returned when the key has no record (never claimed, or expired).
+	ErrNotFound = errors.New("kv: key not found")
+)
+
+// State of a key.
+type State string
+
+// States.
+const (
+	Pending   State = "PENDING"
+	Completed State = "COMPLETED"
+	Failed    State = "FAILED"
+)
+
+// Progress of the execution of a PENDING record.
+const (
+	ProgressQueued     = "queued"
+	ProgressDispatched = "dispatched"
+	ProgressStreaming  = "streaming"
+	ProgressFinished   = "finished"
+)
+
+// Record is the state of one idempotency key.
+type Record struct {
+	V           int    `json:"v"`
+	State       State  `json:"state"`
+	Tenant      string `json:"tenant"`
+	JobID       string `json:"job_id"`
+	Epoch       int    `json:"epoch"`
+	Fingerprint string `json:"fp"`
+	// Owner is a nonce of the claimant: a retried Create that answers "exists" compares it.
+	Owner    string `json:"owner"`
+	Auto     bool   `json:"auto,omitempty"`
+	Bypassed bool   `json:"bypassed,omitempty"`
+
+	Created      time.Time `json:"created"`
+	EpochStarted time.Time `json:"epoch_started"`
+	LeaseUntil   time.Time `json:"lease_until,omitempty"`
+	Worker       string    `json:"worker,omitempty"`
+	Progress     string    `json:"progress,omitempty"`
+	Chunks       int       `json:"chunks,omitempty"` // chunks published so far in this epoch
+	Attempts     int       `json:"attempts,omitempty"`
+	Cancelled    bool      `json:"cancelled,omitempty"`
+
+	Model   string `json:"model"`
+	Backend string `json:"backend"`
+	Stream  bool   `json:"stream"` // the execution's mode (the first request's)
+	// Request is the body the backend gets; kept while PENDING so the job can be re-driven.
+	Request json.RawMessage `json:"request,omitempty"`
+
+	Result *Result `json:"result,omitempty"`
+}
+
+// Result is the stored outcome of an execution.
+type Result struct {
+	Status int `json:"status"`
+	// Body is the response JSON of a non-stream execution, or the error body of a failure.
+	Body json.RawMessage `json:"body,omitempty"`
+	// Events are the SSE frames of a streamed execution (without the usage frame and [DONE]).
+	Events []byte `json:"events,omitempty"`
+	// UsageEvent is the usage-only SSE frame of a streamed execution, if the backend sent one.
+	UsageEvent []byte `json:"usage_event,omitempty"`
+	Usage      *Usage `json:"usage,omitempty"`
+	// Retryable marks a failure before any output: the key may be claimed again (new epoch).
+	Retryable bool `json:"retryable,omitempty"`
+	// Partial marks a failure after output: Events hold what was sent before the error.
+	Partial bool `json:"partial,omitempty"`
+	// Finished is when the outcome was stored (the record expires TTL after it).
+	Finished time.Time `json:"finished"`
+}
+
+// Usage is the token usage the backend reported.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// LeaseExpired reports whether a PENDING record's lease ran out at now.
+func (r *Record) LeaseExpired(now time.Time) bool {
+	return r.State == Pending && !r.LeaseUntil.IsZero() && now.After(r.LeaseUntil)
+}
+
+// NewOwner returns a random owner nonce.
+func NewOwner() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// BucketConfig sizes the bucket.
+type BucketConfig struct {
+	// TTL is how long a key's record is kept after its last write.
+	TTL time.Duration
+	// Replicas for clustered NATS; 1 for the embedded server.
+	Replicas int
+}
+
+// Store is the IDEM bucket.
+type Store struct {
+	kv jetstream.KeyValue
+	js jetstream.JetStream
+}
+
+// Open creates or updates the bucket (file storage: records must survive a crash).
+func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store, error) {
+	kvs, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:   Bucket,
+		History:  1,
+		TTL:      cfg.TTL,
+		Storage:  jetstream.FileStorage,
+		Replicas: cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
+	}
+	return &Store{kv: kvs, js: js}, nil
+}
+
+// Claim creates the record for key; ErrExists if there is one. A retried create whose first
+// try succeeded is recognised by the owner nonce and reported as success.
+func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, error) {
+	rec.V = 1
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return 0, fmt.Errorf("kv: encode %s: %w", key, err)
+	}
+	rev, err := s.kv.Create(ctx, key, data)
+	if err == nil {
+		return rev, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, fmt.Errorf("kv: claim %s: %w", key, err)
+	}
+	cur, curRev, gerr := s.Get(ctx, key)
+	if gerr == nil && cur.Owner == rec.Owner && cur.Epoch == rec.Epoch {
+		return curRev, nil
+	}
+	return 0, fmt.Errorf("kv: claim %s: %w", key, ErrExists)
+}
+
+// Get reads the record and its revision.
+func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
+	e, err := s.kv.Get(ctx, key)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return nil, 0, fmt.Errorf("kv: get %s: %w", key, ErrNotFound)
+		}
+		return nil, 0, fmt.Errorf("kv: get %s: %w", key, err)
+	}
+	var rec Record
+	if err := json.Unmarshal(e.Value(), &rec); err != nil {
+		return nil, 0, fmt.Errorf("kv: decode %s: %w", key, err)
+	}
+	return &rec, e.Revision(), nil
+}
+
+// Update writes rec if the record is still at rev; ErrConflict otherwise.
+func (s *Store) Update(ctx context.Context, key string, rec *Record, rev uint64) (uint64, error) {
+	rec.V = 1
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return 0, fmt.Errorf("kv: encode %s: %w", key, err)
+	}
+	nrev, err := s.kv.Update(ctx, key, data, rev)
+	if err != nil {
+		// ErrKeyExists is also true for a failed CAS: test the mismatch first.
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, fmt.Errorf("kv: update %s at %d: %w", key, rev, ErrConflict)
+		}
+		return 0, fmt.Errorf("kv: update %s at %d: %w", key, rev, err)
+	}
+	return nrev, nil
+}
+
+// jobIndexKey is where a job id points at its record key (same bucket, same TTL).
+func jobIndexKey(jobID string) string { return "job." + jobID }
+
+// IndexJob records that job jobID belongs to record key. With wait false the write is
+// published asynchronously (off the request's critical path); the caller must have validated
+// jobID (a ULID).
+func (s *Store) IndexJob(ctx context.Context, jobID, key string, wait bool) error {
+	if !wait {
+		if _, err := s.js.PublishAsync("$KV."+Bucket+"."+jobIndexKey(jobID), []byte(key)); err != nil {
+			return fmt.Errorf("kv: index job %s: %w", jobID, err)
+		}
+		return nil
+	}
+	if _, err := s.kv.Put(ctx, jobIndexKey(jobID), []byte(key)); err != nil {
+		return fmt.Errorf("kv: index job %s: %w", jobID, err)
+	}
+	return nil
+}
+
+// JobKey returns the record key of job jobID; ErrNotFound if unknown.
+func (s *Store) JobKey(ctx context.Context, jobID string) (string, error) {
+	e, err := s.kv.Get(ctx, jobIndexKey(jobID))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return "", fmt.Errorf("kv: job %s: %w", jobID, ErrNotFound)
+		}
+		return "", fmt.Errorf("kv: job %s: %w", jobID, err)
+	}
+	return string(e.Value()), nil
+}
