@@ -297,8 +297,9 @@ func TestModelsAndStats(t *testing.T) {
 			t.Errorf("after reset: %+v", st)
 		}
 		h.chat(t, okBody, nil)
+		settle(t, h.srv)
 		h.srv.Reset()
-		if st := settle(t, h.srv); st != (Stats{}) {
+		if st := h.srv.Stats(); st != (Stats{}) {
 			t.Errorf("after Reset(): %+v", st)
 		}
 	})

@@ -1,0 +1,272 @@
+// Package gateway assembles one oncegate process from its parts: the embedded or external
+// NATS connection, the JetStream resources, the workers and the HTTP API, and stops them in
+// the right order. cmd/oncegate calls it with flags and signals; tests call it to run a whole
+// gateway in-process.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/httpapi"
+	"github.com/oncegate/oncegate/internal/backend"
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/natsrv"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/workers"
+)
+
+// Gateway is one running oncegate process: NATS (embedded or not), the API, the workers.
+type Gateway struct {
+	cfg    *config.Config
+	log    zerolog.Logger
+	ns     *natsrv.Server
+	conns  []*nats.Conn
+	api    *httpapi.Server
+	hub    *jobs.Hub
+	ln     net.Listener
+	apiErr chan error
+
+	stopWorkers context.CancelFunc
+	workersDone chan struct{}
+	backends    map[string]*backend.Client
+}
+
+// Addr is the HTTP address the API listens on ("" for a worker-only process).
+func (g *Gateway) Addr() string {
+	if g.ln == nil {
+		return ""
+	}
+	return g.ln.Addr().String()
+}
+
+// NATSURL is the embedded server's client URL when it listens.
+func (g *Gateway) NATSURL() string {
+	if g.ns == nil {
+		return g.cfg.NATS.URL
+	}
+	return g.ns.ClientURL()
+}
+
+// Start runs a gateway for cfg (validated). getenv resolves backend API keys.
+func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (gw *Gateway, err error) {
+	gw = &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}}
+	defer func() {
+		if err != nil {
+			_ = gw.Stop(context.Background())
+		}
+	}()
+	connect := func(name string) (*nats.Conn, error) {
+		var nc *nats.Conn
+		var err error
+		if gw.ns != nil {
+			nc, err = gw.ns.Connect(name)
+		} else {
+			nc, err = natsrv.ConnectURL(cfg.NATS.URL, name)
+		}
+		if err == nil {
+			gw.conns = append(gw.conns, nc)
+		}
+		return nc, err
+	}
+	if cfg.NATS.URL == "" {
+		storeDir := filepath.Join(cfg.DataDir, "jetstream")
+		var syncEvery time.Duration
+		if cfg.NATS.Sync != "always" {
+			syncEvery, _ = time.ParseDuration(cfg.NATS.Sync)
+		}
+		gw.ns, err = natsrv.Start(ctx, natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload})
+		if err != nil {
+			return nil, err
+		}
+		abs, _ := filepath.Abs(storeDir)
+		ev := log.Info().Str("data_dir", abs).Str("sync", cfg.NATS.Sync)
+		if u := gw.ns.ClientURL(); u != "" {
+			ev = ev.Str("nats_listen", u)
+		} else {
+			ev = ev.Bool("nats_network_port", false)
+		}
+		ev.Msg("embedded NATS JetStream started")
+	}
+	setupNC, err := connect("oncegate-setup")
+	if err != nil {
+		return nil, err
+	}
+	setupJS, err := jetstream.New(setupNC)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	if err := jobs.EnsureStreams(ctx, setupJS, jobs.StreamConfig{}); err != nil {
+		return nil, err
+	}
+	if _, err := kv.Open(ctx, setupJS, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()}); err != nil {
+		return nil, err
+	}
+	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
+		return nil, err
+	}
+	logRouting(log, cfg)
+
+	if cfg.Role == "all" || cfg.Role == "worker" {
+		if err := gw.startWorkers(ctx, connect, getenv); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Role == "all" || cfg.Role == "api" {
+		if err := gw.startAPI(ctx, connect); err != nil {
+			return nil, err
+		}
+	}
+	return gw, nil
+}
+
+func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.Conn, error), getenv func(string) string) error {
+	nc, err := connect("oncegate-workers")
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D()})
+	if err != nil {
+		return err
+	}
+	backends := map[string]workers.Backend{}
+	for _, b := range g.cfg.Backends {
+		c, err := backend.New(b, getenv)
+		if err != nil {
+			return err
+		}
+		g.backends[b.Name] = c
+		backends[b.Name] = c
+	}
+	host, _ := os.Hostname()
+	pool := workers.New(js, store, workers.Options{
+		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
+		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
+		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends,
+		Log: g.log.With().Str("component", "workers").Logger(),
+	})
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
+	go func() {
+		defer close(g.workersDone)
+		if err := pool.Run(wctx); err != nil {
+			g.log.Error().Err(err).Msg("workers stopped")
+		}
+	}()
+	g.log.Info().Int("concurrency", g.cfg.Workers.Concurrency).Msg("workers started")
+	return nil
+}
+
+func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn, error)) error {
+	nc, err := connect("oncegate-api")
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D()})
+	if err != nil {
+		return err
+	}
+	apiLog := g.log.With().Str("component", "httpapi").Logger()
+	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil})
+	if len(g.cfg.Tenants) == 0 {
+		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
+	}
+	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Store: store, Hub: g.hub, Router: g.cfg, Tenants: g.cfg.Tenants,
+		Idem: g.cfg.Idempotency, HTTP: g.cfg.HTTP, Log: apiLog})
+	g.ln, err = net.Listen("tcp", g.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", g.cfg.Listen, err)
+	}
+	g.apiErr = make(chan error, 1)
+	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
+	g.log.Info().Str("listen", "http://"+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
+	return nil
+}
+
+// Stop shuts down in order: stop accepting and let in-flight responses finish (bounded), stop
+// the workers (they feed those responses until then), then drain NATS and stop the server.
+func (g *Gateway) Stop(ctx context.Context) error {
+	var errs []error
+	if g.api != nil {
+		grace, cancel := context.WithTimeout(ctx, g.cfg.HTTP.ShutdownGrace.D())
+		if err := g.api.Shutdown(grace); err != nil {
+			errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+		}
+		cancel()
+		if err := <-g.apiErr; err != nil {
+			errs = append(errs, fmt.Errorf("http serve: %w", err))
+		}
+	}
+	if g.hub != nil {
+		g.hub.Close()
+	}
+	if g.stopWorkers != nil {
+		g.stopWorkers()
+		<-g.workersDone
+	}
+	for _, nc := range g.conns {
+		if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, err)
+		}
+	}
+	for _, nc := range g.conns {
+		for nc.IsDraining() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		nc.Close()
+	}
+	if g.ns != nil {
+		g.ns.Shutdown()
+	}
+	return errors.Join(errs...)
+}
+
+// logRouting says which backends serve which models, and how to add a real provider.
+func logRouting(log zerolog.Logger, cfg *config.Config) {
+	for _, b := range cfg.Backends {
+		ev := log.Info().Str("backend", b.Name).Str("type", b.Type).Strs("models", b.Models)
+		if b.BaseURL != "" {
+			ev = ev.Str("base_url", b.BaseURL)
+		}
+		ev.Msg("backend")
+	}
+	only := true
+	for _, b := range cfg.Backends {
+		if b.Type != config.TypeMock {
+			only = false
+		}
+	}
+	if only {
+		models := cfg.ModelNames()
+		sort.Strings(models)
+		log.Info().Str("models", strings.Join(models, ",")).
+			Msg("only the built-in mock backend is configured; set OPENAI_BASE_URL and OPENAI_API_KEY (or a backends: entry in --config) to reach a real provider")
+	}
+}
+
+// Backend returns the client of a configured backend of this process (workers role), e.g. to
+// read the built-in mock's execution counter in tests.
+func (g *Gateway) Backend(name string) (*backend.Client, bool) {
+	c, ok := g.backends[name]
+	return c, ok
+}

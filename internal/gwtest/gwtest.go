@@ -1,0 +1,104 @@
+// Package gwtest starts a whole oncegate gateway in-process for tests: a real embedded
+// nats-server with JetStream in a temporary directory, the workers, the built-in mock backend
+// and the HTTP API on a 127.0.0.1 port. Nothing is mocked.
+package gwtest
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/gateway"
+	"github.com/oncegate/oncegate/internal/mockllm"
+)
+
+// Gateway is a running test gateway.
+type Gateway struct {
+	*gateway.Gateway
+	// URL is the API base, e.g. "http://127.0.0.1:41234".
+	URL string
+	Cfg *config.Config
+}
+
+// Config returns the default configuration adjusted for tests: a temp data dir, a free
+// loopback port, a second slow mock model ("oncegate-mock-slow": 20 ms per token), and
+// idempotency timings short enough for lease tests.
+func Config(t testing.TB) *config.Config {
+	cfg := config.Default()
+	cfg.DataDir = t.TempDir()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.LogLevel = "warn"
+	cfg.HTTP.ShutdownGrace = config.Duration(3 * time.Second)
+	cfg.Workers.Concurrency = 64
+	cfg.Backends = append(cfg.Backends, config.Backend{
+		Name: "slowmock", Type: config.TypeMock, Models: []string{"oncegate-mock-slow"},
+		Timeout: config.Duration(time.Minute),
+		Mock:    config.MockKnobs{InterToken: config.Duration(20 * time.Millisecond), Tokens: 16},
+	})
+	return cfg
+}
+
+// Start runs a gateway with cfg (Config(t) when nil) and stops it when the test ends.
+func Start(t testing.TB, cfg *config.Config) *Gateway {
+	t.Helper()
+	if cfg == nil {
+		cfg = Config(t)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("gwtest: config: %v", err)
+	}
+	log := zerolog.New(io.Discard)
+	if testing.Verbose() {
+		log = zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gw, err := gateway.Start(ctx, cfg, log, func(string) string { return "" })
+	if err != nil {
+		t.Fatalf("gwtest: start: %v", err)
+	}
+	g := &Gateway{Gateway: gw, Cfg: cfg}
+	if gw.Addr() != "" {
+		g.URL = "http://" + gw.Addr()
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := gw.Stop(sctx); err != nil {
+			t.Errorf("gwtest: stop: %v", err)
+		}
+	})
+	return g
+}
+
+// Mock returns the in-process mock server behind backend name (its execution counter).
+func (g *Gateway) Mock(t testing.TB, name string) *mockllm.Server {
+	t.Helper()
+	c, ok := g.Backend(name)
+	if !ok || c.Mock() == nil {
+		t.Fatalf("gwtest: no mock backend %q in this process", name)
+	}
+	return c.Mock()
+}
+
+// Client is an HTTP client for tests: loopback only, bounded.
+func Client() *http.Client {
+	return &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+}
+
+// Eventually polls cond every 10 ms until it holds or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gwtest: timed out after %s: %s", timeout, msg)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
