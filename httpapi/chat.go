@@ -117,7 +117,9 @@ func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
 		g.echoKey = autoKeyPrefix + g.recKey
 	}
 	g.retry = s.isRetry(c)
-	g.async = preferAsync(c.Get("Prefer"))
+	if preferAsync(c.Get("Prefer")) {
+		g.setAsync()
+	}
 	return g, nil
 }
 
@@ -132,6 +134,12 @@ func (s *Server) isRetry(c *fiber.Ctx) bool {
 		}
 	}
 	return false
+}
+
+// setAsync makes g a background job. It executes streamed (nobody waits for the whole
+// body, and live events and progress come from the stream); the fingerprint ignores the mode.
+func (g *generation) setAsync() {
+	g.async, g.stream = true, true
 }
 
 func preferAsync(prefer string) bool {

@@ -96,8 +96,8 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			return c.Status(first.Status).Send(first.Payload)
 		}
 	case jobs.KindError:
-		if first.Status != http.StatusOK { // failed before output: the key was released
-			c.Set("x-should-retry", "true")
+		if first.Status != http.StatusOK { // failed before output (released) or cancelled
+			c.Set("x-should-retry", strconv.FormatBool(retryableStatus(first.Status)))
 			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 			return c.Status(first.Status).Send(first.Payload)
 		}
@@ -279,4 +279,9 @@ func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *admission) er
 	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.jobID)
 	status := jobStatus(adm.rec)
 	return c.Status(http.StatusAccepted).JSON(fiber.Map{"id": adm.jobID, "object": "job", "status": status})
+}
+
+// retryableStatus: a status after which the same request may succeed (the key was released).
+func retryableStatus(code int) bool {
+	return code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500
 }

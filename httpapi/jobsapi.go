@@ -1,12 +1,392 @@
 package httpapi
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
 
-func (s *Server) routesJobs(r fiber.Router) {}
+func (s *Server) routesJobs(r fiber.Router) {
+	r.Post("/jobs", s.createJob)
+	r.Get("/jobs/:id", s.getJob)
+	r.Get("/jobs/:id/events", s.jobEvents)
+	r.Delete("/jobs/:id", s.cancelJob)
+	r.Get("/idempotency/:key", s.getIdempotency)
+}
+
+// createJob is POST /v1/jobs: a chat completion request, always answered 202 (the same
+// intent as the identical POST /v1/chat/completions).
+func (s *Server) createJob(c *fiber.Ctx) error {
+	g, err := s.parseGeneration(c)
+	if err != nil {
+		return err
+	}
+	if g.auto {
+		g.recKey = hashParts(g.tenant, "auto", http.MethodPost, "/v1/chat/completions", g.fingerprint)
+		g.echoKey = autoKeyPrefix + g.recKey
+	}
+	g.setAsync()
+	adm, err := s.admit(c.UserContext(), g)
+	if err != nil {
+		return err
+	}
+	return s.respondAccepted(c, g, adm)
+}
+
+var errNoJob = errNotFound("no such job")
+
+// loadJob finds a job of the caller's tenant. A malformed, unknown or foreign id is the same 404.
+func (s *Server) loadJob(c *fiber.Ctx) (tenant, key string, rec *kv.Record, rev uint64, err error) {
+	if tenant, err = s.authenticate(c); err != nil {
+		return "", "", nil, 0, err
+	}
+	id := c.Params("id")
+	if !jobs.ParseID(id) {
+		return "", "", nil, 0, errNoJob
+	}
+	key, err = s.store.JobKey(c.UserContext(), id)
+	if err != nil {
+		if errors.Is(err, kv.ErrNotFound) {
+			return "", "", nil, 0, errNoJob
+		}
+		return "", "", nil, 0, err
+	}
+	rec, rev, err = s.store.Get(c.UserContext(), key)
+	if err != nil {
+		if errors.Is(err, kv.ErrNotFound) {
+			return "", "", nil, 0, errNoJob
+		}
+		return "", "", nil, 0, err
+	}
+	if rec.Tenant != tenant || rec.JobID != id {
+		return "", "", nil, 0, errNoJob
+	}
+	return tenant, key, rec, rev, nil
+}
+
+// jobView is the JSON of GET /v1/jobs/{id}.
+type jobView struct {
+	ID        string          `json:"id"`
+	Object    string          `json:"object"`
+	Status    string          `json:"status"`
+	Model     string          `json:"model"`
+	CreatedAt int64           `json:"created_at"`
+	Epoch     int             `json:"epoch"`
+	Attempts  int             `json:"attempts"`
+	Progress  string          `json:"progress,omitempty"`
+	Tokens    int             `json:"tokens_so_far"`
+	Usage     *kv.Usage       `json:"usage,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	Error     json.RawMessage `json:"error,omitempty"`
+}
+
+func (s *Server) getJob(c *fiber.Ctx) error {
+	_, _, rec, _, err := s.loadJob(c)
+	if err != nil {
+		return err
+	}
+	v := jobView{ID: rec.JobID, Object: "job", Status: jobStatus(rec), Model: rec.Model, CreatedAt: rec.Created.Unix(),
+		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: rec.Tokens}
+	if res := rec.Result; res != nil {
+		v.Usage = res.Usage
+		switch {
+		case rec.State == kv.Completed && res.Status == http.StatusOK:
+			body := res.Body
+			if rec.Stream {
+				if body, err = openaiwire.Assemble(res.Events, res.UsageEvent); err != nil {
+					return err
+				}
+			}
+			v.Result = body
+		case len(res.Body) > 0:
+			v.Error = errorObject(res.Body)
+		}
+	}
+	return c.JSON(v)
+}
+
+// errorObject extracts {"message",...} from an OpenAI error body (or wraps a foreign one).
+func errorObject(body []byte) json.RawMessage {
+	var e struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && len(e.Error) > 0 {
+		return e.Error
+	}
+	b, _ := json.Marshal(map[string]string{"message": string(body)})
+	return b
+}
+
+// cancelJob is DELETE /v1/jobs/{id}: a running job's record becomes cancelled (by CAS, which
+// also fences its worker: the worker's next record or chunk write fails and it stops the
+// backend call), followers get an error event. A finished job is left as it is.
+func (s *Server) cancelJob(c *fiber.Ctx) error {
+	ctx := c.UserContext()
+	for attempt := 0; attempt < 5; attempt++ {
+		_, key, rec, rev, err := s.loadJob(c)
+		if err != nil {
+			return err
+		}
+		if rec.State != kv.Pending {
+			return c.JSON(fiber.Map{"id": rec.JobID, "object": "job", "status": jobStatus(rec)})
+		}
+		body := openaiwire.ErrorBody("the job was cancelled", "invalid_request_error", "job_cancelled", "")
+		next := *rec
+		next.State, next.Cancelled, next.Request = kv.Failed, true, nil
+		next.Result = &kv.Result{Status: http.StatusConflict, Body: body, Finished: s.now()}
+		if _, err := s.store.Update(ctx, key, &next, rev); err != nil {
+			if errors.Is(err, kv.ErrConflict) {
+				continue
+			}
+			return err
+		}
+		if err := jobs.Terminate(ctx, s.js, key, rec.Epoch, jobs.KindError, http.StatusConflict, body); err != nil {
+			s.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: notifying followers")
+		}
+		s.log.Info().Str(fieldJobID, rec.JobID).Msg("job cancelled")
+		return c.JSON(fiber.Map{"id": rec.JobID, "object": "job", "status": "cancelled"})
+	}
+	return unavailable("the job is changing; retry")
+}
+
+// getIdempotency is GET /v1/idempotency/{key}: where the work of a key stands.
+func (s *Server) getIdempotency(c *fiber.Ctx) error {
+	tenant, err := s.authenticate(c)
+	if err != nil {
+		return err
+	}
+	raw, err := url.PathUnescape(c.Params("key"))
+	if err != nil {
+		return badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")
+	}
+	key, err := parseIdempotencyKey(raw)
+	if err != nil {
+		return badRequest("invalid_idempotency_key", "", err.Error())
+	}
+	rec, _, err := s.store.Get(c.UserContext(), recordKey(tenant, key))
+	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
+		return errNotFound("no record for this Idempotency-Key")
+	}
+	if err != nil {
+		return err
+	}
+	out := fiber.Map{"key": key, "state": rec.State, "job_id": rec.JobID, "epoch": rec.Epoch,
+		"created": rec.Created.UTC().Format(time.RFC3339Nano), "started": rec.EpochStarted.UTC().Format(time.RFC3339Nano),
+		"attempts": rec.Attempts, "progress": rec.Progress, "tokens_so_far": rec.Tokens, "stream": rec.Stream,
+		"model": rec.Model, "backend": rec.Backend}
+	if rec.State == kv.Pending {
+		out["lease_until"] = rec.LeaseUntil.UTC().Format(time.RFC3339Nano)
+	}
+	if rec.Result != nil {
+		out["status"] = rec.Result.Status
+		out["finished"] = rec.Result.Finished.UTC().Format(time.RFC3339Nano)
+	}
+	if rec.Cancelled {
+		out["cancelled"] = true
+	}
+	return c.JSON(out)
+}
+
+// jobEvents is GET /v1/jobs/{id}/events: the job's output as SSE, replayed from the start then
+// live; every event has an id (its index), and Last-Event-ID or ?starting_after=N resumes
+// right after N. A finished job whose events were all delivered answers 204.
+func (s *Server) jobEvents(c *fiber.Ctx) error {
+	_, key, rec, _, err := s.loadJob(c)
+	if err != nil {
+		return err
+	}
+	after := -1
+	if v := c.Get("Last-Event-ID"); v != "" {
+		if after, err = strconv.Atoi(v); err != nil || after < -1 {
+			return badRequest("invalid_last_event_id", "", "Last-Event-ID must be an event id from this stream")
+		}
+	} else if v := c.Query("starting_after"); v != "" {
+		if after, err = strconv.Atoi(v); err != nil || after < -1 {
+			return badRequest("invalid_value", "starting_after", "starting_after must be an integer")
+		}
+	}
+	if rec.State != kv.Pending {
+		frames, err := finishedFrames(rec)
+		if err != nil {
+			return err
+		}
+		if after >= len(frames)-1 {
+			return c.SendStatus(http.StatusNoContent)
+		}
+		c.Set(fiber.HeaderContentType, mimeSSE)
+		c.Set(fiber.HeaderCacheControl, "no-cache")
+		return c.Send(appendEvents(nil, frames, 0, after))
+	}
+	fl, err := s.hub.Join(c.UserContext(), jobs.ChunkSubject(key, rec.Epoch))
+	if err != nil {
+		return err
+	}
+	c.Set(fiber.HeaderContentType, mimeSSE)
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	c.Set("X-Accel-Buffering", "no")
+	store, hub, log := s.store, s.hub, s.log
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		ev := &eventWriter{w: w, after: after}
+		defer func() { fl.Close() }()
+		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
+		defer cancel()
+		for {
+			hctx, hcancel := context.WithTimeout(ctx, heartbeatEvery)
+			ch, err := fl.Next(hctx)
+			hcancel()
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				if ev.ping() != nil {
+					return
+				}
+				continue
+			}
+			if err != nil || ch.Kind == jobs.KindFence {
+				// Taken over, or the feed ended: follow the new epoch if this client got nothing yet.
+				rec, _, gerr := store.Get(ctx, key)
+				if gerr == nil && rec.State == kv.Pending && ev.next == 0 {
+					fl.Close()
+					if fl, err = hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch)); err == nil {
+						continue
+					}
+				}
+				if gerr == nil && rec.State != kv.Pending && ev.next == 0 {
+					if frames, ferr := finishedFrames(rec); ferr == nil {
+						_, _ = w.Write(appendEvents(nil, frames, 0, after))
+						_ = w.Flush()
+						return
+					}
+				}
+				log.Warn().Err(err).Str(fieldKey, key).Msg("job events: execution interrupted")
+				_ = ev.frames([][]byte{openaiwire.ErrorBody("the execution was restarted or interrupted; reconnect to receive the complete answer", "server_error", "execution_restarted", "")})
+				return
+			}
+			var frames [][]byte
+			switch ch.Kind {
+			case jobs.KindData, jobs.KindUsage:
+				frames = splitFrames(ch.Payload)
+			case jobs.KindDone:
+				frames = [][]byte{[]byte("[DONE]")}
+			case jobs.KindResult:
+				if ch.Status == http.StatusOK {
+					events, usage, serr := openaiwire.Synthesize(ch.Payload)
+					if serr == nil {
+						frames = append(append(splitFrames(events), splitFrames(usage)...), []byte("[DONE]"))
+						break
+					}
+				}
+				frames = [][]byte{errorEnvelope(ch.Payload)}
+			case jobs.KindError:
+				frames = [][]byte{errorEnvelope(ch.Payload)}
+			}
+			if ev.frames(frames) != nil || ch.Terminal() {
+				return
+			}
+		}
+	})
+	return nil
+}
+
+// errorEnvelope makes sure an error payload is an {"error": …} object.
+func errorEnvelope(body []byte) []byte {
+	if bytes.HasPrefix(bytes.TrimSpace(body), []byte(`{"error"`)) {
+		return body
+	}
+	b, _ := json.Marshal(map[string]json.RawMessage{"error": errorObject(body)})
+	return b
+}
+
+// finishedFrames are the data of every event of a finished job, in order.
+func finishedFrames(rec *kv.Record) ([][]byte, error) {
+	res := rec.Result
+	if res == nil {
+		return nil, fmt.Errorf("httpapi: record of %s has no result", rec.JobID)
+	}
+	if rec.State == kv.Failed && !res.Partial {
+		return [][]byte{errorEnvelope(res.Body)}, nil
+	}
+	if rec.State == kv.Completed && res.Status != http.StatusOK {
+		return [][]byte{errorEnvelope(res.Body)}, nil
+	}
+	events, usage := res.Events, res.UsageEvent
+	if !rec.Stream {
+		var err error
+		if events, usage, err = openaiwire.Synthesize(res.Body); err != nil {
+			return nil, err
+		}
+	}
+	frames := append(splitFrames(events), splitFrames(usage)...)
+	if rec.State == kv.Failed {
+		return append(frames, errorEnvelope(res.Body)), nil
+	}
+	return append(frames, []byte("[DONE]")), nil
+}
+
+// splitFrames returns the data of each "data: …\n\n" frame.
+func splitFrames(b []byte) [][]byte {
+	var out [][]byte
+	for len(b) > 0 {
+		frame, rest, _ := bytes.Cut(b, []byte("\n\n"))
+		b = rest
+		if d, ok := bytes.CutPrefix(frame, []byte("data: ")); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// appendEvents writes frames numbered from first, skipping ids <= after.
+func appendEvents(dst []byte, frames [][]byte, first, after int) []byte {
+	for i, f := range frames {
+		id := first + i
+		if id <= after {
+			continue
+		}
+		dst = append(dst, "id: "...)
+		dst = strconv.AppendInt(dst, int64(id), 10)
+		dst = append(dst, '\n')
+		dst = openaiwire.AppendFrame(dst, f)
+	}
+	return dst
+}
+
+// eventWriter numbers the events of a live job stream.
+type eventWriter struct {
+	w     *bufio.Writer
+	next  int // id of the next event
+	after int
+}
+
+func (e *eventWriter) frames(frames [][]byte) error {
+	buf := appendEvents(nil, frames, e.next, e.after)
+	e.next += len(frames)
+	if len(buf) == 0 {
+		return nil
+	}
+	if _, err := e.w.Write(buf); err != nil {
+		return err
+	}
+	return e.w.Flush()
+}
+
+func (e *eventWriter) ping() error {
+	if _, err := e.w.WriteString(": ping\n\n"); err != nil {
+		return err
+	}
+	return e.w.Flush()
+}
 
 // jobStatus maps a record to the jobs API status.
 func jobStatus(rec *kv.Record) string {

@@ -120,9 +120,15 @@ func (p *Publisher) Publish(ctx context.Context, kind Kind, status int, payload 
 // Fence ends epoch of key for good: clients following it get a fence chunk and the old
 // owner's next write is refused. It is written by whoever takes an execution over.
 func Fence(ctx context.Context, js jetstream.JetStream, key string, epoch int) error {
-	c := Chunk{Idx: -1, Kind: KindFence}
+	return Terminate(ctx, js, key, epoch, KindFence, 0, nil)
+}
+
+// Terminate writes a terminal chunk to epoch of key from outside its owner (a takeover or a
+// cancellation); like a fence, it makes the owner's next write fail.
+func Terminate(ctx context.Context, js jetstream.JetStream, key string, epoch int, kind Kind, status int, payload []byte) error {
+	c := Chunk{Idx: -1, Kind: kind, Status: status, Payload: payload}
 	if _, err := js.PublishMsg(ctx, c.msg(ChunkSubject(key, epoch))); err != nil {
-		return fmt.Errorf("jobs: fence %s epoch %d: %w", key, epoch, err)
+		return fmt.Errorf("jobs: terminate %s epoch %d: %w", key, epoch, err)
 	}
 	return nil
 }

@@ -175,7 +175,7 @@ func (f *feed) deliver(h nats.Header, data []byte) {
 		return
 	}
 	switch {
-	case c.Kind == KindFence:
+	case c.Idx == -1 && c.Terminal(): // written by a taker or a canceller, not the owner
 		c.Idx = len(f.chunks)
 	case c.Idx < len(f.chunks):
 		f.mu.Unlock()

@@ -69,6 +69,7 @@ type Record struct {
 	Worker       string    `json:"worker,omitempty"`
 	Progress     string    `json:"progress,omitempty"`
 	Chunks       int       `json:"chunks,omitempty"` // chunks published so far in this epoch
+	Tokens       int       `json:"tokens,omitempty"` // output events (≈ tokens) so far in this epoch
 	Attempts     int       `json:"attempts,omitempty"`
 	Cancelled    bool      `json:"cancelled,omitempty"`
 

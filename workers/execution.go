@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,6 +38,8 @@ type execution struct {
 	mu  sync.Mutex // guards rec and rev: the renewer and the main flow both write the record
 	rec *kv.Record
 	rev uint64
+	// tokens counts output events published (≈ tokens), for progress in the record.
+	tokens atomic.Int64
 }
 
 func (ex *execution) run(ctx context.Context) {
@@ -149,6 +152,7 @@ func (ex *execution) stream(ctx context.Context, body io.Reader) {
 			}
 			continue
 		}
+		ex.tokens.Add(1)
 		start := len(all)
 		all = openaiwire.AppendFrame(all, data)
 		pending = all[start:len(all):len(all)]
@@ -238,6 +242,7 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 	next.Request = nil
 	next.Progress = kv.ProgressFinished
 	next.Chunks = ex.pub.Next()
+	next.Tokens = int(ex.tokens.Load())
 	next.LeaseUntil = time.Time{}
 	next.Worker = ex.pool.opts.ID
 	next.Attempts++
@@ -279,7 +284,7 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 		next.LeaseUntil = ex.pool.opts.Now().Add(ex.pool.opts.Lease)
 		next.Worker = ex.pool.opts.ID
 		if c := ex.pub.Next(); c > 0 {
-			next.Progress, next.Chunks = kv.ProgressStreaming, c
+			next.Progress, next.Chunks, next.Tokens = kv.ProgressStreaming, c, int(ex.tokens.Load())
 		}
 		rev, err := ex.pool.store.Update(ctx, ex.job.Key, &next, ex.rev)
 		if err == nil {

@@ -62,13 +62,12 @@ func (c *Client) Mock() *mockllm.Server { return c.mock }
 
 // ChatCompletions sends one chat completion request. The caller closes the response body and
 // owns ctx: the client applies its total timeout on top of it. For a streamed request it asks
-// the backend for usage (stream_options.include_usage), which the gateway needs for billing.
+// the backend for usage (stream_options.include_usage), which the gateway needs for billing;
+// the body's stream field is set to the execution's mode.
 func (c *Client) ChatCompletions(ctx context.Context, body []byte, stream bool) (*http.Response, context.CancelFunc, error) {
-	if stream {
-		var err error
-		if body, err = WithIncludeUsage(body); err != nil {
-			return nil, nil, err
-		}
+	body, err := PrepareBody(body, stream)
+	if err != nil {
+		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+"/chat/completions", bytes.NewReader(body))
@@ -93,38 +92,38 @@ func (c *Client) ChatCompletions(ctx context.Context, body []byte, stream bool) 
 	return resp, cancel, nil
 }
 
-// WithIncludeUsage returns body with stream_options.include_usage set to true; other fields
-// are kept byte for byte when stream_options is absent.
-func WithIncludeUsage(body []byte) ([]byte, error) {
+// PrepareBody sets the request's transport fields for the execution mode: "stream" as given,
+// and for a stream stream_options.include_usage (the gateway bills from usage); a non-stream
+// request carries no stream_options (vLLM rejects them). Other fields are kept as sent; the
+// body is returned unchanged when it already fits.
+func PrepareBody(body []byte, stream bool) ([]byte, error) {
 	var probe struct {
+		Stream        *bool                      `json:"stream"`
 		StreamOptions map[string]json.RawMessage `json:"stream_options"`
 	}
 	if err := json.Unmarshal(body, &probe); err != nil {
 		return nil, fmt.Errorf("backend: request body: %w", err)
 	}
-	if probe.StreamOptions == nil {
-		i := bytes.IndexByte(body, '{')
-		if i < 0 {
-			return nil, fmt.Errorf("backend: request body is not an object")
-		}
-		out := make([]byte, 0, len(body)+40)
-		out = append(out, body[:i+1]...)
-		out = append(out, `"stream_options":{"include_usage":true}`...)
-		rest := bytes.TrimLeft(body[i+1:], " \t\r\n")
-		if len(rest) > 0 && rest[0] != '}' {
-			out = append(out, ',')
-		}
-		return append(out, body[i+1:]...), nil
-	}
-	if string(probe.StreamOptions["include_usage"]) == "true" {
+	streamOK := (probe.Stream != nil && *probe.Stream == stream) || (probe.Stream == nil && !stream)
+	usageOK := (stream && string(probe.StreamOptions["include_usage"]) == "true") || (!stream && probe.StreamOptions == nil)
+	if streamOK && usageOK {
 		return body, nil
 	}
 	var full map[string]json.RawMessage
 	if err := json.Unmarshal(body, &full); err != nil {
 		return nil, fmt.Errorf("backend: request body: %w", err)
 	}
-	probe.StreamOptions["include_usage"] = json.RawMessage("true")
-	so, _ := json.Marshal(probe.StreamOptions)
-	full["stream_options"] = so
+	if stream {
+		full["stream"] = json.RawMessage("true")
+		so := probe.StreamOptions
+		if so == nil {
+			so = map[string]json.RawMessage{}
+		}
+		so["include_usage"] = json.RawMessage("true")
+		full["stream_options"], _ = json.Marshal(so)
+	} else {
+		delete(full, "stream")
+		delete(full, "stream_options")
+	}
 	return json.Marshal(full)
 }

@@ -665,7 +665,14 @@ func (s *Server) writeNonStream(w http.ResponseWriter, r *http.Request, p *plan)
 		Usage: p.usage(),
 	}
 	body := marshalLine(obj)
-	delay := p.ttft + time.Duration(p.tokens)*p.interToken
+	delay := p.ttft
+	if p.tokens > 0 && p.interToken > 0 {
+		if p.interToken > (math.MaxInt64-delay)/time.Duration(p.tokens) {
+			delay = math.MaxInt64 // saturate instead of overflowing
+		} else {
+			delay += time.Duration(p.tokens) * p.interToken
+		}
+	}
 	if !sleep(r.Context(), delay) {
 		return false
 	}

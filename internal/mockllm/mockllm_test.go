@@ -393,7 +393,7 @@ func TestKnobs(t *testing.T) {
 		{name: "inter-token via header, stream", hdr: map[string]string{"X-Mock-Inter-Token-Ms": "30", "X-Mock-Tokens": "4"}, stream: true, tokens: 4, minTime: 90 * time.Millisecond},
 		{name: "inter-token via body, non-stream", mock: map[string]any{"inter_token_ms": 30, "tokens": 4}, tokens: 4, minTime: 120 * time.Millisecond},
 		{name: "slow_drip", mock: map[string]any{"fault": "slow_drip", "tokens": 3}, stream: true, tokens: 3, minTime: 400 * time.Millisecond, faults: 1},
-		{name: "slow_drip header, fast override", mock: map[string]any{"inter_token_ms": 1}, hdr: map[string]string{"X-Mock-Fault": "slow_drip", "X-Mock-Tokens": "3"}, stream: true, tokens: 3, maxTime: 150 * time.Millisecond, faults: 1},
+		{name: "slow_drip header, fast override", mock: map[string]any{"inter_token_ms": 1}, hdr: map[string]string{"X-Mock-Fault": "slow_drip", "X-Mock-Tokens": "3"}, stream: true, tokens: 3, maxTime: 300 * time.Millisecond, faults: 1},
 		{name: "fault none", mock: map[string]any{"fault": "none"}, tokens: 16},
 	}
 	forEachTransport(t, Options{}, func(t *testing.T, h *harness) {

@@ -119,8 +119,15 @@ func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		<-done
 		return nil, rw.err
 	}
+	body := &rtBody{pr: pr, cancel: cancel, done: done}
+	if err := req.Context().Err(); err != nil {
+		// Cancelled while the headers were being committed: report the
+		// cancellation rather than a response whose body would fail.
+		_ = body.Close()
+		return nil, err
+	}
 	resp := rw.resp
-	resp.Body = &rtBody{pr: pr, cancel: cancel, done: done}
+	resp.Body = body
 	return resp, nil
 }
 
