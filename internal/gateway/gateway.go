@@ -270,3 +270,12 @@ func (g *Gateway) Backend(name string) (*backend.Client, bool) {
 	c, ok := g.backends[name]
 	return c, ok
 }
+
+// Connect opens a new connection to this gateway's NATS (embedded or external), for tools and
+// tests that act beside the gateway; the caller closes it.
+func (g *Gateway) Connect(name string) (*nats.Conn, error) {
+	if g.ns != nil {
+		return g.ns.Connect(name)
+	}
+	return natsrv.ConnectURL(g.cfg.NATS.URL, name)
+}
