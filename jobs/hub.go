@@ -29,7 +29,8 @@ type Hub struct {
 	mu     sync.Mutex
 	feeds  map[string]*feed
 	closed bool
-	wg     sync.WaitGroup
+	// stopped are consumers told to stop whose goroutines may still be ending; Close waits.
+	stopped []jetstream.ConsumeContext
 }
 
 // HubOptions configures a Hub.
@@ -59,8 +60,8 @@ func (h *Hub) Join(ctx context.Context, subject string) (*Follower, error) {
 
 func (h *Hub) attach(ctx context.Context, subject string, core bool) (*Follower, error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return nil, ErrHubClosed
 	}
 	f, ok := h.feeds[subject]
@@ -69,8 +70,19 @@ func (h *Hub) attach(ctx context.Context, subject string, core bool) (*Follower,
 		ok = !f.done // a feed that is ending is replaced, never joined
 		f.mu.Unlock()
 	}
-	if !ok {
+	fresh := !ok
+	if fresh {
 		f = &feed{hub: h, subject: subject, followers: make(map[*Follower]struct{})}
+		h.feeds[subject] = f
+	}
+	fl := &Follower{f: f, wake: make(chan struct{}, 1)}
+	f.mu.Lock()
+	f.followers[fl] = struct{}{}
+	f.mu.Unlock()
+	h.mu.Unlock()
+	if fresh {
+		// The source starts outside the hub lock (it is a round trip); followers that attach
+		// meanwhile simply wait for chunks.
 		var err error
 		if core {
 			err = f.startCore()
@@ -78,14 +90,10 @@ func (h *Hub) attach(ctx context.Context, subject string, core bool) (*Follower,
 			err = f.startConsumer(ctx)
 		}
 		if err != nil {
+			f.finish(err)
 			return nil, err
 		}
-		h.feeds[subject] = f
 	}
-	fl := &Follower{f: f, wake: make(chan struct{}, 1)}
-	f.mu.Lock()
-	f.followers[fl] = struct{}{}
-	f.mu.Unlock()
 	return fl, nil
 }
 
@@ -102,7 +110,29 @@ func (h *Hub) Close() {
 	for _, f := range feeds {
 		f.finish(ErrHubClosed)
 	}
-	h.wg.Wait()
+	h.mu.Lock()
+	stopped := h.stopped
+	h.stopped = nil
+	h.mu.Unlock()
+	for _, cc := range stopped {
+		<-cc.Closed()
+	}
+}
+
+// retire records a stopped consumer (finish may run inside its own callback, so it cannot
+// wait there) and forgets those that have ended.
+func (h *Hub) retire(cc jetstream.ConsumeContext) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	live := h.stopped[:0]
+	for _, old := range h.stopped {
+		select {
+		case <-old.Closed():
+		default:
+			live = append(live, old)
+		}
+	}
+	h.stopped = append(live, cc)
 }
 
 // Active is the number of executions this hub follows (for metrics and tests).
@@ -133,14 +163,21 @@ type feed struct {
 	cons      jetstream.ConsumeContext
 }
 
-// startCore subscribes on the core subject; called with hub.mu held.
+// startCore subscribes on the core subject.
 func (f *feed) startCore() error {
 	sub, err := f.hub.nc.Subscribe(f.subject, func(m *nats.Msg) { f.deliver(m.Header, m.Data) })
 	if err != nil {
 		return fmt.Errorf("jobs: subscribe %s: %w", f.subject, err)
 	}
 	_ = sub.SetPendingLimits(-1, -1) // a slow reader must not make the client drop chunks
+	f.mu.Lock()
+	if f.done {
+		f.mu.Unlock()
+		_ = sub.Unsubscribe()
+		return nil
+	}
 	f.sub = sub
+	f.mu.Unlock()
 	return nil
 }
 
@@ -158,6 +195,12 @@ func (f *feed) startConsumer(ctx context.Context) error {
 		return fmt.Errorf("jobs: consume %s: %w", f.subject, err)
 	}
 	f.mu.Lock()
+	if f.done { // finished while the consumer was being created
+		f.mu.Unlock()
+		cc.Stop()
+		f.hub.retire(cc)
+		return nil
+	}
 	f.cons = cc
 	f.mu.Unlock()
 	return nil
@@ -208,15 +251,11 @@ func (f *feed) recover() {
 	f.sub = nil
 	f.mu.Unlock()
 	_ = sub.Unsubscribe()
-	f.hub.wg.Add(1)
-	go func() {
-		defer f.hub.wg.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := f.startConsumer(ctx); err != nil {
-			f.finish(err)
-		}
-	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.startConsumer(ctx); err != nil {
+		f.finish(err)
+	}
 }
 
 func (f *feed) wakeLocked() {
@@ -245,13 +284,8 @@ func (f *feed) finish(err error) {
 		_ = sub.Unsubscribe()
 	}
 	if cons != nil {
-		// finish may run inside the consumer's own callback: wait for it to close elsewhere.
 		cons.Stop()
-		f.hub.wg.Add(1)
-		go func() {
-			defer f.hub.wg.Done()
-			<-cons.Closed()
-		}()
+		f.hub.retire(cons)
 	}
 }
 

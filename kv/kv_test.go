@@ -1,0 +1,162 @@
+package kv_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/kv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func open(t *testing.T) (*kv.Store, *natstest.Server) {
+	t.Helper()
+	s := natstest.Start(t, time.Second)
+	st, err := kv.Open(context.Background(), s.JS, kv.BucketConfig{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, s
+}
+
+func pending(owner string) *kv.Record {
+	return &kv.Record{State: kv.Pending, Tenant: "t", JobID: "J", Epoch: 1, Fingerprint: "fp", Owner: owner}
+}
+
+// TestClaimRace: many concurrent claimants on separate connections, exactly one winner per key.
+func TestClaimRace(t *testing.T) {
+	_, srv := open(t)
+	ctx := context.Background()
+	const keys, claimants = 20, 40
+	stores := make([]*kv.Store, 4)
+	for i := range stores {
+		_, js := srv.Conn(t)
+		st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = st
+	}
+	for k := 0; k < keys; k++ {
+		key := "race" + string(rune('a'+k))
+		var wins, exists atomic.Int32
+		var wg sync.WaitGroup
+		for c := 0; c < claimants; c++ {
+			wg.Add(1)
+			go func(c int) {
+				defer wg.Done()
+				_, err := stores[c%len(stores)].Claim(ctx, key, pending(kv.NewOwner()))
+				switch {
+				case err == nil:
+					wins.Add(1)
+				case errors.Is(err, kv.ErrExists):
+					exists.Add(1)
+				default:
+					t.Errorf("claim: %v", err)
+				}
+			}(c)
+		}
+		wg.Wait()
+		if wins.Load() != 1 || exists.Load() != claimants-1 {
+			t.Fatalf("key %s: %d winners, %d ErrExists; want 1 and %d", key, wins.Load(), exists.Load(), claimants-1)
+		}
+	}
+}
+
+// TestClaimRetryIsRecognised: a claim retried by its own owner (the first try succeeded but its
+// answer was lost) is reported as success, another owner's as ErrExists.
+func TestClaimRetryIsRecognised(t *testing.T) {
+	st, _ := open(t)
+	ctx := context.Background()
+	rec := pending("owner-1")
+	rev, err := st.Claim(ctx, "k", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := st.Claim(ctx, "k", pending("owner-1"))
+	if err != nil || again != rev {
+		t.Fatalf("retried claim: rev %d err %v; want %d nil", again, err, rev)
+	}
+	if _, err := st.Claim(ctx, "k", pending("owner-2")); !errors.Is(err, kv.ErrExists) {
+		t.Fatalf("other owner: %v, want ErrExists", err)
+	}
+}
+
+// TestUpdateIsCompareAndSet: the revision fences writers; a stale one gets ErrConflict and
+// changes nothing.
+func TestUpdateIsCompareAndSet(t *testing.T) {
+	st, _ := open(t)
+	ctx := context.Background()
+	rev, err := st.Claim(ctx, "k", pending("o"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := pending("o")
+	done.State = kv.Completed
+	done.Result = &kv.Result{Status: 200, Body: []byte(`{"ok":true}`)}
+	rev2, err := st.Update(ctx, "k", done, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zombie := pending("o")
+	zombie.State = kv.Failed
+	if _, err := st.Update(ctx, "k", zombie, rev); !errors.Is(err, kv.ErrConflict) {
+		t.Fatalf("stale update: %v, want ErrConflict", err)
+	}
+	got, gotRev, err := st.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotRev != rev2 || got.State != kv.Completed || string(got.Result.Body) != `{"ok":true}` {
+		t.Fatalf("record after stale write: rev %d state %s", gotRev, got.State)
+	}
+}
+
+func TestGetMissing(t *testing.T) {
+	st, _ := open(t)
+	if _, _, err := st.Get(context.Background(), "nope"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("err = %v, want ErrNotFound", err)
+	}
+	if _, err := st.JobKey(context.Background(), "01M8M6KBZQ869HNGDFDZKX9GR9"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestJobIndex(t *testing.T) {
+	st, _ := open(t)
+	ctx := context.Background()
+	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9", "abc", true); err != nil {
+		t.Fatal(err)
+	}
+	if k, err := st.JobKey(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9"); err != nil || k != "abc" {
+		t.Fatalf("JobKey = %q %v", k, err)
+	}
+}
+
+func TestLeaseExpired(t *testing.T) {
+	now := time.Now()
+	cases := []struct {
+		name string
+		rec  kv.Record
+		want bool
+	}{
+		{"pending, lease ahead", kv.Record{State: kv.Pending, LeaseUntil: now.Add(time.Second)}, false},
+		{"pending, lease behind", kv.Record{State: kv.Pending, LeaseUntil: now.Add(-time.Second)}, true},
+		{"completed, lease behind", kv.Record{State: kv.Completed, LeaseUntil: now.Add(-time.Second)}, false},
+		{"pending, no lease", kv.Record{State: kv.Pending}, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.rec.LeaseExpired(now); got != tc.want {
+				t.Fatalf("LeaseExpired = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
