@@ -3,7 +3,6 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -317,6 +316,3 @@ const (
 	fieldJobID = "job_id"
 	fieldKey   = "idem_key_hash"
 )
-
-// unused guard for json import in this file
-var _ = json.Valid

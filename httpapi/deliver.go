@@ -144,73 +144,55 @@ func (s *Server) nextChunk(ctx context.Context, g *generation, adm *admission) (
 // streamLive writes an SSE stream that follows the execution live. It runs after the handler
 // returned, so it captures only owned values.
 func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first jobs.Chunk) {
-	c.Set(fiber.HeaderContentType, mimeSSE)
-	c.Set(fiber.HeaderCacheControl, "no-cache")
-	c.Set("X-Accel-Buffering", "no")
+	out := s.newSSE(c)
 	c.Status(http.StatusOK)
-	fl, includeUsage, shutdown, log := adm.fl, g.includeUsage, s.shutdown, s.log
-	jobID := adm.jobID
+	fl, includeUsage, log, jobID := adm.fl, g.includeUsage, s.log, adm.jobID
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		out.w = w
 		defer fl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
-		ch := first
-		for {
+		for ch := first; ; {
+			var err error
 			switch ch.Kind {
 			case jobs.KindData:
-				_, _ = w.Write(ch.Payload)
+				err = out.send(ch.Payload)
 			case jobs.KindUsage:
 				if includeUsage {
-					_, _ = w.Write(ch.Payload)
+					err = out.send(ch.Payload)
 				}
 			case jobs.KindDone:
-				_, _ = w.Write(openaiwire.DoneFrame)
-				_ = w.Flush()
+				_ = out.send(openaiwire.DoneFrame)
 				return
 			case jobs.KindError:
-				_, _ = w.Write(openaiwire.Frame(ch.Payload))
-				_ = w.Flush()
+				_ = out.send(openaiwire.Frame(ch.Payload))
 				return
-			case jobs.KindFence, jobs.KindResult:
-				// The execution restarted after this client got output: never splice two runs.
-				_, _ = w.Write(openaiwire.Frame(openaiwire.ErrorBody("the execution was restarted after a worker was lost; retry with the same Idempotency-Key to receive the complete answer",
-					"server_error", "execution_restarted", "")))
-				_ = w.Flush()
+			default: // fence (or a stray result): the execution restarted after this client got output
+				_ = out.send(openaiwire.Frame(errRestarted))
 				return
 			}
-			if err := w.Flush(); err != nil {
+			if err != nil {
 				return // client gone; the execution goes on for its other copies
 			}
-			for {
-				hctx, hcancel := context.WithTimeout(ctx, heartbeatEvery)
-				next, err := fl.Next(hctx)
-				hcancel()
-				if err == nil {
-					ch = next
-					break
+			if ch, err = out.next(ctx, fl); err != nil {
+				if errors.Is(err, jobs.ErrEnded) || errors.Is(err, jobs.ErrHubClosed) || errors.Is(err, context.DeadlineExceeded) {
+					log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
+					_ = out.send(openaiwire.Frame(errInterrupted))
 				}
-				if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-					if _, err := w.WriteString(": ping\n\n"); err != nil {
-						return
-					}
-					if err := w.Flush(); err != nil {
-						return
-					}
-					continue
-				}
-				select {
-				case <-shutdown:
-				default:
-				}
-				log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-				_, _ = w.Write(openaiwire.Frame(openaiwire.ErrorBody("the stream was interrupted; retry with the same Idempotency-Key to receive the complete answer",
-					"server_error", "stream_interrupted", "")))
-				_ = w.Flush()
 				return
 			}
 		}
 	})
 }
+
+// Terminal error events of a stream that cannot be completed on this connection. Never a
+// silent end, never a splice of two executions.
+var (
+	errRestarted = openaiwire.ErrorBody("the execution was restarted after a worker was lost; retry with the same Idempotency-Key to receive the complete answer",
+		"server_error", "execution_restarted", "")
+	errInterrupted = openaiwire.ErrorBody("the stream was interrupted; retry with the same Idempotency-Key to receive the complete answer",
+		"server_error", "stream_interrupted", "")
+)
 
 // replay answers from a stored record: the original status and body for non-stream (byte for
 // byte), the stored frames then [DONE] for a stream.

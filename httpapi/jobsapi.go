@@ -234,43 +234,35 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	c.Set(fiber.HeaderContentType, mimeSSE)
-	c.Set(fiber.HeaderCacheControl, "no-cache")
-	c.Set("X-Accel-Buffering", "no")
+	out := s.newSSE(c)
 	store, hub, log := s.store, s.hub, s.log
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		ev := &eventWriter{w: w, after: after}
+		out.w = w
+		ev := &eventWriter{out: out, after: after}
 		defer func() { fl.Close() }()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
 		for {
-			hctx, hcancel := context.WithTimeout(ctx, heartbeatEvery)
-			ch, err := fl.Next(hctx)
-			hcancel()
-			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-				if ev.ping() != nil {
-					return
-				}
-				continue
+			ch, err := out.next(ctx, fl)
+			if err != nil && !errors.Is(err, jobs.ErrEnded) && !errors.Is(err, jobs.ErrHubClosed) {
+				return // client gone or out of time
 			}
 			if err != nil || ch.Kind == jobs.KindFence {
 				// Taken over, or the feed ended: follow the new epoch if this client got nothing yet.
 				rec, _, gerr := store.Get(ctx, key)
-				if gerr == nil && rec.State == kv.Pending && ev.next == 0 {
-					fl.Close()
-					if fl, err = hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch)); err == nil {
-						continue
-					}
-				}
-				if gerr == nil && rec.State != kv.Pending && ev.next == 0 {
-					if frames, ferr := finishedFrames(rec); ferr == nil {
-						_, _ = w.Write(appendEvents(nil, frames, 0, after))
-						_ = w.Flush()
+				if gerr == nil && ev.next == 0 {
+					if rec.State == kv.Pending {
+						fl.Close()
+						if fl, err = hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch)); err == nil {
+							continue
+						}
+					} else if frames, ferr := finishedFrames(rec); ferr == nil {
+						_ = ev.frames(frames)
 						return
 					}
 				}
 				log.Warn().Err(err).Str(fieldKey, key).Msg("job events: execution interrupted")
-				_ = ev.frames([][]byte{openaiwire.ErrorBody("the execution was restarted or interrupted; reconnect to receive the complete answer", "server_error", "execution_restarted", "")})
+				_ = ev.frames([][]byte{errRestarted})
 				return
 			}
 			var frames [][]byte
@@ -364,7 +356,7 @@ func appendEvents(dst []byte, frames [][]byte, first, after int) []byte {
 
 // eventWriter numbers the events of a live job stream.
 type eventWriter struct {
-	w     *bufio.Writer
+	out   *sseOut
 	next  int // id of the next event
 	after int
 }
@@ -375,17 +367,7 @@ func (e *eventWriter) frames(frames [][]byte) error {
 	if len(buf) == 0 {
 		return nil
 	}
-	if _, err := e.w.Write(buf); err != nil {
-		return err
-	}
-	return e.w.Flush()
-}
-
-func (e *eventWriter) ping() error {
-	if _, err := e.w.WriteString(": ping\n\n"); err != nil {
-		return err
-	}
-	return e.w.Flush()
+	return e.out.send(buf)
 }
 
 // jobStatus maps a record to the jobs API status.

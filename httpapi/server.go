@@ -60,8 +60,8 @@ type Server struct {
 	idem    config.Idempotency
 	log     zerolog.Logger
 	now     func() time.Time
-	// shutdown is closed when the server begins to stop: stream writers finish up.
-	shutdown chan struct{}
+	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
+	writeTimeout time.Duration
 }
 
 type tenantKeys struct {
@@ -75,7 +75,7 @@ const anonymousTenant = "anonymous"
 // New builds the app and its routes.
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, store: d.Store, hub: d.Hub, router: d.Router, idem: d.Idem, log: d.Log,
-		now: d.Now, shutdown: make(chan struct{})}
+		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D()}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -93,7 +93,7 @@ func New(d Deps) *Server {
 		AppName:               "oncegate",
 		BodyLimit:             d.HTTP.MaxBodyBytes,
 		ReadTimeout:           d.HTTP.ReadTimeout.D(),
-		WriteTimeout:          0, // SSE responses run long; generations are bounded by their own deadlines
+		WriteTimeout:          d.HTTP.WriteTimeout.D(), // SSE writers extend it per flush (sseOut)
 		IdleTimeout:           d.HTTP.IdleTimeout.D(),
 		DisableStartupMessage: true,
 		ErrorHandler:          s.errorHandler,
@@ -111,13 +111,9 @@ func New(d Deps) *Server {
 // App exposes the Fiber app (for Listen and for tests).
 func (s *Server) App() *fiber.App { return s.app }
 
-// Shutdown stops accepting, tells stream writers to finish, and waits (bounded by ctx).
+// Shutdown stops accepting and waits for in-flight responses, streams included, to finish
+// (bounded by ctx).
 func (s *Server) Shutdown(ctx context.Context) error {
-	select {
-	case <-s.shutdown:
-	default:
-		close(s.shutdown)
-	}
 	return s.app.ShutdownWithContext(ctx)
 }
 

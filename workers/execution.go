@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,8 @@ const maxBackendBody = 16 << 20
 
 // coalesceBytes caps one data chunk: events already read from the socket are batched up to it.
 const coalesceBytes = 16 << 10
+
+var nullUsageField = []byte(`,"usage":null`)
 
 // errFenced means this worker lost its record (lease taken over or job cancelled).
 var errFenced = errors.New("workers: fenced")
@@ -107,6 +110,9 @@ func (ex *execution) run(ctx context.Context) {
 // stream relays SSE events as chunks, coalescing what one socket read delivered.
 func (ex *execution) stream(ctx context.Context, body io.Reader) {
 	er := openaiwire.NewEventReader(body)
+	// The gateway asked the backend for usage; a client that did not ask must not see the
+	// "usage":null the backend then adds to every chunk.
+	stripNullUsage := !openaiwire.AsksUsage(ex.job.Body)
 	var all, pending, usageFrame []byte
 	var usage *openaiwire.Usage
 	flush := func() error {
@@ -153,6 +159,9 @@ func (ex *execution) stream(ctx context.Context, body io.Reader) {
 			continue
 		}
 		ex.tokens.Add(1)
+		if stripNullUsage {
+			data = bytes.Replace(data, nullUsageField, nil, 1)
+		}
 		start := len(all)
 		all = openaiwire.AppendFrame(all, data)
 		pending = all[start:len(all):len(all)]

@@ -198,3 +198,13 @@ func ErrorBody(message, typ, code, param string) []byte {
 	}{in})
 	return b
 }
+
+// AsksUsage reports whether a chat request sets stream_options.include_usage.
+func AsksUsage(request []byte) bool {
+	var r struct {
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	return json.Unmarshal(request, &r) == nil && r.StreamOptions.IncludeUsage
+}
