@@ -14,8 +14,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -127,6 +130,13 @@ type BucketConfig struct {
 	Replicas int
 }
 
+// Record messages carry their state and lease in headers, so a sweep can read every key's
+// state with a headers-only consumer instead of downloading every record.
+const (
+	hdrState = "Og-State"
+	hdrLease = "Og-Lease" // unix milliseconds; PENDING only
+)
+
 // Store is the IDEM bucket.
 type Store struct {
 	kv jetstream.KeyValue
@@ -156,11 +166,11 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, err
 	if err != nil {
 		return 0, fmt.Errorf("kv: encode %s: %w", key, err)
 	}
-	rev, err := s.kv.Create(ctx, key, data)
+	rev, err := s.write(ctx, key, rec, data, 0)
 	if err == nil {
 		return rev, nil
 	}
-	if !errors.Is(err, jetstream.ErrKeyExists) {
+	if !errors.Is(err, errWrongLast) {
 		return 0, fmt.Errorf("kv: claim %s: %w", key, err)
 	}
 	cur, curRev, gerr := s.Get(ctx, key)
@@ -193,15 +203,92 @@ func (s *Store) Update(ctx context.Context, key string, rec *Record, rev uint64)
 	if err != nil {
 		return 0, fmt.Errorf("kv: encode %s: %w", key, err)
 	}
-	nrev, err := s.kv.Update(ctx, key, data, rev)
+	nrev, err := s.write(ctx, key, rec, data, rev)
 	if err != nil {
-		// ErrKeyExists is also true for a failed CAS: test the mismatch first.
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		if errors.Is(err, errWrongLast) {
 			return 0, fmt.Errorf("kv: update %s at %d: %w", key, rev, ErrConflict)
 		}
 		return 0, fmt.Errorf("kv: update %s at %d: %w", key, rev, err)
 	}
 	return nrev, nil
+}
+
+var errWrongLast = errors.New("wrong last sequence")
+
+// write is a KV put conditional on the key's last revision (0: the key must not exist),
+// exactly what kv.Create and kv.Update send, plus the state headers.
+func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte, rev uint64) (uint64, error) {
+	m := nats.NewMsg(subjectPrefix + key)
+	m.Data = data
+	m.Header.Set(hdrState, string(rec.State))
+	if rec.State == Pending && !rec.LeaseUntil.IsZero() {
+		m.Header.Set(hdrLease, strconv.FormatInt(rec.LeaseUntil.UnixMilli(), 10))
+	}
+	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			return 0, errWrongLast
+		}
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// subjectPrefix is the bucket's subject space.
+const subjectPrefix = "$KV." + Bucket + "."
+
+// Expired is a PENDING record whose lease ran out, found by ExpiredLeases.
+type Expired struct {
+	Key        string
+	LeaseUntil time.Time
+}
+
+// ExpiredLeases lists the keys whose latest record is PENDING with a lease before now. It
+// reads headers only (one ordered consumer over the last message of every key).
+func (s *Store) ExpiredLeases(ctx context.Context, now time.Time) ([]Expired, error) {
+	cons, err := s.js.OrderedConsumer(ctx, "KV_"+Bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subjectPrefix + ">"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+		HeadersOnly:    true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: scan: %w", err)
+	}
+	var out []Expired
+	for {
+		batch, err := cons.FetchNoWait(1024)
+		if err != nil {
+			return nil, fmt.Errorf("kv: scan: %w", err)
+		}
+		n := 0
+		var pending uint64
+		for m := range batch.Messages() {
+			n++
+			if md, err := m.Metadata(); err == nil {
+				pending = md.NumPending
+			}
+			h := m.Headers()
+			if h.Get(hdrState) != string(Pending) {
+				continue
+			}
+			ms, err := strconv.ParseInt(h.Get(hdrLease), 10, 64)
+			if err != nil || !now.After(time.UnixMilli(ms)) {
+				continue
+			}
+			out = append(out, Expired{Key: strings.TrimPrefix(m.Subject(), subjectPrefix), LeaseUntil: time.UnixMilli(ms)})
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return nil, fmt.Errorf("kv: scan: %w", err)
+		}
+		if n == 0 || pending == 0 {
+			return out, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
 }
 
 // jobIndexKey is where a job id points at its record key (same bucket, same TTL).

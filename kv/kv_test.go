@@ -160,3 +160,54 @@ func TestLeaseExpired(t *testing.T) {
 		})
 	}
 }
+
+// TestExpiredLeases finds exactly the PENDING records whose lease ran out, from headers.
+func TestExpiredLeases(t *testing.T) {
+	st, _ := open(t)
+	ctx := context.Background()
+	now := time.Now()
+	mk := func(key string, state kv.State, lease time.Time) {
+		rec := pending(kv.NewOwner())
+		rec.State, rec.LeaseUntil = state, lease
+		if _, err := st.Claim(ctx, key, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("live", kv.Pending, now.Add(time.Minute))
+	mk("gone1", kv.Pending, now.Add(-time.Second))
+	mk("gone2", kv.Pending, now.Add(-time.Hour))
+	mk("done", kv.Completed, now.Add(-time.Hour))
+	// A record that was PENDING and expired, then completed: its latest state counts.
+	rec := pending("o")
+	rec.LeaseUntil = now.Add(-time.Second)
+	rev, err := st.Claim(ctx, "finished", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State = kv.Completed
+	if _, err := st.Update(ctx, "finished", rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9", "gone1", true); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.ExpiredLeases(ctx, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]bool{}
+	for _, e := range got {
+		keys[e.Key] = true
+	}
+	if len(got) != 2 || !keys["gone1"] || !keys["gone2"] {
+		t.Fatalf("expired = %+v, want gone1 and gone2", got)
+	}
+}
+
+func TestExpiredLeasesEmpty(t *testing.T) {
+	st, _ := open(t)
+	got, err := st.ExpiredLeases(context.Background(), time.Now())
+	if err != nil || len(got) != 0 {
+		t.Fatalf("empty bucket: %v %v", got, err)
+	}
+}

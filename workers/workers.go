@@ -46,6 +46,10 @@ type Options struct {
 	Log      zerolog.Logger
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
+	// SweepEvery is how often the pool looks for PENDING records whose lease ran out with no
+	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them; 0
+	// means one minute, negative disables the sweeper.
+	SweepEvery time.Duration
 }
 
 // Pool runs jobs.
@@ -65,6 +69,9 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 	}
 	if opts.ShutdownGrace == 0 {
 		opts.ShutdownGrace = 10 * time.Second
+	}
+	if opts.SweepEvery == 0 {
+		opts.SweepEvery = time.Minute
 	}
 	return &Pool{js: js, store: store, opts: opts}
 }
@@ -112,7 +119,13 @@ func (p *Pool) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("workers: consume: %w", err)
 	}
+	sweepDone := make(chan struct{})
+	go func() {
+		defer close(sweepDone)
+		p.sweepLoop(ctx)
+	}()
 	<-ctx.Done()
+	<-sweepDone
 	cc.Stop()
 	<-cc.Closed()
 	done := make(chan struct{})
@@ -178,3 +191,54 @@ const (
 	fieldKey   = "idem_key_hash"
 	fieldEpoch = "epoch"
 )
+
+func (p *Pool) sweepLoop(ctx context.Context) {
+	if p.opts.SweepEvery < 0 {
+		return
+	}
+	// The first sweep comes soon after start: executions of a process that crashed (or of a
+	// NATS restart that lost JOBS) are waiting for it.
+	t := time.NewTimer(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			t.Reset(p.opts.SweepEvery)
+		}
+		if n, err := p.Sweep(ctx); err != nil {
+			p.opts.Log.Warn().Err(err).Msg("sweep")
+		} else if n > 0 {
+			p.opts.Log.Warn().Int("redriven", n).Msg("sweep re-drove executions whose lease ran out")
+		}
+	}
+}
+
+// Sweep takes over every PENDING record whose lease ran out and publishes its job again, so
+// an execution whose job message was lost (JOBS is a memory stream) still completes. Only one
+// taker wins each record (compare-and-set); it returns how many this call re-drove.
+func (p *Pool) Sweep(ctx context.Context) (int, error) {
+	now := p.opts.Now()
+	expired, err := p.store.ExpiredLeases(ctx, now)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range expired {
+		rec, rev, err := p.store.Get(ctx, e.Key)
+		if err != nil || !rec.LeaseExpired(now) || rec.Cancelled {
+			continue
+		}
+		job, _, _, err := lease.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, now, p.opts.Lease)
+		if err != nil {
+			continue // another taker won, or the record moved on
+		}
+		if err := jobs.Submit(ctx, p.js, job); err != nil {
+			return n, err
+		}
+		p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, e.Key).Int(fieldEpoch, job.Epoch).Msg("re-driven after lease expiry")
+		n++
+	}
+	return n, nil
+}

@@ -93,6 +93,9 @@ type HTTP struct {
 // Workers configures the worker side.
 type Workers struct {
 	Concurrency int `yaml:"concurrency"` // concurrent backend calls per worker process
+	// SweepEvery is how often a worker looks for PENDING records whose lease ran out with no
+	// job left to redeliver (e.g. after a NATS restart) and re-drives them.
+	SweepEvery Duration `yaml:"sweep_every"`
 }
 
 // Idempotency configures deduplication.
@@ -229,7 +232,7 @@ func Default() *Config {
 			IdleTimeout:   Duration(120 * time.Second),
 			ShutdownGrace: Duration(10 * time.Second),
 		},
-		Workers: Workers{Concurrency: 256},
+		Workers: Workers{Concurrency: 256, SweepEvery: Duration(time.Minute)},
 		Idempotency: Idempotency{
 			TTL:        Duration(24 * time.Hour),
 			AutoWindow: Duration(3 * time.Second),

@@ -200,6 +200,9 @@ func (v *validator) workers(w *Workers) {
 	if w.Concurrency < 1 || w.Concurrency > maxConcurrency {
 		v.add("workers.concurrency", "must be between 1 and %d, got %d", maxConcurrency, w.Concurrency)
 	}
+	if w.SweepEvery.D() < time.Second {
+		v.add("workers.sweep_every", "must be at least 1s, got %s", w.SweepEvery)
+	}
 }
 
 func (v *validator) idempotency(i *Idempotency) {

@@ -158,7 +158,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	pool := workers.New(js, store, workers.Options{
 		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
-		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends,
+		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(),
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
