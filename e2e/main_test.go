@@ -128,7 +128,7 @@ func directMock(t testing.TB, body string) []byte {
 	rec := httptest.NewRecorder()
 	req := httptest.NewRequest(http.MethodPost, chatPath, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	mockllm.New(mockllm.Options{}).ServeHTTP(rec, req)
+	mockllm.New(mockllm.Options{Models: []string{"oncegate-mock", "oncegate-mock-slow"}}).ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK {
 		t.Fatalf("direct mock: status %d body %s", rec.Code, rec.Body.Bytes())
 	}
