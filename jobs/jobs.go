@@ -22,7 +22,9 @@ import (
 // Stream and subject names.
 const (
 	JobsStream   = "JOBS"
-	JobsSubject  = "jobs.run"
+	// JobsSubjects is the JOBS subject space; a job of record key k is on jobs.run.<k>.
+	JobsSubjects = "jobs.run.>"
+	jobsPrefix   = "jobs.run."
 	ChunksStream = "CHUNKS"
 	chunksPrefix = "chunks."
 	// WireVersion is the version of the Job and chunk wire formats.
@@ -84,7 +86,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 	}
 	streams := []jetstream.StreamConfig{{
 		Name:       JobsStream,
-		Subjects:   []string{JobsSubject},
+		Subjects:   []string{JobsSubjects},
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.MemoryStorage,
 		Duplicates: 2 * time.Minute,
@@ -115,7 +117,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	if err != nil {
 		return fmt.Errorf("jobs: encode job %s: %w", job.ID, err)
 	}
-	if _, err := js.Publish(ctx, JobsSubject, data, jetstream.WithMsgID(fmt.Sprintf("%s.%d", job.Key, job.Epoch))); err != nil {
+	if _, err := js.Publish(ctx, jobsPrefix+job.Key, data, jetstream.WithMsgID(fmt.Sprintf("%s.%d", job.Key, job.Epoch))); err != nil {
 		return fmt.Errorf("jobs: submit %s: %w", job.ID, err)
 	}
 	return nil
@@ -131,4 +133,21 @@ func Decode(data []byte) (*Job, error) {
 		return nil, fmt.Errorf("%w: version %d key %q epoch %d", ErrInvalidJob, j.V, j.Key, j.Epoch)
 	}
 	return &j, nil
+}
+
+// Queued reports whether JOBS still holds a job of record key (waiting, or delivered and not
+// yet acked): such a job will run or be redelivered, so it must not be re-driven.
+func Queued(ctx context.Context, js jetstream.JetStream, key string) (bool, error) {
+	st, err := js.Stream(ctx, JobsStream)
+	if err != nil {
+		return false, fmt.Errorf("jobs: %w", err)
+	}
+	_, err = st.GetLastMsgForSubject(ctx, jobsPrefix+key)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("jobs: queued %s: %w", key, err)
+	}
+	return true, nil
 }

@@ -25,6 +25,12 @@ import (
 // Bucket is the name of the idempotency bucket.
 const Bucket = "IDEM"
 
+// IndexBucket maps the job ids of synchronous requests to their record keys. It is a memory
+// bucket: those clients already hold their answer, so the index is worth no fsync on the
+// request path (after a NATS restart, their ids answer 404; their keys still work). Jobs
+// answered 202 are indexed in IDEM itself, synced.
+const IndexBucket = "JOBIDX"
+
 // Sentinel errors.
 var (
 	// ErrExists is returned by Claim when the key already has a record (owned by someone else).
@@ -139,8 +145,9 @@ const (
 
 // Store is the IDEM bucket.
 type Store struct {
-	kv jetstream.KeyValue
-	js jetstream.JetStream
+	kv  jetstream.KeyValue
+	idx jetstream.KeyValue
+	js  jetstream.JetStream
 }
 
 // Open creates or updates the bucket (file storage: records must survive a crash).
@@ -155,7 +162,17 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
-	return &Store{kv: kvs, js: js}, nil
+	idx, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:   IndexBucket,
+		History:  1,
+		TTL:      cfg.TTL,
+		Storage:  jetstream.MemoryStorage,
+		Replicas: cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: open bucket %s: %w", IndexBucket, err)
+	}
+	return &Store{kv: kvs, idx: idx, js: js}, nil
 }
 
 // Claim creates the record for key; ErrExists if there is one. A retried create whose first
@@ -294,12 +311,13 @@ func (s *Store) ExpiredLeases(ctx context.Context, now time.Time) ([]Expired, er
 // jobIndexKey is where a job id points at its record key (same bucket, same TTL).
 func jobIndexKey(jobID string) string { return "job." + jobID }
 
-// IndexJob records that job jobID belongs to record key. With wait false the write is
-// published asynchronously (off the request's critical path); the caller must have validated
-// jobID (a ULID).
-func (s *Store) IndexJob(ctx context.Context, jobID, key string, wait bool) error {
-	if !wait {
-		if _, err := s.js.PublishAsync("$KV."+Bucket+"."+jobIndexKey(jobID), []byte(key)); err != nil {
+// IndexJob records that job jobID belongs to record key. durable writes it to the synced
+// bucket and waits (jobs answered 202, whose id is the client's only handle); otherwise it is
+// published asynchronously to the memory index, off the request's critical path. The caller
+// must have validated jobID (a ULID).
+func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) error {
+	if !durable {
+		if _, err := s.js.PublishAsync("$KV."+IndexBucket+"."+jobIndexKey(jobID), []byte(key)); err != nil {
 			return fmt.Errorf("kv: index job %s: %w", jobID, err)
 		}
 		return nil
@@ -312,7 +330,10 @@ func (s *Store) IndexJob(ctx context.Context, jobID, key string, wait bool) erro
 
 // JobKey returns the record key of job jobID; ErrNotFound if unknown.
 func (s *Store) JobKey(ctx context.Context, jobID string) (string, error) {
-	e, err := s.kv.Get(ctx, jobIndexKey(jobID))
+	e, err := s.idx.Get(ctx, jobIndexKey(jobID))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		e, err = s.kv.Get(ctx, jobIndexKey(jobID))
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			return "", fmt.Errorf("kv: job %s: %w", jobID, ErrNotFound)

@@ -211,3 +211,23 @@ func TestExpiredLeasesEmpty(t *testing.T) {
 		t.Fatalf("empty bucket: %v %v", got, err)
 	}
 }
+
+func TestJobIndexMemory(t *testing.T) {
+	st, _ := open(t)
+	ctx := context.Background()
+	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR8", "def", false); err != nil {
+		t.Fatal(err)
+	}
+	var k string
+	var err error
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if k, err = st.JobKey(ctx, "01M8M6KBZQ869HNGDFDZKX9GR8"); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // the index write is asynchronous by design
+	}
+	if err != nil || k != "def" {
+		t.Fatalf("JobKey = %q %v", k, err)
+	}
+}

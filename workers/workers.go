@@ -83,7 +83,7 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, lease time.Dura
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       lease,
 		MaxAckPending: maxAckPending,
-		FilterSubject: jobs.JobsSubject,
+		FilterSubject: jobs.JobsSubjects,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("workers: ensure consumer: %w", err)
@@ -215,8 +215,9 @@ func (p *Pool) sweepLoop(ctx context.Context) {
 	}
 }
 
-// Sweep takes over every PENDING record whose lease ran out and publishes its job again, so
-// an execution whose job message was lost (JOBS is a memory stream) still completes. Only one
+// Sweep takes over every PENDING record whose lease ran out and whose job is no longer in JOBS,
+// and publishes its job again, so an execution whose job message was lost (JOBS is a memory
+// stream) still completes. Only one
 // taker wins each record (compare-and-set); it returns how many this call re-drove.
 func (p *Pool) Sweep(ctx context.Context) (int, error) {
 	now := p.opts.Now()
@@ -226,6 +227,10 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 	}
 	n := 0
 	for _, e := range expired {
+		// A job still in JOBS will run, or be redelivered after its AckWait: not ours to re-drive.
+		if queued, err := jobs.Queued(ctx, p.js, e.Key); err != nil || queued {
+			continue
+		}
 		rec, rev, err := p.store.Get(ctx, e.Key)
 		if err != nil || !rec.LeaseExpired(now) || rec.Cancelled {
 			continue
