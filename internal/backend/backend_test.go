@@ -1,0 +1,73 @@
+package backend
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+)
+
+func TestPrepareBody(t *testing.T) {
+	cases := []struct {
+		name   string
+		in     string
+		stream bool
+		want   string // "" = unchanged
+	}{
+		{"non-stream untouched", `{"model":"m","messages":[],"x_custom":1}`, false, ""},
+		{"non-stream drops stream fields", `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, false, `{"model":"m"}`},
+		{"stream adds stream and usage", `{"model":"m","x_custom":{"a":1}}`, true, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"x_custom":{"a":1}}`},
+		{"stream keeps other stream options", `{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}}`, true, `{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}`},
+		{"stream already asking for usage untouched", `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`, true, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := PrepareBody([]byte(tc.in), tc.stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == "" {
+				if string(got) != tc.in {
+					t.Fatalf("changed: %s", got)
+				}
+				return
+			}
+			var g, w any
+			if err := json.Unmarshal(got, &g); err != nil {
+				t.Fatalf("output not JSON: %s", got)
+			}
+			_ = json.Unmarshal([]byte(tc.want), &w)
+			if !reflect.DeepEqual(g, w) {
+				t.Fatalf("got %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+	if _, err := PrepareBody([]byte(`[1]`), true); err == nil {
+		t.Fatal("array body accepted")
+	}
+}
+
+func FuzzPrepareBody(f *testing.F) {
+	f.Add([]byte(`{"model":"m","stream":false}`), true)
+	f.Add([]byte(`{"stream_options":null}`), false)
+	f.Fuzz(func(t *testing.T, in []byte, stream bool) {
+		out, err := PrepareBody(in, stream)
+		if err != nil {
+			return
+		}
+		var probe struct {
+			Stream        *bool `json:"stream"`
+			StreamOptions *struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		if err := json.Unmarshal(out, &probe); err != nil {
+			t.Fatalf("output not JSON: %q", out)
+		}
+		if stream && (probe.Stream == nil || !*probe.Stream || probe.StreamOptions == nil || !probe.StreamOptions.IncludeUsage) {
+			t.Fatalf("stream body without stream+usage: %s", out)
+		}
+		if !stream && probe.Stream != nil && *probe.Stream {
+			t.Fatalf("non-stream body streams: %s", out)
+		}
+	})
+}

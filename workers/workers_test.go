@@ -1,0 +1,235 @@
+package workers_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/oncegate/oncegate/internal/backend"
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/lease"
+	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/workers"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type rig struct {
+	srv   *natstest.Server
+	store *kv.Store
+	mock  *backend.Client
+}
+
+// start runs a real pool against a real embedded server and the in-process mock backend.
+func start(t *testing.T, sweepEvery time.Duration) *rig {
+	t.Helper()
+	srv := natstest.Start(t, time.Second)
+	ctx := context.Background()
+	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mock, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
+		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := workers.New(srv.JS, store, workers.Options{ID: "w1", Concurrency: 4, Lease: 2 * time.Second,
+		RenewEvery: 200 * time.Millisecond, Backends: map[string]workers.Backend{"mock": mock},
+		Log: zerolog.Nop(), SweepEvery: sweepEvery})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := pool.Run(runCtx); err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return &rig{srv: srv, store: store, mock: mock}
+}
+
+// claim creates a PENDING record for body and returns its key, record and revision.
+func (r *rig) claim(t *testing.T, key, body string, stream bool) (*kv.Record, uint64) {
+	t.Helper()
+	now := time.Now()
+	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
+		Created: now, EpochStarted: now, LeaseUntil: now.Add(2 * time.Second), Progress: kv.ProgressQueued,
+		Model: "oncegate-mock", Backend: "mock", Stream: stream, Request: json.RawMessage(body)}
+	rev, err := r.store.Claim(context.Background(), key, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec, rev
+}
+
+func (r *rig) waitFinal(t *testing.T, key string) *kv.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		rec, _, err := r.store.Get(context.Background(), key)
+		if err == nil && rec.State != kv.Pending {
+			return rec
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("record %s never left PENDING", key)
+	return nil
+}
+
+// TestOutcomes: what is stored for each kind of backend outcome.
+func TestOutcomes(t *testing.T) {
+	r := start(t, -1)
+	cases := []struct {
+		name       string
+		body       string
+		stream     bool
+		state      kv.State
+		status     int
+		retryable  bool
+		partial    bool
+		wantEvents bool
+	}{
+		{"success non-stream", `{"model":"oncegate-mock","messages":[{"role":"user","content":"a"}]}`, false, kv.Completed, 200, false, false, false},
+		{"success stream", `{"model":"oncegate-mock","messages":[{"role":"user","content":"b"}]}`, true, kv.Completed, 200, false, false, true},
+		{"backend 400 is stored", `{"model":"oncegate-mock","messages":[{"role":"user","content":"c"}],"mock":{"fault":"error_400"}}`, false, kv.Completed, 400, false, false, false},
+		{"backend 503 releases the key", `{"model":"oncegate-mock","messages":[{"role":"user","content":"d"}],"mock":{"fault":"error_503"}}`, false, kv.Failed, 503, true, false, false},
+		{"backend 429 releases the key", `{"model":"oncegate-mock","messages":[{"role":"user","content":"e"}],"mock":{"fault":"rate_limit"}}`, true, kv.Failed, 429, true, false, false},
+		{"stream broken after output keeps the partial", `{"model":"oncegate-mock","messages":[{"role":"user","content":"f"}],"mock":{"fault":"drop_after","fault_after":3}}`, true, kv.Failed, 200, false, true, true},
+		{"stream broken after the role chunk keeps it", `{"model":"oncegate-mock","messages":[{"role":"user","content":"g"}],"mock":{"fault":"drop_after","fault_after":0}}`, true, kv.Failed, 200, false, true, true},
+		{"non-stream body cut off releases", `{"model":"oncegate-mock","messages":[{"role":"user","content":"h"}],"mock":{"fault":"drop_after","fault_after":0}}`, false, kv.Failed, 502, true, false, false},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "k" + string(rune('a'+i))
+			rec, _ := r.claim(t, key, tc.body, tc.stream)
+			hub := jobs.NewHub(r.srv.NC, r.srv.JS, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true})
+			defer hub.Close()
+			fl, err := hub.Open(context.Background(), jobs.ChunkSubject(key, 1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fl.Close()
+			if err := jobs.Submit(context.Background(), r.srv.JS, lease.JobOf(key, rec)); err != nil {
+				t.Fatal(err)
+			}
+			got := r.waitFinal(t, key)
+			res := got.Result
+			if got.State != tc.state || res.Status != tc.status || res.Retryable != tc.retryable || res.Partial != tc.partial {
+				t.Fatalf("state %s status %d retryable %v partial %v", got.State, res.Status, res.Retryable, res.Partial)
+			}
+			if (len(res.Events) > 0) != tc.wantEvents {
+				t.Fatalf("events stored: %d bytes", len(res.Events))
+			}
+			if got.Request != nil {
+				t.Fatal("a finished record still carries the request")
+			}
+			// The terminal chunk comes after the record was written.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for {
+				c, err := fl.Next(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if c.Terminal() {
+					break
+				}
+			}
+		})
+	}
+}
+
+// TestStaleJobIsDropped: a job whose epoch is behind its record never reaches the backend.
+func TestStaleJobIsDropped(t *testing.T) {
+	r := start(t, -1)
+	rec, rev := r.claim(t, "stale", `{"model":"oncegate-mock","messages":[{"role":"user","content":"s"}]}`, false)
+	rec.LeaseUntil = time.Now().Add(-time.Second)
+	if _, err := r.store.Update(context.Background(), "stale", rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	cur, curRev, err := r.store.Get(context.Background(), "stale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := lease.JobOf("stale", cur)
+	if _, _, _, err := lease.TakeOver(context.Background(), r.srv.JS, r.store, "stale", cur, curRev, time.Now(), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.Submit(context.Background(), r.srv.JS, old); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if q, _ := jobs.Queued(context.Background(), r.srv.JS, "stale"); !q {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if q, _ := jobs.Queued(context.Background(), r.srv.JS, "stale"); q {
+		t.Fatal("stale job was never acked")
+	}
+	if n := r.mock.Mock().Stats().Requests; n != 0 {
+		t.Fatalf("backend executions = %d, want 0", n)
+	}
+}
+
+// TestSweepRedrivesLostJob: a PENDING record whose job message is gone (as after a NATS
+// restart, JOBS being a memory stream) is taken over and completed by the sweeper.
+func TestSweepRedrivesLostJob(t *testing.T) {
+	r := start(t, 100*time.Millisecond)
+	rec, rev := r.claim(t, "lost", `{"model":"oncegate-mock","messages":[{"role":"user","content":"l"}]}`, false)
+	rec.LeaseUntil = time.Now().Add(-time.Second) // its owner is gone, and no job was ever published
+	if _, err := r.store.Update(context.Background(), "lost", rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	got := r.waitFinal(t, "lost")
+	if got.State != kv.Completed || got.Epoch != 2 || got.Result.Status != http.StatusOK {
+		t.Fatalf("after sweep: state %s epoch %d", got.State, got.Epoch)
+	}
+	if n := r.mock.Mock().Stats().Requests; n != 1 {
+		t.Fatalf("backend executions = %d, want 1", n)
+	}
+}
+
+// TestSweepLeavesQueuedJobs: an expired lease whose job is still in JOBS is not re-driven
+// (the job will run or be redelivered), so a backed-up queue never doubles an execution.
+func TestSweepLeavesQueuedJobs(t *testing.T) {
+	srv := natstest.Start(t, time.Second)
+	ctx := context.Background()
+	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{srv: srv, store: store}
+	rec, rev := r.claim(t, "queued", `{"model":"oncegate-mock","messages":[{"role":"user","content":"q"}]}`, false)
+	rec.LeaseUntil = time.Now().Add(-time.Second)
+	if _, err := store.Update(ctx, "queued", rec, rev); err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.Submit(ctx, srv.JS, lease.JobOf("queued", rec)); err != nil {
+		t.Fatal(err)
+	}
+	pool := workers.New(srv.JS, store, workers.Options{ID: "w", Lease: time.Second, RenewEvery: 100 * time.Millisecond, Log: zerolog.Nop()})
+	n, err := pool.Sweep(ctx)
+	if err != nil || n != 0 {
+		t.Fatalf("sweep re-drove %d (err %v), want 0", n, err)
+	}
+	cur, _, err := store.Get(ctx, "queued")
+	if err != nil || cur.Epoch != 1 {
+		t.Fatalf("record changed: epoch %d err %v", cur.Epoch, err)
+	}
+}
