@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -96,8 +95,10 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			return c.Status(first.Status).Send(first.Payload)
 		}
 	case jobs.KindError:
-		if first.Status != http.StatusOK { // failed before output (released) or cancelled
-			c.Set("x-should-retry", strconv.FormatBool(retryableStatus(first.Status)))
+		if first.Status != http.StatusOK { // failed after dispatch, before output (released), or cancelled
+			// The gateway decided: an SDK must not re-send on its own (a deliberate retry with the
+			// same key executes again, since the key was released).
+			c.Set("x-should-retry", "false")
 			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 			return c.Status(first.Status).Send(first.Payload)
 		}
@@ -207,7 +208,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 		return c.Status(res.Status).Send(res.Body)
 	}
 	if rec.State == kv.Failed && (!res.Partial || !g.stream) {
-		c.Set("x-should-retry", strconv.FormatBool(res.Retryable))
+		c.Set("x-should-retry", "false")
 		status := res.Status
 		if status == http.StatusOK {
 			status = http.StatusBadGateway
@@ -261,9 +262,4 @@ func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *admission) er
 	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.jobID)
 	status := jobStatus(adm.rec)
 	return c.Status(http.StatusAccepted).JSON(fiber.Map{"id": adm.jobID, "object": "job", "status": status})
-}
-
-// retryableStatus: a status after which the same request may succeed (the key was released).
-func retryableStatus(code int) bool {
-	return code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500
 }

@@ -386,6 +386,21 @@ func TestApplyEnv(t *testing.T) {
 			},
 		},
 		{
+			name: "tenants from env, merged into the file's",
+			env:  map[string]string{"ONCEGATE_TENANTS": "acme=" + strings.Repeat("a", 64) + ", " + strings.Repeat("b", 64) + " ; globex=" + strings.Repeat("c", 64)},
+			start: func() *Config {
+				c := Default()
+				c.Tenants = []Tenant{{ID: "acme", APIKeysSHA256: []string{strings.Repeat("d", 64)}}}
+				return c
+			},
+			expect: func(c *Config) {
+				c.Tenants = []Tenant{
+					{ID: "acme", APIKeysSHA256: []string{strings.Repeat("d", 64), strings.Repeat("a", 64), strings.Repeat("b", 64)}},
+					{ID: "globex", APIKeysSHA256: []string{strings.Repeat("c", 64)}},
+				}
+			},
+		},
+		{
 			name:   "empty values change nothing",
 			env:    map[string]string{"ONCEGATE_LISTEN": "", "ONCEGATE_ROLE": ""},
 			expect: func(*Config) {},

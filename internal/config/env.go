@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"slices"
+	"strings"
 )
 
 // Environment variables read by [Config.ApplyEnv].
@@ -12,6 +13,10 @@ const (
 	EnvNATSURL  = "ONCEGATE_NATS_URL"
 	EnvLogLevel = "ONCEGATE_LOG_LEVEL"
 	EnvRole     = "ONCEGATE_ROLE"
+
+	// EnvTenants adds tenants: "acme=<sha256 hex>,<sha256 hex>;globex=<sha256 hex>". A tenant
+	// already in the file gets the keys added.
+	EnvTenants = "ONCEGATE_TENANTS"
 
 	EnvOpenAIBaseURL = "OPENAI_BASE_URL"
 	EnvOpenAIAPIKey  = "OPENAI_API_KEY"
@@ -48,6 +53,8 @@ func (c *Config) ApplyEnv(getenv func(string) string) {
 		}
 	}
 
+	c.applyTenantsEnv(getenv(EnvTenants))
+
 	baseURL := getenv(EnvOpenAIBaseURL)
 	if baseURL == "" || getenv(EnvOpenAIAPIKey) == "" {
 		return
@@ -63,4 +70,32 @@ func (c *Config) ApplyEnv(getenv func(string) string) {
 		Models:    []string{CatchAll},
 		Timeout:   Duration(DefaultBackendTimeout),
 	})
+}
+
+// applyTenantsEnv merges ONCEGATE_TENANTS into c.Tenants; malformed parts are kept as written
+// so Validate reports them (an empty id, a bad hash).
+func (c *Config) applyTenantsEnv(v string) {
+	if strings.TrimSpace(v) == "" {
+		return
+	}
+	for _, part := range strings.Split(v, ";") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		id, keys, _ := strings.Cut(part, "=")
+		id = strings.TrimSpace(id)
+		var hashes []string
+		for _, k := range strings.Split(keys, ",") {
+			if k = strings.TrimSpace(k); k != "" {
+				hashes = append(hashes, k)
+			}
+		}
+		i := slices.IndexFunc(c.Tenants, func(t Tenant) bool { return t.ID == id })
+		if i < 0 {
+			c.Tenants = append(c.Tenants, Tenant{ID: id})
+			i = len(c.Tenants) - 1
+		}
+		c.Tenants[i].APIKeysSHA256 = append(c.Tenants[i].APIKeysSHA256, hashes...)
+	}
 }
