@@ -34,8 +34,10 @@ import (
 
 // Backend types.
 const (
-	TypeOpenAI = "openai" // an OpenAI-compatible HTTP API (OpenAI, vLLM, llama.cpp, ...)
-	TypeMock   = "mock"   // the built-in deterministic mock, for tests and demos
+	TypeOpenAI    = "openai"    // an OpenAI-compatible HTTP API (OpenAI, vLLM, llama.cpp, ...)
+	TypeAnthropic = "anthropic" // the Anthropic Messages API
+	TypeOncegate  = "oncegate"  // another oncegate (gateway in front of gateway)
+	TypeMock      = "mock"      // the built-in deterministic mock, for tests and demos
 )
 
 // The built-in mock backend present in [Default].
@@ -113,12 +115,116 @@ type Idempotency struct {
 // Backend is an upstream LLM API.
 type Backend struct {
 	Name      string    `yaml:"name"`
-	Type      string    `yaml:"type"` // TypeOpenAI | TypeMock
+	Type      string    `yaml:"type"` // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeMock
 	BaseURL   string    `yaml:"base_url"`
 	APIKeyEnv string    `yaml:"api_key_env"` // name of the env var holding the key (never the key itself)
 	Models    []string  `yaml:"models"`      // CatchAll = models nobody else serves
-	Timeout   Duration  `yaml:"timeout"`
-	Mock      MockKnobs `yaml:"mock"` // only for TypeMock
+	Timeout   Duration  `yaml:"timeout"`     // total time of one attempt
+	Mock      MockKnobs `yaml:"mock"`        // only for TypeMock
+
+	// ConnectTimeout bounds dialing (and TLS); a request never written is always safe to retry.
+	ConnectTimeout Duration `yaml:"connect_timeout"`
+	// FirstByteTimeout is how long a written request waits for the first response byte before
+	// the gateway asks the backend what happened (type oncegate) or re-sends it (only with
+	// honors_idempotency_key); otherwise it keeps waiting up to Timeout.
+	FirstByteTimeout Duration `yaml:"first_byte_timeout"`
+	// MaxAttempts bounds attempts on this backend (retries of safe failures, 429, 502-504).
+	MaxAttempts int `yaml:"max_attempts"`
+	// RetryBase and RetryCap shape exponential backoff with full jitter.
+	RetryBase Duration `yaml:"retry_base"`
+	RetryCap  Duration `yaml:"retry_cap"`
+	// RetryBudget is the largest fraction of requests that may be retries (sliding window).
+	RetryBudget float64 `yaml:"retry_budget"`
+	// HonorsIdempotencyKey: the backend deduplicates a forwarded Idempotency-Key, so a
+	// written request may be re-sent after a first-byte timeout.
+	HonorsIdempotencyKey bool `yaml:"honors_idempotency_key"`
+	// Continuation continues a broken stream: "" (never), "vllm" (continue_final_message),
+	// "anthropic" (assistant prefill, on PrefillModels only).
+	Continuation  string   `yaml:"continuation"`
+	PrefillModels []string `yaml:"prefill_models"`
+	// AnthropicVersion is sent as anthropic-version when the client sent none.
+	AnthropicVersion string  `yaml:"anthropic_version"`
+	Breaker          Breaker `yaml:"breaker"`
+}
+
+// Breaker configures a backend's circuit breaker.
+type Breaker struct {
+	// FailureRate opens the breaker when failures/requests reach it over Window, once at
+	// least MinRequests were seen.
+	FailureRate float64  `yaml:"failure_rate"`
+	Window      Duration `yaml:"window"`
+	MinRequests int      `yaml:"min_requests"`
+	// OpenFor is how long it stays open before half-open probes decide.
+	OpenFor Duration `yaml:"open_for"`
+	// Probes is how many requests a half-open breaker lets through.
+	Probes int `yaml:"probes"`
+}
+
+// Continuation modes.
+const (
+	ContinuationVLLM      = "vllm"
+	ContinuationAnthropic = "anthropic"
+)
+
+// BackendDefaults are the values a backend entry starts from.
+func BackendDefaults() Backend {
+	return Backend{
+		Timeout:          Duration(DefaultBackendTimeout),
+		Mock:             MockKnobs{Tokens: DefaultMockTokens},
+		ConnectTimeout:   Duration(800 * time.Millisecond),
+		FirstByteTimeout: Duration(8 * time.Second),
+		MaxAttempts:      3,
+		RetryBase:        Duration(250 * time.Millisecond),
+		RetryCap:         Duration(8 * time.Second),
+		RetryBudget:      0.2,
+		AnthropicVersion: "2023-06-01",
+		Breaker: Breaker{FailureRate: 0.5, Window: Duration(30 * time.Second), MinRequests: 10,
+			OpenFor: Duration(15 * time.Second), Probes: 1},
+	}
+}
+
+// WithDefaults fills every zero resilience setting with its default.
+func (b Backend) WithDefaults() Backend {
+	d := BackendDefaults()
+	fill := func(v *Duration, def Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	fill(&b.Timeout, d.Timeout)
+	fill(&b.ConnectTimeout, d.ConnectTimeout)
+	fill(&b.FirstByteTimeout, d.FirstByteTimeout)
+	fill(&b.RetryBase, d.RetryBase)
+	fill(&b.RetryCap, d.RetryCap)
+	fill(&b.Breaker.Window, d.Breaker.Window)
+	fill(&b.Breaker.OpenFor, d.Breaker.OpenFor)
+	if b.MaxAttempts == 0 {
+		b.MaxAttempts = d.MaxAttempts
+	}
+	if b.RetryBudget == 0 {
+		b.RetryBudget = d.RetryBudget
+	}
+	if b.AnthropicVersion == "" {
+		b.AnthropicVersion = d.AnthropicVersion
+	}
+	if b.Breaker.FailureRate == 0 {
+		b.Breaker.FailureRate = d.Breaker.FailureRate
+	}
+	if b.Breaker.MinRequests == 0 {
+		b.Breaker.MinRequests = d.Breaker.MinRequests
+	}
+	if b.Breaker.Probes == 0 {
+		b.Breaker.Probes = d.Breaker.Probes
+	}
+	return b
+}
+
+// Degraded is what a route answers when none of its backends is healthy.
+type Degraded struct {
+	// Message, when set, is answered as a normal assistant message (status 200, header
+	// Oncegate-Degraded: true); otherwise the route answers 503 with Retry-After.
+	Message    string   `yaml:"message"`
+	RetryAfter Duration `yaml:"retry_after"`
 }
 
 // MockKnobs tune the mock backend.
@@ -132,8 +238,9 @@ type MockKnobs struct {
 // lists.
 type Route struct {
 	Model    string   `yaml:"model"`
-	Backends []string `yaml:"backends"` // ordered; only the first is used today
-	Dedup    *bool    `yaml:"dedup"`    // nil = true; false = every request executes
+	Backends []string  `yaml:"backends"` // ordered: the next is tried when one is down
+	Dedup    *bool     `yaml:"dedup"`    // nil = true; false = every request executes
+	Degraded *Degraded `yaml:"degraded"` // nil = 503 with Retry-After when all backends are down
 }
 
 // Tenant is a client of the gateway, authenticated by API key.
@@ -240,13 +347,7 @@ func Default() *Config {
 			Lease:      Duration(15 * time.Second),
 			RenewEvery: Duration(3 * time.Second),
 		},
-		Backends: []Backend{{
-			Name:    MockBackendName,
-			Type:    TypeMock,
-			Models:  []string{MockModel},
-			Timeout: Duration(DefaultBackendTimeout),
-			Mock:    MockKnobs{Tokens: DefaultMockTokens},
-		}},
+		Backends: []Backend{defaultMock()},
 	}
 }
 
@@ -321,8 +422,14 @@ func decode(data []byte) (*Config, error) {
 // RouteTarget is where requests for a model go.
 type RouteTarget struct {
 	Model    string
-	Backends []string // ordered; only the first is used today
+	Backends []string // ordered fallback chain
 	Dedup    bool
+	Degraded *Degraded
+}
+
+func defaultMock() Backend {
+	return Backend{Name: MockBackendName, Type: TypeMock, Models: []string{MockModel},
+		Timeout: Duration(DefaultBackendTimeout), Mock: MockKnobs{Tokens: DefaultMockTokens}}
 }
 
 // Resolve returns the route for a model: an explicit route for the exact
@@ -340,6 +447,7 @@ func (c *Config) Resolve(model string) (RouteTarget, bool) {
 				Model:    model,
 				Backends: slices.Clone(r.Backends),
 				Dedup:    r.Dedup == nil || *r.Dedup,
+				Degraded: r.Degraded,
 			}, true
 		}
 	}

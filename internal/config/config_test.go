@@ -499,13 +499,13 @@ func TestResolve(t *testing.T) {
 		want  RouteTarget
 		ok    bool
 	}{
-		{"explicit route wins over backend models", "llama", RouteTarget{"llama", []string{"openai", "vllm"}, true}, true},
-		{"explicit route dedup false", "o3", RouteTarget{"o3", []string{"azure"}, false}, true},
-		{"explicit route dedup true", "oncegate-echo", RouteTarget{"oncegate-echo", []string{"mock"}, true}, true},
-		{"exact model, first backend wins", "gpt-4o-mini", RouteTarget{"gpt-4o-mini", []string{"vllm"}, true}, true},
-		{"exact mock model", "oncegate-mock", RouteTarget{"oncegate-mock", []string{"mock"}, true}, true},
-		{"catch-all, first one wins", "claude-3", RouteTarget{"claude-3", []string{"openai"}, true}, true},
-		{"case matters", "LLAMA", RouteTarget{"LLAMA", []string{"openai"}, true}, true},
+		{"explicit route wins over backend models", "llama", RouteTarget{"llama", []string{"openai", "vllm"}, true, nil}, true},
+		{"explicit route dedup false", "o3", RouteTarget{"o3", []string{"azure"}, false, nil}, true},
+		{"explicit route dedup true", "oncegate-echo", RouteTarget{"oncegate-echo", []string{"mock"}, true, nil}, true},
+		{"exact model, first backend wins", "gpt-4o-mini", RouteTarget{"gpt-4o-mini", []string{"vllm"}, true, nil}, true},
+		{"exact mock model", "oncegate-mock", RouteTarget{"oncegate-mock", []string{"mock"}, true, nil}, true},
+		{"catch-all, first one wins", "claude-3", RouteTarget{"claude-3", []string{"openai"}, true, nil}, true},
+		{"case matters", "LLAMA", RouteTarget{"LLAMA", []string{"openai"}, true, nil}, true},
 		{"empty model", "", RouteTarget{}, false},
 	}
 	for _, tt := range tests {

@@ -274,7 +274,7 @@ func (v *validator) backends(bs []Backend) {
 		}
 
 		switch b.Type {
-		case TypeOpenAI:
+		case TypeOpenAI, TypeAnthropic, TypeOncegate:
 			if msg := checkHTTPURL(b.BaseURL); msg != "" {
 				v.add(p+".base_url", "%s", msg)
 			}
@@ -283,8 +283,9 @@ func (v *validator) backends(bs []Backend) {
 				v.add(p+".base_url", "must be empty for a mock backend")
 			}
 		default:
-			v.add(p+".type", "must be one of %s, %s; got %q", TypeOpenAI, TypeMock, b.Type)
+			v.add(p+".type", "must be one of %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeMock, b.Type)
 		}
+		v.resilience(p, &b)
 		if b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv) {
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")
 		}
@@ -356,6 +357,47 @@ func checkHTTPURL(s string) string {
 	return ""
 }
 
+// resilience checks the timeouts, retry, continuation and breaker settings of a backend.
+// Zero means "the default" (see Backend.WithDefaults); only set values are checked.
+func (v *validator) resilience(p string, b *Backend) {
+	for _, d := range []struct {
+		path string
+		val  Duration
+	}{{".connect_timeout", b.ConnectTimeout}, {".first_byte_timeout", b.FirstByteTimeout}, {".retry_base", b.RetryBase},
+		{".retry_cap", b.RetryCap}, {".breaker.window", b.Breaker.Window}, {".breaker.open_for", b.Breaker.OpenFor}} {
+		if d.val < 0 {
+			v.add(p+d.path, "must be > 0, got %s", d.val)
+		}
+	}
+	if b.MaxAttempts < 0 || b.MaxAttempts > 10 {
+		v.add(p+".max_attempts", "must be between 1 and 10, got %d", b.MaxAttempts)
+	}
+	if b.RetryCap != 0 && b.RetryBase != 0 && b.RetryCap < b.RetryBase {
+		v.add(p+".retry_cap", "must be >= retry_base (%s), got %s", b.RetryBase, b.RetryCap)
+	}
+	if b.RetryBudget < 0 || b.RetryBudget > 1 {
+		v.add(p+".retry_budget", "must be a fraction between 0 and 1, got %g", b.RetryBudget)
+	}
+	switch b.Continuation {
+	case "", ContinuationVLLM:
+	case ContinuationAnthropic:
+		if b.Type != TypeAnthropic {
+			v.add(p+".continuation", "anthropic continuation needs a backend of type anthropic")
+		}
+	default:
+		v.add(p+".continuation", "must be empty, %q or %q; got %q", ContinuationVLLM, ContinuationAnthropic, b.Continuation)
+	}
+	if b.Breaker.FailureRate < 0 || b.Breaker.FailureRate > 1 {
+		v.add(p+".breaker.failure_rate", "must be in (0, 1], got %g", b.Breaker.FailureRate)
+	}
+	if b.Breaker.MinRequests < 0 {
+		v.add(p+".breaker.min_requests", "must be >= 1, got %d", b.Breaker.MinRequests)
+	}
+	if b.Breaker.Probes < 0 || b.Breaker.Probes > 100 {
+		v.add(p+".breaker.probes", "must be between 1 and 100, got %d", b.Breaker.Probes)
+	}
+}
+
 func (v *validator) routes(rs []Route, bs []Backend) {
 	types := map[string]string{}
 	for _, b := range bs {
@@ -391,6 +433,9 @@ func (v *validator) routes(rs []Route, bs []Backend) {
 				v.add(bp, "mock backend %q cannot serve model %q: the mock only serves model names starting with %q", name, r.Model, MockModelPrefix)
 			}
 			names[name] = true
+		}
+		if d := r.Degraded; d != nil && d.RetryAfter < 0 {
+			v.add(p+".degraded.retry_after", "must be >= 0, got %s", d.RetryAfter)
 		}
 	}
 }
