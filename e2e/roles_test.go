@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/gwtest"
+)
+
+// rolesFreeAddr returns a 127.0.0.1 address whose port was free a moment ago.
+func rolesFreeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// syncBuffer is a bytes.Buffer safe for the exec copy goroutine and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// rolesProc is one oncegate process of the test.
+type rolesProc struct {
+	name   string
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{} // closed when the process has exited (err holds Wait's error)
+	err    error
+}
+
+// startProc runs bin with args, a clean environment (no ONCEGATE_* or OPENAI_* from the
+// caller), and its log in a buffer that is printed if the test fails.
+func startProc(t *testing.T, name, bin string, args ...string) *rolesProc {
+	t.Helper()
+	p := &rolesProc{name: name, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, p.stderr.String())
+		}
+	})
+	return p
+}
+
+// sigterm sends SIGTERM and returns the exit code, failing if the process takes longer than
+// timeout to exit.
+func (p *rolesProc) sigterm(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM %s: %v", p.name, err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("%s did not exit within %s of SIGTERM", p.name, timeout)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	if p.err != nil {
+		t.Fatalf("%s: %v", p.name, p.err)
+	}
+	return 0
+}
+
+func (p *rolesProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestSplitRoles runs the real binary as two processes sharing one NATS: a worker-only
+// process that owns the embedded NATS server (listening on a port), and an API-only process
+// connected to it. A request through the API is executed by the other process's workers,
+// and both exit cleanly on SIGTERM.
+func TestSplitRoles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the oncegate binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "oncegate")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/oncegate/oncegate/cmd/oncegate")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+
+	natsAddr, httpAddr := rolesFreeAddr(t), rolesFreeAddr(t)
+	worker := startProc(t, "worker", bin, "serve", "--role", "worker",
+		"--data-dir", filepath.Join(dir, "worker-data"), "--nats-listen", natsAddr)
+	gwtest.Eventually(t, 30*time.Second, func() bool {
+		if worker.exited() {
+			t.Fatalf("worker exited early: %v", worker.err)
+		}
+		c, err := net.DialTimeout("tcp", natsAddr, time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, "the worker's embedded NATS never listened on "+natsAddr)
+
+	api := startProc(t, "api", bin, "serve", "--role", "api", "--nats-url", "nats://"+natsAddr,
+		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "api-data"))
+	base := "http://" + httpAddr
+	gwtest.Eventually(t, 30*time.Second, func() bool {
+		if api.exited() {
+			t.Fatalf("api exited early: %v", api.err)
+		}
+		resp, err := httpClient.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, "the api process never became ready")
+
+	t.Run("non-stream through the api process", func(t *testing.T) {
+		body := chatBody("oncegate-mock", "split roles", "")
+		want := parseCompletion(t, directMock(t, body))
+		hdr := map[string]string{"Idempotency-Key": "split-roles-1"}
+		resp, b := postChat(t, base, body, hdr)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d body %s", resp.StatusCode, b)
+		}
+		got := parseCompletion(t, b)
+		if got.ID != want.ID || got.Choices[0].Message.Content != want.Choices[0].Message.Content {
+			t.Errorf("answer %s, want id %s content %q", b, want.ID, want.Choices[0].Message.Content)
+		}
+		if o := resp.Header.Get("Oncegate-Idempotency"); o != "created" {
+			t.Errorf("Oncegate-Idempotency = %q, want created", o)
+		}
+		// the record is shared through NATS: the same key again is a replay
+		resp2, b2 := postChat(t, base, body, hdr)
+		if resp2.StatusCode != http.StatusOK || resp2.Header.Get("Oncegate-Idempotency") != "replayed" {
+			t.Errorf("second copy: status %d outcome %q", resp2.StatusCode, resp2.Header.Get("Oncegate-Idempotency"))
+		}
+		if j1, j2 := resp.Header.Get("Oncegate-Job-Id"), resp2.Header.Get("Oncegate-Job-Id"); j1 == "" || j1 != j2 {
+			t.Errorf("job ids %q and %q, want equal", j1, j2)
+		}
+		if parseCompletion(t, b2).Choices[0].Message.Content != got.Choices[0].Message.Content {
+			t.Errorf("replayed content differs: %s", b2)
+		}
+	})
+
+	t.Run("stream through the api process", func(t *testing.T) {
+		body := chatBody("oncegate-mock", "split roles stream", `"stream":true`)
+		want := parseCompletion(t, directMock(t, chatBody("oncegate-mock", "split roles stream", "")))
+		resp, b := postChat(t, base, body, map[string]string{"Idempotency-Key": "split-roles-2"})
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("status %d Content-Type %q body %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+		}
+		id, content, done := streamContent(t, sseData(t, b))
+		if !done || id != want.ID || content != want.Choices[0].Message.Content {
+			t.Errorf("stream done=%v id %q content %q, want id %q content %q", done, id, content, want.ID, want.Choices[0].Message.Content)
+		}
+	})
+
+	t.Run("unknown model is refused by the api process", func(t *testing.T) {
+		resp, b := postChat(t, base, chatBody("gpt-nonexistent", "split roles", ""), nil)
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("status %d body %s", resp.StatusCode, b)
+		}
+		assertOpenAIError(t, resp, b, "model_not_found")
+	})
+
+	httpClient.CloseIdleConnections()
+	// The api process first (it depends on the worker's NATS), then the worker.
+	if code := api.sigterm(t, 15*time.Second); code != 0 {
+		t.Errorf("api exit code %d, want 0", code)
+	}
+	if code := worker.sigterm(t, 15*time.Second); code != 0 {
+		t.Errorf("worker exit code %d, want 0", code)
+	}
+	// Each process ran only its role (the execution above was the worker process's).
+	if wl, al := worker.stderr.String(), api.stderr.String(); !strings.Contains(wl, "workers started") ||
+		strings.Contains(al, "workers started") || strings.Contains(wl, "HTTP API serving") || !strings.Contains(al, "HTTP API serving") {
+		t.Errorf("roles not split: want \"workers started\" only in the worker's log and \"HTTP API serving\" only in the api's")
+	}
+	for _, p := range []*rolesProc{api, worker} {
+		if log := p.stderr.String(); strings.Contains(log, `"level":"error"`) || strings.Contains(log, "panic") {
+			t.Errorf("%s logged an error:\n%s", p.name, log)
+		}
+	}
+}
