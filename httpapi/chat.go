@@ -37,7 +37,11 @@ type generation struct {
 	bypass       bool
 	async        bool
 	model        string
-	backend      string
+	api          string // "openai" or "anthropic": the request's wire format
+	backends     []string
+	degraded     *kv.Degraded
+	header       map[string][]string // passed through to the backend
+	deadline     time.Time           // the client's overall deadline (Oncegate-Timeout)
 	stream       bool
 	includeUsage bool
 	body         []byte
@@ -96,7 +100,13 @@ func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
 		return nil, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model `%s` does not exist or is not served by this gateway", model)}
 	}
-	g.model, g.backend, g.fingerprint = model, rt.Backends[0], fp
+	g.model, g.backends, g.fingerprint, g.api = model, rt.Backends, fp, apiOpenAI
+	if d := rt.Degraded; d != nil {
+		g.degraded = &kv.Degraded{Message: d.Message, RetryAfter: int((d.RetryAfter.D() + time.Second - 1) / time.Second)}
+	}
+	if err := s.readDeadline(c, g); err != nil {
+		return nil, err
+	}
 
 	g.bypass = !rt.Dedup || strings.EqualFold(c.Get("X-Allow-Duplicate"), "true")
 	raw := c.Get("Idempotency-Key")
@@ -120,6 +130,29 @@ func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
 		g.setAsync()
 	}
 	return g, nil
+}
+
+// Wire formats of generation requests.
+const (
+	apiOpenAI    = "openai"
+	apiAnthropic = "anthropic"
+)
+
+// readDeadline reads Oncegate-Timeout (seconds): the client's overall deadline for this
+// intent, across its retries, which bounds the backend attempts. Per-attempt SDK timeouts
+// (x-stainless-timeout) are deliberately not used: a retry after one of them must find the
+// execution still running.
+func (s *Server) readDeadline(c *fiber.Ctx, g *generation) error {
+	v := c.Get("Oncegate-Timeout")
+	if v == "" {
+		return nil
+	}
+	secs, err := strconv.ParseFloat(v, 64)
+	if err != nil || secs <= 0 || secs > 24*3600 {
+		return badRequest("invalid_header", "Oncegate-Timeout", "Oncegate-Timeout must be a number of seconds between 0 and 86400")
+	}
+	g.deadline = s.now().Add(time.Duration(secs * float64(time.Second)))
+	return nil
 }
 
 // isRetry: the request declares itself a retry of an earlier attempt.
@@ -192,8 +225,8 @@ func (s *Server) newRecord(g *generation, jobID string, epoch int) *kv.Record {
 	now := s.now()
 	return &kv.Record{State: kv.Pending, Tenant: g.tenant, JobID: jobID, Epoch: epoch, Fingerprint: g.fingerprint,
 		Owner: kv.NewOwner(), Auto: g.auto, Bypassed: g.bypass, Created: now, EpochStarted: now,
-		LeaseUntil: now.Add(s.idem.Lease.D()), Progress: kv.ProgressQueued, Model: g.model, Backend: g.backend,
-		Stream: g.stream, Request: g.body}
+		LeaseUntil: now.Add(s.idem.Lease.D()), Progress: kv.ProgressQueued, Model: g.model, API: g.api,
+		Backends: g.backends, Degraded: g.degraded, Stream: g.stream, Request: g.body, Header: g.header, Deadline: g.deadline}
 }
 
 // create claims key with a new record and publishes its job; kv.ErrExists if taken.

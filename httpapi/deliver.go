@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -43,72 +44,101 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 	if adm.fl == nil {
 		return s.replay(c, g, adm.rec)
 	}
-	// Wait for the first chunk in the handler: its kind decides the status line.
+	// Wait for the first chunk in the handler: its kind decides the status line. A
+	// non-stream copy waits for the terminal chunk.
 	wait := maxGeneration
 	if adm.outcome == outcomeJoined && !g.stream {
 		wait = s.idem.MaxWait.D()
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
 	defer cancel()
-	fl := adm.fl
-	first, err := s.nextChunk(ctx, g, adm)
-	fl = adm.fl // nextChunk may have moved to a new epoch
-	if err != nil {
-		fl.Close()
-		if errors.Is(err, errReplay) {
-			return s.replay(c, g, adm.rec)
-		}
-		if errors.Is(err, context.DeadlineExceeded) && adm.outcome == outcomeJoined {
-			return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
-				Message: "a request with this Idempotency-Key is still in progress; retry shortly", ShouldRetry: &retryYes, RetryAfter: 1})
-		}
-		return err
-	}
-	if g.stream && (first.Kind == jobs.KindData || first.Kind == jobs.KindUsage) {
-		s.streamLive(c, g, adm, first)
-		return nil
-	}
-	if !g.stream {
-		// Non-stream: skip output chunks until the terminal one.
-		for !first.Terminal() {
-			if first, err = s.nextChunk(ctx, g, adm); err != nil {
-				adm.fl.Close()
-				if errors.Is(err, errReplay) {
-					return s.replay(c, g, adm.rec)
-				}
-				if errors.Is(err, context.DeadlineExceeded) && adm.outcome == outcomeJoined {
-					return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
-						Message: "a request with this Idempotency-Key is still in progress; retry shortly", ShouldRetry: &retryYes, RetryAfter: 1})
-				}
-				return err
+	var first jobs.Chunk
+	for {
+		ch, err := s.nextChunk(ctx, g, adm)
+		if err != nil {
+			adm.fl.Close()
+			if errors.Is(err, errReplay) {
+				return s.replay(c, g, adm.rec)
 			}
+			if errors.Is(err, context.DeadlineExceeded) && adm.outcome == outcomeJoined {
+				return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
+					Message: "a request with this Idempotency-Key is still in progress; retry shortly", ShouldRetry: &retryYes, RetryAfter: 1})
+			}
+			return err
+		}
+		if ch.Idx == 0 || ch.Terminal() {
+			setMetaHeaders(c, ch.Meta)
+		}
+		if g.stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
+			s.streamLive(c, g, adm, ch)
+			return nil
+		}
+		if ch.Terminal() {
+			first = ch
+			break
 		}
 	}
 	adm.fl.Close()
 	switch first.Kind {
 	case jobs.KindResult:
-		if !g.stream || first.Status != http.StatusOK {
-			if first.Status >= 400 {
-				c.Set("x-should-retry", "false")
+		switch {
+		case first.Status != http.StatusOK:
+			c.Set("x-should-retry", "false")
+		case g.stream: // a stream copy of a non-stream execution (or a degraded message)
+			return s.sendSynthesized(c, g, first.Payload)
+		}
+		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+		return c.Status(first.Status).Send(first.Payload)
+	case jobs.KindError:
+		if first.Status != http.StatusOK { // failed after dispatch before output (released), or cancelled
+			// The gateway decided: an SDK must not re-send on its own, except after the gateway's
+			// own "no backend available" answer, which says when to come back.
+			c.Set("x-should-retry", strconv.FormatBool(first.Meta.Degraded && first.Meta.RetryAfter > 0))
+			if ra := first.Meta.RetryAfter; ra > 0 {
+				c.Set(fiber.HeaderRetryAfter, strconv.Itoa(ra))
+				c.Set("retry-after-ms", strconv.Itoa(ra*1000))
 			}
 			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 			return c.Status(first.Status).Send(first.Payload)
 		}
-	case jobs.KindError:
-		if first.Status != http.StatusOK { // failed after dispatch, before output (released), or cancelled
-			// The gateway decided: an SDK must not re-send on its own (a deliberate retry with the
-			// same key executes again, since the key was released).
-			c.Set("x-should-retry", "false")
-			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-			return c.Status(first.Status).Send(first.Payload)
-		}
 	}
-	// Anything else is rendered from the stored record (done, a result for a stream copy…).
+	// Anything else is rendered from the stored record (a finished stream for a non-stream
+	// copy, an error after output…).
 	rec, _, err := s.store.Get(c.UserContext(), adm.key)
 	if err != nil {
 		return unavailable("the result is not readable yet; retry")
 	}
 	return s.replay(c, g, rec)
+}
+
+// setMetaHeaders says how the answer was obtained.
+func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
+	if m.Backend != "" {
+		c.Set("Oncegate-Backend", m.Backend)
+	}
+	if m.Attempts > 0 {
+		c.Set("Oncegate-Attempts", strconv.Itoa(m.Attempts))
+	}
+	if m.Degraded {
+		c.Set("Oncegate-Degraded", "true")
+	}
+}
+
+// sendSynthesized answers a stream request from a complete (non-stream) response body.
+func (s *Server) sendSynthesized(c *fiber.Ctx, g *generation, body []byte) error {
+	events, usage, err := openaiwire.Synthesize(body)
+	if err != nil {
+		return err
+	}
+	out := make([]byte, 0, len(events)+len(usage)+16)
+	out = append(out, events...)
+	if g.includeUsage {
+		out = append(out, usage...)
+	}
+	out = append(out, openaiwire.DoneFrame...)
+	c.Set(fiber.HeaderContentType, mimeSSE)
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	return c.Status(http.StatusOK).Send(out)
 }
 
 var errReplay = errors.New("answer from the record")
@@ -202,6 +232,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 	if res == nil {
 		return unavailable("the result is not available yet; retry")
 	}
+	setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded})
 	if rec.State == kv.Completed && res.Status != http.StatusOK {
 		c.Set("x-should-retry", "false")
 		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)

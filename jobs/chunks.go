@@ -31,10 +31,24 @@ const (
 )
 
 const (
-	hdrKind   = "Og-Kind"
-	hdrIdx    = "Og-Idx"
-	hdrStatus = "Og-Status"
+	hdrKind       = "Og-Kind"
+	hdrIdx        = "Og-Idx"
+	hdrStatus     = "Og-Status"
+	hdrBackend    = "Og-Backend"
+	hdrAttempts   = "Og-Attempts"
+	hdrDegraded   = "Og-Degraded"
+	hdrRetryAfter = "Og-Retry-After"
 )
+
+// Meta says how an answer was obtained; it travels on an execution's first and terminal
+// chunks, where the HTTP handler turns it into response headers.
+type Meta struct {
+	Backend  string
+	Attempts int
+	Degraded bool
+	// RetryAfter (seconds) on a terminal error the client may retry later.
+	RetryAfter int
+}
 
 // ErrFenced is returned by a Publisher whose epoch was taken over: its writes are refused.
 var ErrFenced = errors.New("jobs: execution fenced (epoch taken over)")
@@ -45,6 +59,7 @@ type Chunk struct {
 	Kind    Kind
 	Status  int
 	Payload []byte
+	Meta    Meta
 }
 
 // Terminal reports whether the chunk ends its execution's stream.
@@ -63,6 +78,18 @@ func (c Chunk) msg(subject string) *nats.Msg {
 	if c.Status != 0 {
 		m.Header.Set(hdrStatus, strconv.Itoa(c.Status))
 	}
+	if c.Meta.Backend != "" {
+		m.Header.Set(hdrBackend, c.Meta.Backend)
+	}
+	if c.Meta.Attempts != 0 {
+		m.Header.Set(hdrAttempts, strconv.Itoa(c.Meta.Attempts))
+	}
+	if c.Meta.Degraded {
+		m.Header.Set(hdrDegraded, "true")
+	}
+	if c.Meta.RetryAfter != 0 {
+		m.Header.Set(hdrRetryAfter, strconv.Itoa(c.Meta.RetryAfter))
+	}
 	m.Data = c.Payload
 	return m
 }
@@ -78,6 +105,10 @@ func decodeChunk(h nats.Header, data []byte) (Chunk, error) {
 			return Chunk{}, fmt.Errorf("jobs: chunk status %q: %w", s, err)
 		}
 	}
+	c.Meta.Backend = h.Get(hdrBackend)
+	c.Meta.Attempts, _ = strconv.Atoi(h.Get(hdrAttempts))
+	c.Meta.Degraded = h.Get(hdrDegraded) == "true"
+	c.Meta.RetryAfter, _ = strconv.Atoi(h.Get(hdrRetryAfter))
 	return c, nil
 }
 
@@ -90,7 +121,11 @@ type Publisher struct {
 	subject string
 	lastSeq uint64
 	next    atomic.Int64 // read by the lease renewer while the writer publishes
+	meta    Meta
 }
+
+// SetMeta sets what the first and the terminal chunk will say about the answer.
+func (p *Publisher) SetMeta(m Meta) { p.meta = m }
 
 // NewPublisher starts writing the execution of job; the subject must still be empty.
 func NewPublisher(js jetstream.JetStream, job *Job) *Publisher {
@@ -102,7 +137,16 @@ func (p *Publisher) Next() int { return int(p.next.Load()) }
 
 // Publish appends one chunk; its index is assigned here.
 func (p *Publisher) Publish(ctx context.Context, kind Kind, status int, payload []byte) error {
+	return p.PublishRetry(ctx, kind, status, payload, 0)
+}
+
+// PublishRetry is Publish with a Retry-After (seconds) for a terminal error.
+func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, payload []byte, retryAfter int) error {
 	c := Chunk{Idx: p.Next(), Kind: kind, Status: status, Payload: payload}
+	if c.Idx == 0 || c.Terminal() {
+		c.Meta = p.meta
+		c.Meta.RetryAfter = retryAfter
+	}
 	ack, err := p.js.PublishMsg(ctx, c.msg(p.subject), jetstream.WithExpectLastSequencePerSubject(p.lastSeq))
 	if err != nil {
 		var apiErr *jetstream.APIError

@@ -41,12 +41,21 @@ type Job struct {
 	ID      string `json:"id"`
 	Key     string `json:"key"` // record key (a hash, never client text)
 	Epoch   int    `json:"epoch"`
-	Tenant  string `json:"tenant"`
-	Backend string `json:"backend"`
-	Model   string `json:"model"`
-	Stream  bool   `json:"stream"`
-	// Body is the request as the backend receives it.
-	Body json.RawMessage `json:"body"`
+	Tenant string `json:"tenant"`
+	Model  string `json:"model"`
+	Stream bool   `json:"stream"`
+	// API is the request's wire format ("openai" or "anthropic").
+	API string `json:"api,omitempty"`
+	// Backends is the route's fallback chain, in order.
+	Backends []string `json:"backends"`
+	// Degraded is the route's answer when no backend is healthy (nil: 503).
+	DegradedMessage    string `json:"degraded_message,omitempty"`
+	DegradedRetryAfter int    `json:"degraded_retry_after,omitempty"`
+	// Body is the request as the backend receives it; Header holds passed-through headers.
+	Body   json.RawMessage     `json:"body"`
+	Header map[string][]string `json:"header,omitempty"`
+	// Deadline is the client's overall deadline, if it sent one.
+	Deadline time.Time `json:"deadline,omitempty"`
 }
 
 // Subject is the CHUNKS subject of this job's execution.

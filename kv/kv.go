@@ -82,13 +82,28 @@ type Record struct {
 	Attempts     int       `json:"attempts,omitempty"`
 	Cancelled    bool      `json:"cancelled,omitempty"`
 
-	Model   string `json:"model"`
-	Backend string `json:"backend"`
-	Stream  bool   `json:"stream"` // the execution's mode (the first request's)
-	// Request is the body the backend gets; kept while PENDING so the job can be re-driven.
-	Request json.RawMessage `json:"request,omitempty"`
+	Model string `json:"model"`
+	// API is the wire format of the request: "openai" or "anthropic".
+	API string `json:"api,omitempty"`
+	// Backends is the route's fallback chain; Backend is the one that answered.
+	Backends []string  `json:"backends,omitempty"`
+	Backend  string    `json:"backend"`
+	Degraded *Degraded `json:"degraded,omitempty"`
+	Stream   bool      `json:"stream"` // the execution's mode (the first request's)
+	// Request is the body the backend gets, with the headers passed through; kept while
+	// PENDING so the job can be re-driven.
+	Request json.RawMessage     `json:"request,omitempty"`
+	Header  map[string][]string `json:"header,omitempty"`
+	// Deadline is the client's overall deadline, if it sent one (Oncegate-Timeout).
+	Deadline time.Time `json:"deadline,omitempty"`
 
 	Result *Result `json:"result,omitempty"`
+}
+
+// Degraded is the answer a route gives when none of its backends is healthy.
+type Degraded struct {
+	Message    string `json:"message,omitempty"`
+	RetryAfter int    `json:"retry_after,omitempty"` // seconds
 }
 
 // Result is the stored outcome of an execution.
@@ -107,6 +122,17 @@ type Result struct {
 	Partial bool `json:"partial,omitempty"`
 	// Finished is when the outcome was stored (the record expires TTL after it).
 	Finished time.Time `json:"finished"`
+	// Backend answered after Attempts backend attempts (retries, fallbacks, continuations).
+	Backend  string `json:"backend,omitempty"`
+	Attempts int    `json:"attempts,omitempty"`
+	// Degraded: no backend was healthy; the route's degraded answer was given.
+	Degraded bool `json:"degraded,omitempty"`
+	// Resumed counts stream continuations; ContinuationUsage is their usage, one per attempt.
+	Resumed           int     `json:"resumed,omitempty"`
+	ContinuationUsage []Usage `json:"continuation_usage,omitempty"`
+	// Ambiguous counts attempts that were written and ended without an answer (the backend
+	// may have run them): reported, never hidden.
+	Ambiguous int `json:"ambiguous,omitempty"`
 }
 
 // Usage is the token usage the backend reported.

@@ -1,7 +1,6 @@
 package workers
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -43,17 +42,17 @@ type execution struct {
 	rev uint64
 	// tokens counts output events published (≈ tokens), for progress in the record.
 	tokens atomic.Int64
+
+	backend   string // the backend that answered
+	attempts  int    // backend attempts made (retries, fallbacks, continuations)
+	ambiguous int    // attempts written and ended without an answer
+	degraded  bool   // the route's degraded answer was given
 }
 
 func (ex *execution) run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ex.pub = jobs.NewPublisher(ex.pool.js, ex.job)
-	backend, ok := ex.pool.opts.Backends[ex.job.Backend]
-	if !ok {
-		ex.finishFailed(ctx, http.StatusBadGateway, openaiwire.ErrorBody("backend "+ex.job.Backend+" is not configured on this worker", "server_error", "backend_unavailable", ""), true)
-		return
-	}
 	renewDone := make(chan struct{})
 	go func() {
 		defer close(renewDone)
@@ -64,124 +63,68 @@ func (ex *execution) run(ctx context.Context) {
 		<-renewDone
 	}()
 
-	resp, cancelCall, err := backend.ChatCompletions(ctx, ex.job.Body, ex.job.Stream)
-	if err != nil {
+	ans, fail := ex.dispatch(ctx, ex.job.Body)
+	if fail != nil {
 		if ctx.Err() != nil {
 			return // fenced or shutting down: the new owner answers
 		}
-		ex.log.Warn().Err(err).Msg("backend call failed before a response")
-		ex.finishFailed(ctx, http.StatusBadGateway, openaiwire.ErrorBody("the model backend could not be reached", "server_error", "backend_unreachable", ""), true)
+		ex.finishFailed(ctx, fail)
 		return
 	}
-	defer cancelCall()
-	defer resp.Body.Close()
+	defer ans.cancel()
+	defer ans.resp.Body.Close()
+	ex.backend = ans.backend.Name()
+	ex.pub.SetMeta(ex.meta())
 	ex.setProgress(kv.ProgressDispatched)
 
-	if resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxBackendBody))
-		if retryableStatus(resp.StatusCode) {
-			ex.log.Warn().Int("status", resp.StatusCode).Msg("backend refused; key released")
-			ex.finishFailed(ctx, resp.StatusCode, body, true)
-			return
-		}
+	if ans.resp.StatusCode != http.StatusOK {
 		// A 4xx that will fail the same way again is the outcome: stored and replayed.
-		ex.finishCompleted(ctx, &kv.Result{Status: resp.StatusCode, Body: body}, jobs.KindResult)
+		body, _ := io.ReadAll(io.LimitReader(ans.resp.Body, maxBackendBody))
+		ans.report(true)
+		ex.finishCompleted(ctx, &kv.Result{Status: ans.resp.StatusCode, Body: body}, jobs.KindResult)
 		return
 	}
 	if !ex.job.Stream {
-		body, err := io.ReadAll(io.LimitReader(resp.Body, maxBackendBody))
+		body, err := io.ReadAll(io.LimitReader(ans.resp.Body, maxBackendBody))
 		if err != nil {
+			ans.report(false)
 			if ctx.Err() != nil {
 				return
 			}
-			ex.finishFailed(ctx, http.StatusBadGateway, openaiwire.ErrorBody("the model backend's response was cut off", "server_error", "backend_truncated", ""), true)
+			ex.ambiguous++
+			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, body: openaiwire.ErrorBody(
+				"the model backend's response was cut off", "server_error", "backend_truncated", "")})
 			return
 		}
-		res := &kv.Result{Status: http.StatusOK, Body: body}
-		if u := openaiwire.UsageOf(body); u != nil {
-			res.Usage = &kv.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
-		}
+		ans.report(true)
+		res := &kv.Result{Status: http.StatusOK, Body: body, Usage: usageOf(ex.job.API, body)}
 		ex.finishCompleted(ctx, res, jobs.KindResult)
 		return
 	}
-	ex.stream(ctx, resp.Body)
-}
-
-// stream relays SSE events as chunks, coalescing what one socket read delivered.
-func (ex *execution) stream(ctx context.Context, body io.Reader) {
-	er := openaiwire.NewEventReader(body)
-	// The gateway asked the backend for usage; a client that did not ask must not see the
-	// "usage":null the backend then adds to every chunk.
-	stripNullUsage := !openaiwire.AsksUsage(ex.job.Body)
-	var all, pending, usageFrame []byte
-	var usage *openaiwire.Usage
-	flush := func() error {
-		if len(pending) == 0 {
-			return nil
-		}
-		err := ex.pub.Publish(ctx, jobs.KindData, 0, pending)
-		pending = nil
-		return err
-	}
-	for {
-		data, err := er.Next()
-		if err == io.EOF {
+	r := newRelay(ex)
+	r.track = ans.backend.Config().Continuation != ""
+	ok := r.run(ctx, ans.resp.Body, false)
+	for !ok && ctx.Err() == nil && r.canContinue(ans.backend) {
+		ans.report(false)
+		cont, cancelCont, err := r.continuation(ctx, ans.backend)
+		if err != nil {
+			ex.log.Warn().Err(err).Msg("stream continuation failed")
 			break
 		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			if ferr := flush(); ferr != nil {
-				ex.abandon(ferr)
-				return
-			}
-			ex.log.Warn().Err(err).Int("chunks", ex.pub.Next()).Msg("backend stream broke")
-			if len(all) == 0 {
-				ex.finishFailed(ctx, http.StatusBadGateway, openaiwire.ErrorBody("the model backend's stream ended before any output", "server_error", "backend_truncated", ""), true)
-				return
-			}
-			res := &kv.Result{Status: http.StatusOK, Events: all, Partial: true,
-				Body: openaiwire.ErrorBody("the model backend's stream broke after partial output; not retried to avoid a repeated prefix", "server_error", "stream_interrupted", "")}
-			ex.finishFailedAfterOutput(ctx, res)
-			return
-		}
-		if u, ok := openaiwire.UsageOnly(data); ok {
-			if err := flush(); err != nil {
-				ex.abandon(err)
-				return
-			}
-			usage, usageFrame = u, openaiwire.Frame(data)
-			if err := ex.pub.Publish(ctx, jobs.KindUsage, 0, usageFrame); err != nil {
-				ex.abandon(err)
-				return
-			}
-			continue
-		}
-		ex.tokens.Add(1)
-		if stripNullUsage {
-			data = bytes.Replace(data, nullUsageField, nil, 1)
-		}
-		start := len(all)
-		all = openaiwire.AppendFrame(all, data)
-		pending = all[start:len(all):len(all)]
-		if len(pending) < coalesceBytes && er.Buffered() {
-			continue
-		}
-		if err := flush(); err != nil {
-			ex.abandon(err)
-			return
-		}
+		ok = r.run(ctx, cont.Body, true)
+		cont.Body.Close()
+		cancelCont()
 	}
-	if err := flush(); err != nil {
-		ex.abandon(err)
+	ans.report(ok)
+	if ctx.Err() != nil {
 		return
 	}
-	res := &kv.Result{Status: http.StatusOK, Events: all, UsageEvent: usageFrame}
-	if usage != nil {
-		res.Usage = &kv.Usage{PromptTokens: usage.PromptTokens, CompletionTokens: usage.CompletionTokens, TotalTokens: usage.TotalTokens}
-	}
-	ex.finishCompleted(ctx, res, jobs.KindDone)
+	r.finish(ctx, ok)
+}
+
+// meta is what the client's response headers say about how the answer was obtained.
+func (ex *execution) meta() jobs.Meta {
+	return jobs.Meta{Backend: ex.backend, Attempts: ex.attempts, Degraded: ex.degraded}
 }
 
 // finishCompleted stores the outcome durably, then publishes the terminal chunk and acks: a
@@ -201,14 +144,21 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	_ = ex.msg.Ack()
 }
 
-// finishFailed ends an execution that produced no output; retryable releases the key.
-func (ex *execution) finishFailed(ctx context.Context, status int, body []byte, retryable bool) {
-	res := &kv.Result{Status: status, Body: body, Retryable: retryable}
+// finishFailed ends an execution that produced no output: the key is released (FAILED,
+// retryable: a retry executes again). A degraded message is delivered as a normal result.
+func (ex *execution) finishFailed(ctx context.Context, f *failure) {
+	ex.degraded = f.degraded
+	ex.pub.SetMeta(ex.meta())
+	res := &kv.Result{Status: f.status, Body: f.body, Retryable: true}
 	if err := ex.writeFinal(ctx, kv.Failed, res); err != nil {
 		ex.abandon(err)
 		return
 	}
-	if err := ex.pub.Publish(ctx, jobs.KindError, status, body); err != nil {
+	kind := jobs.KindError
+	if f.degraded && f.status == http.StatusOK {
+		kind = jobs.KindResult
+	}
+	if err := ex.pub.PublishRetry(ctx, kind, f.status, f.body, f.retryAfter); err != nil {
 		ex.log.Warn().Err(err).Msg("publishing error chunk")
 	}
 	_ = ex.msg.Ack()
@@ -247,6 +197,7 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 	next := *ex.rec
 	next.State = state
 	res.Finished = ex.pool.opts.Now()
+	res.Backend, res.Attempts, res.Degraded, res.Ambiguous = ex.backend, ex.attempts, ex.degraded, ex.ambiguous
 	next.Result = res
 	next.Request = nil
 	next.Progress = kv.ProgressFinished
@@ -254,7 +205,8 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 	next.Tokens = int(ex.tokens.Load())
 	next.LeaseUntil = time.Time{}
 	next.Worker = ex.pool.opts.ID
-	next.Attempts++
+	next.Attempts += ex.attempts
+	next.Backend = ex.backend
 	rev, err := ex.pool.store.Update(ctx, ex.job.Key, &next, ex.rev)
 	if err != nil {
 		ex.rec = nil
@@ -311,9 +263,4 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 		ex.mu.Unlock()
 		ex.log.Warn().Err(err).Msg("lease renewal failed; will retry")
 	}
-}
-
-// retryableStatus: the backend refused before doing the work, so a new attempt may succeed.
-func retryableStatus(code int) bool {
-	return code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500
 }

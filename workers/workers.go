@@ -10,7 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,15 +19,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/internal/lease"
+	"github.com/oncegate/oncegate/internal/resilience"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
-
-// Backend is what a worker needs from a provider adapter.
-type Backend interface {
-	// ChatCompletions sends one request; the caller closes the body and calls cancel.
-	ChatCompletions(ctx context.Context, body []byte, stream bool) (*http.Response, context.CancelFunc, error)
-}
 
 // ConsumerName is the durable pull consumer every worker shares.
 const ConsumerName = "workers"
@@ -54,9 +50,10 @@ type Options struct {
 
 // Pool runs jobs.
 type Pool struct {
-	js    jetstream.JetStream
-	store *kv.Store
-	opts  Options
+	js     jetstream.JetStream
+	store  *kv.Store
+	opts   Options
+	guards map[string]*guard // per backend; built once, read concurrently
 }
 
 // New makes a Pool.
@@ -73,7 +70,39 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 	if opts.SweepEvery == 0 {
 		opts.SweepEvery = time.Minute
 	}
-	return &Pool{js: js, store: store, opts: opts}
+	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}}
+	for name, b := range opts.Backends {
+		cfg := b.Config()
+		p.guards[name] = &guard{
+			budget: resilience.NewBudget(cfg.RetryBudget, 3, 10*time.Second, nil),
+			breaker: resilience.NewBreaker(resilience.BreakerConfig{Name: name, FailureRate: cfg.Breaker.FailureRate,
+				MinRequests: cfg.Breaker.MinRequests, Window: cfg.Breaker.Window.D(), OpenFor: cfg.Breaker.OpenFor.D(),
+				Probes: cfg.Breaker.Probes}, opts.Log),
+		}
+	}
+	return p
+}
+
+func (p *Pool) guard(name string) *guard { return p.guards[name] }
+
+// BackendStatus is the health of one backend as this pool sees it.
+type BackendStatus struct {
+	Name     string                 `json:"name"`
+	Breaker  string                 `json:"breaker"`
+	Requests uint32                 `json:"window_requests"`
+	Failures uint32                 `json:"window_failures"`
+	Budget   resilience.BudgetStats `json:"retry_budget"`
+}
+
+// Status reports every backend's breaker and retry budget.
+func (p *Pool) Status() []BackendStatus {
+	out := make([]BackendStatus, 0, len(p.guards))
+	for name, g := range p.guards {
+		req, fail := g.breaker.Counts()
+		out = append(out, BackendStatus{Name: name, Breaker: g.breaker.State(), Requests: req, Failures: fail, Budget: g.budget.Stats()})
+	}
+	slices.SortFunc(out, func(a, b BackendStatus) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }
 
 // EnsureConsumer creates or updates the shared durable consumer.

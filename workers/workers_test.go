@@ -40,7 +40,9 @@ func start(t *testing.T, sweepEvery time.Duration) *rig {
 		t.Fatal(err)
 	}
 	mock, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
-		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8}}, nil)
+		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8},
+		RetryBase: config.Duration(time.Millisecond), RetryCap: config.Duration(5 * time.Millisecond),
+		Breaker: config.Breaker{MinRequests: 1000}}, nil) // the breaker has its own tests
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,49 +1,94 @@
-// Package backend holds the provider adapters that workers call: an OpenAI-compatible HTTP
-// client (OpenAI, vLLM, TGI, DeepSeek…) and the built-in deterministic mock, which is the same
-// client over an in-memory transport. A Client is safe for concurrent use.
+// Package backend holds the provider adapters that workers call: OpenAI-compatible HTTP APIs
+// (OpenAI, vLLM, TGI, DeepSeek…), the Anthropic Messages API, another oncegate (whose
+// idempotency status API answers whether a call is running), and the built-in deterministic
+// mock, which is the OpenAI adapter over an in-memory transport. One attempt at a time: the
+// retry policy lives with the workers, which branch on this package's sentinel errors.
+// A Client is safe for concurrent use.
 package backend
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/mockllm"
 )
 
-// Client calls one OpenAI-compatible backend.
+// Sentinel errors of one attempt; the worker's retry policy branches on them.
+var (
+	// ErrNotSent: the request was never fully written (dial refused, connect or TLS timeout,
+	// write error). The backend cannot have run it: always safe to retry.
+	ErrNotSent = errors.New("backend: request not sent")
+	// ErrResendSafe: the request was written but got no first byte in time, and the backend
+	// either deduplicates the forwarded Idempotency-Key or (type oncegate) says the call never
+	// arrived. Safe to send again.
+	ErrResendSafe = errors.New("backend: no first byte; safe to re-send")
+	// ErrAmbiguous: the request was written and the attempt ended without an answer; the
+	// backend may have run it. Never re-sent.
+	ErrAmbiguous = errors.New("backend: outcome unknown after the request was written")
+)
+
+// API kinds a backend speaks.
+const (
+	APIOpenAI    = "openai"
+	APIAnthropic = "anthropic"
+)
+
+// Call is one request to send.
+type Call struct {
+	Body   []byte
+	Stream bool
+	// IdemKey is forwarded as Idempotency-Key (a hash of the gateway's record key, never
+	// client text), so a gateway or provider that deduplicates can recognise a re-send.
+	IdemKey string
+	// Header holds request headers to pass through (e.g. anthropic-version, anthropic-beta).
+	Header http.Header
+	// Deadline bounds the attempt beyond the backend's own total timeout (the client's).
+	Deadline time.Time
+}
+
+// Client calls one backend.
 type Client struct {
-	name    string
-	baseURL string
-	apiKey  string
-	timeout time.Duration
-	http    *http.Client
-	mock    *mockllm.Server
+	cfg       config.Backend
+	baseURL   string
+	apiKey    string
+	http      *http.Client
+	mock      *mockllm.Server
+	inProcess bool // the mock: a request is "written" the moment it is handed over
 }
 
 // New builds the client for a configured backend; getenv resolves api_key_env.
 func New(b config.Backend, getenv func(string) string) (*Client, error) {
-	c := &Client{name: b.Name, timeout: b.Timeout.D()}
+	b = b.WithDefaults()
+	c := &Client{cfg: b}
 	switch b.Type {
 	case config.TypeMock:
 		c.mock = mockllm.New(mockllm.Options{TTFT: b.Mock.TTFT.D(), InterToken: b.Mock.InterToken.D(), Tokens: b.Mock.Tokens, Models: b.Models})
 		c.baseURL = "http://mock.internal/v1"
 		c.http = &http.Client{Transport: c.mock.RoundTripper()}
-	case config.TypeOpenAI:
+		c.inProcess = true
+	case config.TypeOpenAI, config.TypeAnthropic, config.TypeOncegate:
 		c.baseURL = strings.TrimRight(b.BaseURL, "/")
-		if b.APIKeyEnv != "" {
+		if b.APIKeyEnv != "" && getenv != nil {
 			c.apiKey = getenv(b.APIKeyEnv)
 		}
+		connect := b.ConnectTimeout.D()
 		c.http = &http.Client{Transport: &http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
-			DialContext:         (&net.Dialer{Timeout: 800 * time.Millisecond, KeepAlive: 30 * time.Second}).DialContext,
-			TLSHandshakeTimeout: 5 * time.Second,
+			DialContext:         (&net.Dialer{Timeout: connect, KeepAlive: 30 * time.Second}).DialContext,
+			TLSHandshakeTimeout: connect,
 			MaxIdleConnsPerHost: 256,
 			IdleConnTimeout:     90 * time.Second,
 			ForceAttemptHTTP2:   true,
@@ -55,41 +100,190 @@ func New(b config.Backend, getenv func(string) string) (*Client, error) {
 }
 
 // Name is the configured backend name.
-func (c *Client) Name() string { return c.name }
+func (c *Client) Name() string { return c.cfg.Name }
+
+// Config is the backend's configuration with every default filled in.
+func (c *Client) Config() config.Backend { return c.cfg }
+
+// API is the wire format the backend speaks.
+func (c *Client) API() string {
+	if c.cfg.Type == config.TypeAnthropic {
+		return APIAnthropic
+	}
+	return APIOpenAI
+}
 
 // Mock is the in-process mock server behind a mock backend (nil for real providers).
 func (c *Client) Mock() *mockllm.Server { return c.mock }
 
-// ChatCompletions sends one chat completion request. The caller closes the response body and
-// owns ctx: the client applies its total timeout on top of it. For a streamed request it asks
-// the backend for usage (stream_options.include_usage), which the gateway needs for billing;
-// the body's stream field is set to the execution's mode.
-func (c *Client) ChatCompletions(ctx context.Context, body []byte, stream bool) (*http.Response, context.CancelFunc, error) {
-	body, err := PrepareBody(body, stream)
-	if err != nil {
-		return nil, nil, err
+// Send makes one attempt. On success the caller reads and closes the body, then calls
+// cancel. Errors wrap ErrNotSent, ErrResendSafe or ErrAmbiguous so the retry policy can tell
+// whether the backend may have run the request. Timeouts: connect (dial and TLS), first byte
+// (see ErrResendSafe), and total (the backend's timeout, or the call's deadline if sooner).
+func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.CancelFunc, error) {
+	path, body := "/chat/completions", call.Body
+	if c.API() == APIAnthropic {
+		path = "/messages"
+		var err error
+		if body, err = PrepareAnthropicBody(body, call.Stream); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		var err error
+		if body, err = PrepareBody(body, call.Stream); err != nil {
+			return nil, nil, err
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.baseURL+"/chat/completions", bytes.NewReader(body))
+	deadline := time.Now().Add(c.cfg.Timeout.D())
+	if !call.Deadline.IsZero() && call.Deadline.Before(deadline) {
+		deadline = call.Deadline
+	}
+	actx, cancel := context.WithDeadlineCause(ctx, deadline, ErrAmbiguous)
+	actx, cancelCause := context.WithCancelCause(actx)
+	stop := func() { cancelCause(nil); cancel() }
+
+	var written atomic.Bool
+	written.Store(c.inProcess)
+	firstByte := make(chan struct{})
+	var once sync.Once
+	trace := &httptrace.ClientTrace{
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				written.Store(true)
+			}
+		},
+		GotFirstResponseByte: func() { once.Do(func() { close(firstByte) }) },
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(actx, trace), http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
-		cancel()
-		return nil, nil, fmt.Errorf("backend %s: build request: %w", c.name, err)
+		stop()
+		return nil, nil, fmt.Errorf("backend %s: build request: %w", c.cfg.Name, err)
+	}
+	c.setHeaders(req, call)
+
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		c.watchFirstByte(actx, cancelCause, firstByte, call)
+	}()
+	resp, err := c.http.Do(req)
+	if resp != nil {
+		once.Do(func() { close(firstByte) }) // the in-process transport has no trace hooks
+	}
+	if err != nil {
+		stop()
+		<-watchDone
+		return nil, nil, c.classify(err, written.Load(), actx)
+	}
+	<-watchDone
+	return resp, stop, nil
+}
+
+func (c *Client) setHeaders(req *http.Request, call *Call) {
+	for k, vs := range call.Header {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if stream {
+	if call.Stream {
 		req.Header.Set("Accept", "text/event-stream")
 	} else {
 		req.Header.Set("Accept", "application/json")
+	}
+	if call.IdemKey != "" && (c.cfg.Type == config.TypeOncegate || c.cfg.HonorsIdempotencyKey) {
+		req.Header.Set("Idempotency-Key", call.IdemKey)
+	}
+	if c.API() == APIAnthropic {
+		if req.Header.Get("anthropic-version") == "" {
+			req.Header.Set("anthropic-version", c.cfg.AnthropicVersion)
+		}
+		if c.apiKey != "" {
+			req.Header.Set("x-api-key", c.apiKey)
+		}
+		return
+	}
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
+}
+
+// watchFirstByte decides what a written request without a first byte becomes: re-sendable
+// when the backend deduplicates the key or (oncegate) says it never got the call; otherwise
+// the attempt keeps waiting up to its total timeout.
+func (c *Client) watchFirstByte(ctx context.Context, cancel context.CancelCauseFunc, firstByte <-chan struct{}, call *Call) {
+	t := time.NewTimer(c.cfg.FirstByteTimeout.D())
+	defer t.Stop()
+	select {
+	case <-firstByte:
+		return
+	case <-ctx.Done():
+		return
+	case <-t.C:
+	}
+	switch {
+	case c.cfg.HonorsIdempotencyKey && call.IdemKey != "":
+		cancel(ErrResendSafe)
+	case c.cfg.Type == config.TypeOncegate && call.IdemKey != "":
+		for {
+			state, err := c.upstreamState(ctx, call.IdemKey)
+			if err == nil && state == "" { // the upstream has no record: the call never arrived
+				cancel(ErrResendSafe)
+				return
+			}
+			// Running (or unknown): keep waiting, and ask again later.
+			t.Reset(c.cfg.FirstByteTimeout.D())
+			select {
+			case <-firstByte:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// upstreamState asks another oncegate for the state of a key: "" when it has none.
+func (c *Client) upstreamState(ctx context.Context, key string) (string, error) {
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.ConnectTimeout.D()+2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(qctx, http.MethodGet, c.baseURL+"/idempotency/"+url.PathEscape(key), nil)
+	if err != nil {
+		return "", err
 	}
 	if c.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.apiKey)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		cancel()
-		return nil, nil, fmt.Errorf("backend %s: %w", c.name, err)
+		return "", err
 	}
-	return resp, cancel, nil
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return "", nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("backend %s: idempotency status %d", c.cfg.Name, resp.StatusCode)
+	}
+	var st struct {
+		State string `json:"state"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil {
+		return "", err
+	}
+	return st.State, nil
+}
+
+// classify maps a failed attempt to what the retry policy needs to know.
+func (c *Client) classify(err error, written bool, actx context.Context) error {
+	if cause := context.Cause(actx); errors.Is(cause, ErrResendSafe) {
+		return fmt.Errorf("backend %s: %w", c.cfg.Name, ErrResendSafe)
+	}
+	if !written {
+		return fmt.Errorf("backend %s: %w: %w", c.cfg.Name, ErrNotSent, err)
+	}
+	return fmt.Errorf("backend %s: %w: %w", c.cfg.Name, ErrAmbiguous, err)
 }
 
 // PrepareBody sets the request's transport fields for the execution mode: "stream" as given,

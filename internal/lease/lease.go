@@ -39,6 +39,16 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 
 // JobOf is the job that executes the current epoch of rec.
 func JobOf(key string, rec *kv.Record) *jobs.Job {
-	return &jobs.Job{ID: rec.JobID, Key: key, Epoch: rec.Epoch, Tenant: rec.Tenant, Backend: rec.Backend,
-		Model: rec.Model, Stream: rec.Stream, Body: rec.Request}
+	j := &jobs.Job{ID: rec.JobID, Key: key, Epoch: rec.Epoch, Tenant: rec.Tenant, Backends: rec.Backends,
+		Model: rec.Model, Stream: rec.Stream, API: rec.API, Body: rec.Request, Header: rec.Header, Deadline: rec.Deadline}
+	if len(j.Backends) == 0 && rec.Backend != "" {
+		j.Backends = []string{rec.Backend}
+	}
+	if d := rec.Degraded; d != nil {
+		j.DegradedMessage, j.DegradedRetryAfter = d.Message, d.RetryAfter
+		if j.DegradedMessage == "" && j.DegradedRetryAfter == 0 {
+			j.DegradedRetryAfter = 1
+		}
+	}
+	return j
 }

@@ -27,9 +27,10 @@ var doneData = []byte("[DONE]")
 
 // EventReader reads SSE events from a backend response one at a time.
 type EventReader struct {
-	br   *bufio.Reader
-	data []byte
-	line []byte
+	br    *bufio.Reader
+	data  []byte
+	line  []byte
+	event []byte
 }
 
 // NewEventReader reads events from r.
@@ -45,27 +46,34 @@ func (er *EventReader) Buffered() bool { return er.br.Buffered() > 0 }
 // after `[DONE]`, ErrTruncated if the input ends first, or the read error. Comments, event
 // names and ids are ignored; multi-line data is joined with "\n" as the SSE spec says.
 func (er *EventReader) Next() ([]byte, error) {
-	er.data = er.data[:0]
+	_, data, err := er.NextEvent()
+	return data, err
+}
+
+// NextEvent is Next with the event's name ("" when the event has no `event:` field), for
+// protocols that name their events (Anthropic).
+func (er *EventReader) NextEvent() (string, []byte, error) {
+	er.data, er.event = er.data[:0], er.event[:0]
 	have := false
 	for {
 		line, err := er.readLine()
 		if err != nil {
 			if err == io.EOF {
 				if have && bytes.Equal(er.data, doneData) {
-					return nil, io.EOF
+					return "", nil, io.EOF
 				}
-				return nil, ErrTruncated
+				return "", nil, ErrTruncated
 			}
-			return nil, fmt.Errorf("openaiwire: read events: %w", err)
+			return "", nil, fmt.Errorf("openaiwire: read events: %w", err)
 		}
 		if len(line) == 0 {
 			if !have {
 				continue
 			}
 			if bytes.Equal(er.data, doneData) {
-				return nil, io.EOF
+				return "", nil, io.EOF
 			}
-			return er.data, nil
+			return string(er.event), er.data, nil
 		}
 		if line[0] == ':' {
 			continue
@@ -74,6 +82,10 @@ func (er *EventReader) Next() ([]byte, error) {
 		if len(value) > 0 && value[0] == ' ' {
 			value = value[1:]
 		}
+		if string(field) == "event" {
+			er.event = append(er.event[:0], value...)
+			continue
+		}
 		if string(field) == "data" {
 			if have {
 				er.data = append(er.data, '\n')
@@ -81,7 +93,7 @@ func (er *EventReader) Next() ([]byte, error) {
 			er.data = append(er.data, value...)
 			have = true
 			if len(er.data) > MaxEventBytes {
-				return nil, fmt.Errorf("%w: event over %d bytes", ErrMalformed, MaxEventBytes)
+				return "", nil, fmt.Errorf("%w: event over %d bytes", ErrMalformed, MaxEventBytes)
 			}
 		}
 	}
@@ -207,4 +219,15 @@ func AsksUsage(request []byte) bool {
 		} `json:"stream_options"`
 	}
 	return json.Unmarshal(request, &r) == nil && r.StreamOptions.IncludeUsage
+}
+
+// AppendNamedFrame appends an SSE frame with an event name ("event: <name>\ndata: <data>\n\n").
+func AppendNamedFrame(dst []byte, event string, data []byte) []byte {
+	if event == "" {
+		return AppendFrame(dst, data)
+	}
+	dst = append(dst, "event: "...)
+	dst = append(dst, event...)
+	dst = append(dst, '\n')
+	return AppendFrame(dst, data)
 }

@@ -1,0 +1,30 @@
+package backend
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// PrepareAnthropicBody sets "stream" for the execution's mode (Anthropic reports usage in
+// message_start and message_delta on its own, so nothing else is added).
+func PrepareAnthropicBody(body []byte, stream bool) ([]byte, error) {
+	var probe struct {
+		Stream *bool `json:"stream"`
+	}
+	if err := json.Unmarshal(body, &probe); err != nil {
+		return nil, fmt.Errorf("backend: request body: %w", err)
+	}
+	if (probe.Stream != nil && *probe.Stream == stream) || (probe.Stream == nil && !stream) {
+		return body, nil
+	}
+	var full map[string]json.RawMessage
+	if err := json.Unmarshal(body, &full); err != nil {
+		return nil, fmt.Errorf("backend: request body: %w", err)
+	}
+	if stream {
+		full["stream"] = json.RawMessage("true")
+	} else {
+		delete(full, "stream")
+	}
+	return json.Marshal(full)
+}

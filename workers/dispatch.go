@@ -1,0 +1,201 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/backend"
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/internal/resilience"
+)
+
+// Backend is what a worker needs from a provider adapter: one attempt at a time. The retry
+// policy, budget and breaker are the worker's.
+type Backend interface {
+	Name() string
+	// Config is the backend's configuration with defaults filled in.
+	Config() config.Backend
+	// Send makes one attempt; errors wrap backend.ErrNotSent, ErrResendSafe or ErrAmbiguous.
+	Send(ctx context.Context, call *backend.Call) (*http.Response, context.CancelFunc, error)
+}
+
+// guard is a backend's retry budget and circuit breaker, shared by every job of a pool.
+type guard struct {
+	budget  *resilience.Budget
+	breaker *resilience.Breaker
+}
+
+// retryAfterStatus: the backend refused before doing the work; retried with backoff.
+func retryAfterStatus(code int) bool {
+	return code == http.StatusTooManyRequests || code == http.StatusBadGateway ||
+		code == http.StatusServiceUnavailable || code == http.StatusGatewayTimeout
+}
+
+// finalStatus: the request itself is refused; never retried, stored and replayed.
+func finalStatus(code int) bool {
+	return code >= 400 && code < 500 && code != http.StatusTooManyRequests && code != http.StatusRequestTimeout
+}
+
+// answer is a backend response to relay (status 200, or a final 4xx to store).
+type answer struct {
+	resp    *http.Response
+	cancel  context.CancelFunc
+	backend Backend
+	// report tells the breaker how the call went once its body was consumed.
+	report func(ok bool)
+}
+
+// failure ends a job that got no answer to relay.
+type failure struct {
+	status    int
+	body      []byte
+	retryAfter int
+	// degraded: the route's degraded answer (a message with status 200, or a 503).
+	degraded bool
+}
+
+// dispatch walks the route's backends in order: an open breaker or an exhausted backend
+// falls back to the next. Per backend it retries only what provably did not run (never
+// written, or refused with 429/502/503/504 before any output, or safe to re-send), with
+// exponential backoff and full jitter, Retry-After honored, within the budget and the
+// deadline. A written request that ended without an answer is never re-sent, nor sent to
+// another backend.
+func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failure) {
+	var last *failure
+	for _, name := range ex.job.Backends {
+		b, ok := ex.pool.opts.Backends[name]
+		if !ok {
+			ex.log.Warn().Str("backend", name).Msg("backend not configured on this worker; skipping")
+			continue
+		}
+		g := ex.pool.guard(name)
+		cfg := b.Config()
+		for attempt := 0; attempt < cfg.MaxAttempts; attempt++ {
+			if attempt == 0 {
+				g.budget.Request()
+			} else if !g.budget.AllowRetry() {
+				ex.log.Warn().Str("backend", name).Msg("retry refused by the retry budget")
+				break
+			}
+			report, err := g.breaker.Allow()
+			if err != nil {
+				ex.log.Info().Str("backend", name).Msg("circuit breaker open; falling back")
+				break
+			}
+			ex.attempts++
+			resp, cancel, err := b.Send(ctx, &backend.Call{Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
+				Header: ex.job.Header, Deadline: ex.job.Deadline})
+			if err != nil {
+				report(false)
+				if ctx.Err() != nil {
+					return nil, &failure{status: http.StatusServiceUnavailable}
+				}
+				switch {
+				case errors.Is(err, backend.ErrNotSent), errors.Is(err, backend.ErrResendSafe):
+					ex.log.Warn().Err(err).Str("backend", name).Int("attempt", attempt+1).Msg("attempt did not reach the backend; retrying")
+					last = &failure{status: http.StatusBadGateway, body: openaiwire.ErrorBody("the model backend could not be reached", "server_error", "backend_unreachable", "")}
+					if !ex.sleep(ctx, resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())) {
+						return nil, last
+					}
+					continue
+				default: // written, no answer: it may have run; never re-sent
+					ex.ambiguous++
+					ex.log.Warn().Err(err).Str("backend", name).Msg("attempt ended without an answer after the request was written; not re-sent")
+					return nil, &failure{status: http.StatusGatewayTimeout, body: openaiwire.ErrorBody(
+						"the model backend did not answer in time; the request may have been processed", "server_error", "backend_timeout", "")}
+				}
+			}
+			if resp.StatusCode == http.StatusOK || finalStatus(resp.StatusCode) {
+				return &answer{resp: resp, cancel: cancel, backend: b, report: report}, nil
+			}
+			// 429, 5xx: refused (or failed) before any output.
+			errBody, _ := io.ReadAll(io.LimitReader(resp.Body, maxBackendBody))
+			resp.Body.Close()
+			cancel()
+			report(false)
+			last = &failure{status: resp.StatusCode, body: errBody}
+			if !retryAfterStatus(resp.StatusCode) {
+				return nil, last // a 500 may have done work: not retried, not sent elsewhere
+			}
+			delay := resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())
+			if ra, ok := resilience.RetryAfter(resp.Header, time.Now()); ok {
+				last.retryAfter = int((ra + time.Second - 1) / time.Second)
+				if ra > delay {
+					delay = ra
+				}
+			}
+			if attempt+1 >= cfg.MaxAttempts {
+				break
+			}
+			if dl, ok := ctx.Deadline(); ok && time.Now().Add(delay).After(dl) {
+				break
+			}
+			ex.log.Info().Str("backend", name).Int("status", resp.StatusCode).Dur("delay", delay).Msg("backend refused; retrying after backoff")
+			if !ex.sleep(ctx, delay) {
+				return nil, last
+			}
+		}
+	}
+	return nil, ex.degrade(last)
+}
+
+// degrade is the route's answer when no backend answered: its configured message (200,
+// marked degraded), else a 503 with Retry-After, else the last backend refusal.
+func (ex *execution) degrade(last *failure) *failure {
+	if ex.job.DegradedMessage != "" {
+		return &failure{status: http.StatusOK, degraded: true, body: degradedAnswer(ex.job.API, ex.job.ID, ex.job.Model, ex.job.DegradedMessage)}
+	}
+	if ex.job.DegradedRetryAfter > 0 || last == nil {
+		ra := ex.job.DegradedRetryAfter
+		if ra == 0 {
+			ra = 1
+		}
+		return &failure{status: http.StatusServiceUnavailable, degraded: true, retryAfter: ra,
+			body: openaiwire.ErrorBody("no model backend is available for this model right now; retry later", "server_error", "backends_unavailable", "")}
+	}
+	if len(last.body) == 0 {
+		last.body = openaiwire.ErrorBody(fmt.Sprintf("the model backend failed with status %d", last.status), "server_error", "backend_error", "")
+	}
+	return last
+}
+
+// degradedAnswer is the route's fixed message as a normal answer of the request's API.
+func degradedAnswer(api, id, model, msg string) []byte {
+	var v any
+	if api == backend.APIAnthropic {
+		v = map[string]any{"id": "msg_degraded_" + id, "type": "message", "role": "assistant", "model": model,
+			"content": []any{map[string]any{"type": "text", "text": msg}}, "stop_reason": "end_turn", "stop_sequence": nil,
+			"usage": map[string]int{"input_tokens": 0, "output_tokens": 0}}
+	} else {
+		v = map[string]any{"id": "chatcmpl-degraded-" + id, "object": "chat.completion", "created": time.Now().Unix(), "model": model,
+			"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": msg},
+				"logprobs": nil, "finish_reason": "stop"}},
+			"usage": map[string]int{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+	}
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// forwardKey is the Idempotency-Key sent upstream: stable per intent, never client text.
+func (ex *execution) forwardKey() string { return "oncegate-" + ex.job.Key }
+
+// sleep waits d unless ctx ends first.
+func (ex *execution) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

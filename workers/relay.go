@@ -1,0 +1,392 @@
+package workers
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/oncegate/oncegate/internal/backend"
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// relay turns a backend's SSE stream into chunks, coalescing the events one socket read
+// delivered, and keeps what the record needs: every frame, the usage, the text so far (for
+// a continuation), and how the stream ended.
+type relay struct {
+	ex        *execution
+	anthropic bool
+	// stripNullUsage: the gateway asked the backend for usage; a client that did not ask must
+	// not see the "usage":null the backend then adds to every chunk.
+	stripNullUsage bool
+	track          bool // accumulate text for a continuation
+
+	all, pending, usageFrame []byte
+	usage                    *kv.Usage
+	contUsage                []kv.Usage
+	text                     strings.Builder
+	resumed                  int
+	// original identity of the stream, which continuation chunks are rewritten to.
+	id, model string
+	created   int64
+	sawStop   bool // anthropic: message_stop seen
+	blockIdx  int  // anthropic: index of the open content block
+	broke     error
+}
+
+func newRelay(ex *execution) *relay {
+	r := &relay{ex: ex, anthropic: ex.job.API == backend.APIAnthropic}
+	r.stripNullUsage = !r.anthropic && !openaiwire.AsksUsage(ex.job.Body)
+	return r
+}
+
+func (r *relay) flush(ctx context.Context) error {
+	if len(r.pending) == 0 {
+		return nil
+	}
+	err := r.ex.pub.Publish(ctx, jobs.KindData, 0, r.pending)
+	r.pending = nil
+	return err
+}
+
+// run relays one backend stream; it reports whether the stream ended properly.
+func (r *relay) run(ctx context.Context, body io.Reader, continued bool) bool {
+	er := openaiwire.NewEventReader(body)
+	first := true
+	for {
+		event, data, err := er.NextEvent()
+		if err != nil {
+			if ferr := r.flush(ctx); ferr != nil {
+				r.broke = ferr
+				return false
+			}
+			if err == io.EOF || (r.anthropic && r.sawStop && errors.Is(err, openaiwire.ErrTruncated)) {
+				return true
+			}
+			r.broke = err
+			r.ex.log.Warn().Err(err).Int("chunks", r.ex.pub.Next()).Msg("backend stream broke")
+			return false
+		}
+		frame, publish := r.transform(event, data, continued, first)
+		first = false
+		if frame == nil {
+			if publish != nil {
+				if err := publish(ctx); err != nil {
+					r.broke = err
+					return false
+				}
+			}
+			continue
+		}
+		start := len(r.all)
+		r.all = append(r.all, frame...)
+		r.pending = r.all[start-len(r.pending) : len(r.all) : len(r.all)]
+		if len(r.pending) < coalesceBytes && er.Buffered() {
+			continue
+		}
+		if err := r.flush(ctx); err != nil {
+			r.broke = err
+			return false
+		}
+	}
+}
+
+// transform maps one backend event to the frame clients get (nil: none), or to a separate
+// publish (the OpenAI usage chunk).
+func (r *relay) transform(event string, data []byte, continued, first bool) ([]byte, func(context.Context) error) {
+	if r.anthropic {
+		return r.anthropicEvent(event, data, continued)
+	}
+	if u, ok := openaiwire.UsageOnly(data); ok {
+		usage := kv.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+		if continued {
+			r.contUsage = append(r.contUsage, usage)
+			return nil, nil
+		}
+		r.usage = &usage
+		r.usageFrame = openaiwire.Frame(data)
+		frame := r.usageFrame
+		return nil, func(ctx context.Context) error {
+			if err := r.flush(ctx); err != nil {
+				return err
+			}
+			return r.ex.pub.Publish(ctx, jobs.KindUsage, 0, frame)
+		}
+	}
+	if continued {
+		var ok bool
+		if data, ok = r.rewriteOpenAI(data, first); !ok {
+			return nil, nil
+		}
+	} else if r.track {
+		r.noteOpenAI(data)
+	}
+	r.ex.tokens.Add(1)
+	if r.stripNullUsage {
+		data = bytes.Replace(data, nullUsageField, nil, 1)
+	}
+	return openaiwire.AppendFrame(nil, data), nil
+}
+
+type oaChunk struct {
+	ID      string `json:"id"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Delta struct {
+			Role    string  `json:"role"`
+			Content *string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+}
+
+// noteOpenAI remembers the stream's identity and its text, for a continuation.
+func (r *relay) noteOpenAI(data []byte) {
+	var c oaChunk
+	if json.Unmarshal(data, &c) != nil {
+		return
+	}
+	if r.id == "" {
+		r.id, r.created, r.model = c.ID, c.Created, c.Model
+	}
+	for _, ch := range c.Choices {
+		if ch.Delta.Content != nil {
+			r.text.WriteString(*ch.Delta.Content)
+		}
+	}
+}
+
+// rewriteOpenAI makes a continuation chunk part of the original stream: same id, created and
+// model; the continuation's opening role-only chunk is dropped; the finish chunk is marked
+// with the number of continuations. ok=false drops the chunk.
+func (r *relay) rewriteOpenAI(data []byte, first bool) ([]byte, bool) {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return data, true
+	}
+	var c oaChunk
+	_ = json.Unmarshal(data, &c)
+	if len(c.Choices) == 1 && c.Choices[0].Delta.Role != "" && (c.Choices[0].Delta.Content == nil || *c.Choices[0].Delta.Content == "") && c.Choices[0].FinishReason == nil {
+		return nil, false
+	}
+	for _, ch := range c.Choices {
+		if ch.Delta.Content != nil {
+			r.text.WriteString(*ch.Delta.Content)
+		}
+		if ch.FinishReason != nil {
+			m["oncegate"], _ = json.Marshal(map[string]int{"resumed": r.resumed})
+		}
+	}
+	m["id"], _ = json.Marshal(r.id)
+	m["created"], _ = json.Marshal(r.created)
+	m["model"], _ = json.Marshal(r.model)
+	if r.stripNullUsage {
+		delete(m, "usage")
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		return data, true
+	}
+	return out, true
+}
+
+type anEvent struct {
+	Type    string `json:"type"`
+	Index   int    `json:"index"`
+	Message struct {
+		Usage struct {
+			InputTokens  int `json:"input_tokens"`
+			OutputTokens int `json:"output_tokens"`
+		} `json:"usage"`
+	} `json:"message"`
+	Delta struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	} `json:"delta"`
+	Usage *struct {
+		InputTokens  int `json:"input_tokens"`
+		OutputTokens int `json:"output_tokens"`
+	} `json:"usage"`
+}
+
+// anthropicEvent keeps Anthropic's named events as they are, reading usage from message_start
+// and the cumulative message_delta. In a continuation, the continuation's message_start and
+// the reopening of the interrupted text block are dropped, so clients see one message.
+func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byte, func(context.Context) error) {
+	var e anEvent
+	_ = json.Unmarshal(data, &e)
+	if event == "" {
+		event = e.Type
+	}
+	switch e.Type {
+	case "message_start":
+		if continued {
+			r.contUsage = append(r.contUsage, kv.Usage{PromptTokens: e.Message.Usage.InputTokens})
+			return nil, nil
+		}
+		u := kv.Usage{PromptTokens: e.Message.Usage.InputTokens, CompletionTokens: e.Message.Usage.OutputTokens}
+		r.usage = &u
+	case "content_block_start":
+		if continued && e.Index == 0 {
+			return nil, nil
+		}
+		r.blockIdx = e.Index
+	case "content_block_delta":
+		if e.Delta.Type == "text_delta" {
+			r.text.WriteString(e.Delta.Text)
+		}
+		r.ex.tokens.Add(1)
+		if continued && e.Index == 0 && r.blockIdx != 0 {
+			data = bytes.Replace(data, []byte(`"index":0`), []byte(fmt.Sprintf(`"index":%d`, r.blockIdx)), 1)
+		}
+	case "message_delta":
+		if e.Usage != nil {
+			if continued {
+				if n := len(r.contUsage); n > 0 {
+					r.contUsage[n-1].CompletionTokens = e.Usage.OutputTokens
+				}
+			} else if r.usage != nil {
+				r.usage.CompletionTokens = e.Usage.OutputTokens // cumulative: assign, never add
+			}
+		}
+	case "message_stop":
+		r.sawStop = true
+	case "error":
+		r.broke = errors.New("anthropic stream error event")
+	}
+	return openaiwire.AppendNamedFrame(nil, event, data), nil
+}
+
+// canContinue: the stream broke after output and the backend can continue it.
+func (r *relay) canContinue(b Backend) bool {
+	if r.broke == nil || errors.Is(r.broke, jobs.ErrFenced) || r.text.Len() == 0 || r.resumed >= 2 {
+		return false
+	}
+	cfg := b.Config()
+	switch cfg.Continuation {
+	case config.ContinuationVLLM:
+		return !r.anthropic
+	case config.ContinuationAnthropic:
+		return r.anthropic && slices.Contains(cfg.PrefillModels, r.ex.job.Model)
+	}
+	return false
+}
+
+// continuation asks the backend to go on from the text already sent: vLLM with the partial
+// answer as an open final assistant message (continue_final_message), Anthropic with the
+// partial answer as assistant prefill. Only the new tokens reach the clients.
+func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, context.CancelFunc, error) {
+	var req map[string]json.RawMessage
+	if err := json.Unmarshal(r.ex.job.Body, &req); err != nil {
+		return nil, nil, fmt.Errorf("workers: continuation: %w", err)
+	}
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(req["messages"], &msgs); err != nil {
+		return nil, nil, fmt.Errorf("workers: continuation messages: %w", err)
+	}
+	partial := r.text.String()
+	if r.anthropic {
+		partial = strings.TrimRight(partial, " \\t\\r\\n") // Anthropic rejects prefill ending in whitespace
+	}
+	prefill, _ := json.Marshal(map[string]string{"role": "assistant", "content": partial})
+	msgs = append(msgs, prefill)
+	req["messages"], _ = json.Marshal(msgs)
+	if !r.anthropic {
+		req["continue_final_message"] = json.RawMessage("true")
+		req["add_generation_prompt"] = json.RawMessage("false")
+		req["echo"] = json.RawMessage("false")
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	report, err := r.ex.pool.guard(b.Name()).breaker.Allow()
+	if err != nil {
+		return nil, nil, err
+	}
+	r.ex.attempts++
+	r.resumed++
+	r.broke = nil
+	resp, cancel, err := b.Send(ctx, &backend.Call{Body: body, Stream: true, Header: r.ex.job.Header, Deadline: r.ex.job.Deadline})
+	if err != nil {
+		report(false)
+		return nil, nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		report(false)
+		resp.Body.Close()
+		cancel()
+		return nil, nil, fmt.Errorf("workers: continuation status %d", resp.StatusCode)
+	}
+	report(true)
+	r.ex.log.Info().Int("resumed", r.resumed).Int("prefix_bytes", len(partial)).Msg("continuing a broken stream")
+	return resp, cancel, nil
+}
+
+// finish stores the outcome: COMPLETED with every frame, or — when the stream broke and could
+// not be continued — the partial output with an explicit error (never a silent end, never a
+// repeated prefix).
+func (r *relay) finish(ctx context.Context, ok bool) {
+	ex := r.ex
+	if r.broke != nil && (errors.Is(r.broke, jobs.ErrFenced) || errors.Is(r.broke, kv.ErrConflict)) {
+		ex.abandon(r.broke)
+		return
+	}
+	if !ok {
+		if len(r.all) == 0 {
+			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, body: openaiwire.ErrorBody(
+				"the model backend's stream ended before any output", "server_error", "backend_truncated", "")})
+			return
+		}
+		res := &kv.Result{Status: http.StatusOK, Events: r.all, Partial: true, Resumed: r.resumed, ContinuationUsage: r.contUsage,
+			Body: streamErrorBody(r.anthropic)}
+		ex.finishFailedAfterOutput(ctx, res)
+		return
+	}
+	res := &kv.Result{Status: http.StatusOK, Events: r.all, UsageEvent: r.usageFrame, Usage: r.usage,
+		Resumed: r.resumed, ContinuationUsage: r.contUsage}
+	if r.usage != nil && r.usage.TotalTokens == 0 {
+		r.usage.TotalTokens = r.usage.PromptTokens + r.usage.CompletionTokens
+	}
+	ex.finishCompleted(ctx, res, jobs.KindDone)
+}
+
+// streamErrorBody is the terminal error event of a stream that broke after output.
+func streamErrorBody(anthropic bool) []byte {
+	const msg = "the model backend's stream broke after partial output and could not be continued; not retried to avoid a repeated prefix"
+	if anthropic {
+		b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": "api_error", "message": msg}})
+		return b
+	}
+	return openaiwire.ErrorBody(msg, "server_error", "stream_interrupted", "")
+}
+
+// usageOf reads the usage of a non-stream answer of either API.
+func usageOf(api string, body []byte) *kv.Usage {
+	if api == backend.APIAnthropic {
+		var m struct {
+			Usage *struct {
+				InputTokens  int `json:"input_tokens"`
+				OutputTokens int `json:"output_tokens"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal(body, &m) != nil || m.Usage == nil {
+			return nil
+		}
+		return &kv.Usage{PromptTokens: m.Usage.InputTokens, CompletionTokens: m.Usage.OutputTokens, TotalTokens: m.Usage.InputTokens + m.Usage.OutputTokens}
+	}
+	u := openaiwire.UsageOf(body)
+	if u == nil {
+		return nil
+	}
+	return &kv.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+}
