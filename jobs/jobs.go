@@ -21,7 +21,7 @@ import (
 
 // Stream and subject names.
 const (
-	JobsStream   = "JOBS"
+	JobsStream = "JOBS"
 	// JobsSubjects is the JOBS subject space; a job of record key k is on jobs.run.<k>.
 	JobsSubjects = "jobs.run.>"
 	jobsPrefix   = "jobs.run."
@@ -37,10 +37,10 @@ var ErrInvalidJob = errors.New("jobs: invalid job message")
 // Job is one execution request: what a worker needs to run it, and the fencing facts (key and
 // epoch) it must check against the idempotency record before it writes anything.
 type Job struct {
-	V       int    `json:"v"`
-	ID      string `json:"id"`
-	Key     string `json:"key"` // record key (a hash, never client text)
-	Epoch   int    `json:"epoch"`
+	V      int    `json:"v"`
+	ID     string `json:"id"`
+	Key    string `json:"key"` // record key (a hash, never client text)
+	Epoch  int    `json:"epoch"`
 	Tenant string `json:"tenant"`
 	Model  string `json:"model"`
 	Stream bool   `json:"stream"`

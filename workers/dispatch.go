@@ -53,8 +53,8 @@ type answer struct {
 
 // failure ends a job that got no answer to relay.
 type failure struct {
-	status    int
-	body      []byte
+	status     int
+	body       []byte
 	retryAfter int
 	// degraded: the route's degraded answer (a message with status 200, or a 503).
 	degraded bool

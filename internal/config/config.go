@@ -237,7 +237,7 @@ type MockKnobs struct {
 // Route is an explicit route for one model; it overrides the backends' models
 // lists.
 type Route struct {
-	Model    string   `yaml:"model"`
+	Model    string    `yaml:"model"`
 	Backends []string  `yaml:"backends"` // ordered: the next is tried when one is down
 	Dedup    *bool     `yaml:"dedup"`    // nil = true; false = every request executes
 	Degraded *Degraded `yaml:"degraded"` // nil = 503 with Retry-After when all backends are down
