@@ -239,12 +239,12 @@ func (s *Server) create(ctx context.Context, g *generation, key, jobID, outcome 
 		}
 		return nil, fmt.Errorf("httpapi: claim: %w", err)
 	}
-	return s.launch(ctx, g, key, rec, rev, outcome)
+	return s.launch(ctx, g, key, rec, rev, outcome, true)
 }
 
 // launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
 // can be missed), and indexes the job id.
-func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, outcome string) (*admission, error) {
+func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, outcome string, newJob bool) (*admission, error) {
 	job := lease.JobOf(key, rec)
 	fl, err := s.hub.Open(ctx, job.Subject())
 	if err != nil {
@@ -256,7 +256,7 @@ func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.
 		s.release(key, rec, rev)
 		return nil, fmt.Errorf("httpapi: %w", err)
 	}
-	if rec.Epoch == 1 {
+	if newJob {
 		if err := s.store.IndexJob(ctx, job.ID, key, g.async); err != nil {
 			s.log.Warn().Err(err).Str(fieldJobID, job.ID).Msg("indexing job id")
 		}
@@ -312,8 +312,7 @@ func (s *Server) attach(ctx context.Context, g *generation) (*admission, error) 
 				return nil, err
 			}
 			s.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).Msg("lease expired; execution re-driven by a client request")
-			adm, err := s.launch(ctx, g, g.recKey, nrec, nrev, outcomeJoined)
-			return adm, err
+			return s.launch(ctx, g, g.recKey, nrec, nrev, outcomeJoined, false)
 		}
 		fl, err := s.hub.Join(ctx, jobs.ChunkSubject(g.recKey, rec.Epoch))
 		if err != nil {
@@ -328,7 +327,8 @@ func (s *Server) attach(ctx context.Context, g *generation) (*admission, error) 
 	return &admission{outcome: outcomeReplayed, key: g.recKey, rec: rec, jobID: rec.JobID}, nil
 }
 
-// reclaim replaces a finished record by compare-and-set with a new PENDING epoch.
+// reclaim replaces a finished record by compare-and-set with a new PENDING epoch (epochs keep
+// growing on one key, so chunk subjects never repeat).
 func (s *Server) reclaim(ctx context.Context, g *generation, old *kv.Record, rev uint64, jobID string) (*admission, error) {
 	rec := s.newRecord(g, jobID, old.Epoch+1)
 	if jobID == old.JobID {
@@ -338,10 +338,7 @@ func (s *Server) reclaim(ctx context.Context, g *generation, old *kv.Record, rev
 	if err != nil {
 		return nil, err
 	}
-	if jobID != old.JobID {
-		rec.Epoch = old.Epoch + 1 // epochs keep growing on one key so chunk subjects never repeat
-	}
-	return s.launch(ctx, g, g.recKey, rec, nrev, outcomeCreated)
+	return s.launch(ctx, g, g.recKey, rec, nrev, outcomeCreated, jobID != old.JobID)
 }
 
 // Log field names.
