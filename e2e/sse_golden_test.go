@@ -173,18 +173,18 @@ func TestSSEGolden(t *testing.T) {
 	})
 }
 
-// compactedReplayBug: kv.Result.Body is a json.RawMessage (kv/kv.go:98), and encoding/json
+// compactedReplayBug: kv.Result.Body is a json.RawMessage (kv/kv.go:113), and encoding/json
 // compacts a RawMessage when it marshals the record, so the stored non-stream answer loses
 // its whitespace: the mock's trailing newline here, the indentation of a provider that
 // pretty-prints. DESIGN.md: a COMPLETED key gets "the same status code and body"; replay()
 // in httpapi/deliver.go promises "byte for byte".
-const compactedReplayBug = "a replayed non-stream answer is not byte for byte the original: kv.Result.Body is a json.RawMessage (kv/kv.go:98) that encoding/json compacts on Marshal (trailing newline / indentation lost)"
+const compactedReplayBug = "a replayed non-stream answer is not byte for byte the original: kv.Result.Body is a json.RawMessage (kv/kv.go:113) that encoding/json compacts on Marshal (trailing newline / indentation lost)"
 
-// usageNullOnReplayBug: workers/execution.go decides once per execution, from the first
+// usageNullOnReplayBug: workers/relay.go:47 decides once per execution, from the first
 // request (openaiwire.AsksUsage(ex.job.Body)), whether to strip "usage":null from the chunks
 // it records; a later copy that did not ask for usage is replayed chunks that carry
 // "usage":null, which the comment there says such a client must not see.
-const usageNullOnReplayBug = `a stream copy without include_usage, replayed from an execution whose first request asked for usage, gets "usage":null in every chunk (workers/execution.go stripNullUsage is per execution, not per client)`
+const usageNullOnReplayBug = `a stream copy without include_usage, replayed from an execution whose first request asked for usage, gets "usage":null in every chunk (workers/relay.go:47 stripNullUsage is per execution, not per client)`
 
 func readGolden(t *testing.T, name string) []byte {
 	t.Helper()
