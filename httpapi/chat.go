@@ -302,6 +302,7 @@ func (s *Server) attach(ctx context.Context, g *generation) (*admission, error) 
 			jobID := jobs.NewID()
 			return s.create(ctx, g, hashParts(g.recKey, jobID), jobID, outcomeCreated)
 		}
+		s.archive(ctx, g.recKey, rec)
 		return s.reclaim(ctx, g, rec, rev, jobs.NewID())
 	}
 	switch rec.State {
@@ -325,6 +326,19 @@ func (s *Server) attach(ctx context.Context, g *generation) (*admission, error) 
 		}
 	}
 	return &admission{outcome: outcomeReplayed, key: g.recKey, rec: rec, jobID: rec.JobID}, nil
+}
+
+// archive keeps a finished execution reachable by its job id before its auto key moves on to
+// a newer identical request (the auto key matches the most recent one).
+func (s *Server) archive(ctx context.Context, key string, rec *kv.Record) {
+	archived := hashParts(key, rec.JobID)
+	if _, err := s.store.Claim(ctx, archived, rec); err != nil && !errors.Is(err, kv.ErrExists) {
+		s.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("archiving a finished execution")
+		return
+	}
+	if err := s.store.IndexJob(ctx, rec.JobID, archived, true); err != nil {
+		s.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("re-indexing an archived execution")
+	}
 }
 
 // reclaim replaces a finished record by compare-and-set with a new PENDING epoch (epochs keep

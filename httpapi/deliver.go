@@ -187,7 +187,11 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 			var err error
 			switch ch.Kind {
 			case jobs.KindData:
-				err = out.send(ch.Payload)
+				if includeUsage {
+					err = out.send(ch.Payload)
+				} else {
+					err = out.send(openaiwire.WithoutNullUsage(ch.Payload))
+				}
 			case jobs.KindUsage:
 				if includeUsage {
 					err = out.send(ch.Payload)
@@ -268,6 +272,9 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 		if events, usage, err = openaiwire.Synthesize(res.Body); err != nil {
 			return err
 		}
+	}
+	if !g.includeUsage {
+		events = openaiwire.WithoutNullUsage(events)
 	}
 	out := make([]byte, 0, len(events)+len(usage)+64)
 	out = append(out, events...)

@@ -176,7 +176,7 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	if err != nil {
 		return badRequest("invalid_idempotency_key", "", err.Error())
 	}
-	rec, _, err := s.store.Get(c.UserContext(), recordKey(tenant, key))
+	rec, _, err := s.store.Get(c.UserContext(), lookupKey(tenant, key))
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
 		return errNotFound("no record for this Idempotency-Key")
 	}

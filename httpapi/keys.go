@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 )
 
@@ -79,13 +80,19 @@ func hashParts(parts ...string) string {
 // autoKeyPrefix marks a generated key (echoed to the client, usable in the status API).
 const autoKeyPrefix = "auto-"
 
-// recordKey maps a client key of tenant to its record key. A generated key ("auto-<hash>")
-// names its record directly; the record's tenant is checked by the caller.
+// recordKey maps a client's Idempotency-Key to its record key: a hash scoped by tenant, so
+// no key of one tenant, however crafted, can reach another tenant's record.
 func recordKey(tenant, key string) string {
+	return hashParts(tenant, "key", key)
+}
+
+// lookupKey is the record key for the status API, where a generated key ("auto-<hash>", as
+// echoed in Idempotency-Key) names its record directly; the caller checks the record's tenant.
+func lookupKey(tenant, key string) string {
 	if strings.HasPrefix(key, autoKeyPrefix) && isHex32(key[len(autoKeyPrefix):]) {
 		return key[len(autoKeyPrefix):]
 	}
-	return hashParts(tenant, "key", key)
+	return recordKey(tenant, key)
 }
 
 func isHex32(s string) bool {
@@ -115,7 +122,7 @@ func canonicalFingerprint(body []byte) (string, map[string]any, error) {
 	if err := dec.Decode(&obj); err != nil {
 		return "", nil, err
 	}
-	if dec.More() {
+	if _, err := dec.Token(); err != io.EOF {
 		return "", nil, errors.New("trailing data after the JSON object")
 	}
 	if obj == nil {

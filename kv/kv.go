@@ -110,7 +110,9 @@ type Degraded struct {
 type Result struct {
 	Status int `json:"status"`
 	// Body is the response JSON of a non-stream execution, or the error body of a failure.
-	Body json.RawMessage `json:"body,omitempty"`
+	// Kept as bytes (base64 in the record), never as json.RawMessage: a replay must be byte
+	// for byte what the backend sent, and encoding/json compacts raw messages.
+	Body []byte `json:"body,omitempty"`
 	// Events are the SSE frames of a streamed execution (without the usage frame and [DONE]).
 	Events []byte `json:"events,omitempty"`
 	// UsageEvent is the usage-only SSE frame of a streamed execution, if the backend sent one.
@@ -347,6 +349,9 @@ func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) e
 			return fmt.Errorf("kv: index job %s: %w", jobID, err)
 		}
 		return nil
+	}
+	if _, err := s.idx.Put(ctx, jobIndexKey(jobID), []byte(key)); err != nil { // the first place JobKey looks
+		return fmt.Errorf("kv: index job %s: %w", jobID, err)
 	}
 	if _, err := s.kv.Put(ctx, jobIndexKey(jobID), []byte(key)); err != nil {
 		return fmt.Errorf("kv: index job %s: %w", jobID, err)

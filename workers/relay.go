@@ -24,10 +24,7 @@ import (
 type relay struct {
 	ex        *execution
 	anthropic bool
-	// stripNullUsage: the gateway asked the backend for usage; a client that did not ask must
-	// not see the "usage":null the backend then adds to every chunk.
-	stripNullUsage bool
-	track          bool // accumulate text for a continuation
+	track bool // accumulate text for a continuation
 
 	all, pending, usageFrame []byte
 	usage                    *kv.Usage
@@ -43,9 +40,7 @@ type relay struct {
 }
 
 func newRelay(ex *execution) *relay {
-	r := &relay{ex: ex, anthropic: ex.job.API == backend.APIAnthropic}
-	r.stripNullUsage = !r.anthropic && !openaiwire.AsksUsage(ex.job.Body)
-	return r
+	return &relay{ex: ex, anthropic: ex.job.API == backend.APIAnthropic}
 }
 
 func (r *relay) flush(ctx context.Context) error {
@@ -130,9 +125,6 @@ func (r *relay) transform(event string, data []byte, continued, first bool) ([]b
 		r.noteOpenAI(data)
 	}
 	r.ex.tokens.Add(1)
-	if r.stripNullUsage {
-		data = bytes.Replace(data, nullUsageField, nil, 1)
-	}
 	return openaiwire.AppendFrame(nil, data), nil
 }
 
@@ -189,9 +181,6 @@ func (r *relay) rewriteOpenAI(data []byte, first bool) ([]byte, bool) {
 	m["id"], _ = json.Marshal(r.id)
 	m["created"], _ = json.Marshal(r.created)
 	m["model"], _ = json.Marshal(r.model)
-	if r.stripNullUsage {
-		delete(m, "usage")
-	}
 	out, err := json.Marshal(m)
 	if err != nil {
 		return data, true

@@ -211,16 +211,6 @@ func ErrorBody(message, typ, code, param string) []byte {
 	return b
 }
 
-// AsksUsage reports whether a chat request sets stream_options.include_usage.
-func AsksUsage(request []byte) bool {
-	var r struct {
-		StreamOptions struct {
-			IncludeUsage bool `json:"include_usage"`
-		} `json:"stream_options"`
-	}
-	return json.Unmarshal(request, &r) == nil && r.StreamOptions.IncludeUsage
-}
-
 // AppendNamedFrame appends an SSE frame with an event name ("event: <name>\ndata: <data>\n\n").
 func AppendNamedFrame(dst []byte, event string, data []byte) []byte {
 	if event == "" {
@@ -230,4 +220,16 @@ func AppendNamedFrame(dst []byte, event string, data []byte) []byte {
 	dst = append(dst, event...)
 	dst = append(dst, '\n')
 	return AppendFrame(dst, data)
+}
+
+var nullUsageField = []byte(`,"usage":null`)
+
+// WithoutNullUsage returns frames without the "usage":null a backend adds to every chunk when
+// usage was asked for: the gateway always asks (it bills from usage), and a client that did
+// not ask gets the chunks as the backend would have sent them to it. frames is not modified.
+func WithoutNullUsage(frames []byte) []byte {
+	if !bytes.Contains(frames, nullUsageField) {
+		return frames
+	}
+	return bytes.ReplaceAll(frames, nullUsageField, nil)
 }
