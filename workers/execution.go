@@ -24,7 +24,6 @@ const maxBackendBody = 16 << 20
 // coalesceBytes caps one data chunk: events already read from the socket are batched up to it.
 const coalesceBytes = 16 << 10
 
-
 // errFenced means this worker lost its record (lease taken over or job cancelled).
 var errFenced = errors.New("workers: fenced")
 

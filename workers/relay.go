@@ -24,7 +24,7 @@ import (
 type relay struct {
 	ex        *execution
 	anthropic bool
-	track bool // accumulate text for a continuation
+	track     bool // accumulate text for a continuation
 
 	all, pending, usageFrame []byte
 	usage                    *kv.Usage
