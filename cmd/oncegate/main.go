@@ -24,6 +24,7 @@ const usage = `usage:
                    [--nats-url URL] [--nats-listen ADDR]
   oncegate mock [--listen ADDR] [--ttft DUR] [--inter-token DUR] [--tokens N]
   oncegate config check FILE
+  oncegate bench [--url URL] [--scenario overhead|duplicates|retry-storm|fanout|replay] [--compare URL] [--json] (see bench -h)
 `
 
 // run dispatches a subcommand and returns the exit code.
@@ -39,6 +40,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return mockMain(ctx, args, stdout, stderr)
 	case "config":
 		return configMain(args, stdout, stderr, getenv)
+	case "bench":
+		return benchMain(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
