@@ -90,7 +90,7 @@ func TestExactlyOnceConcurrentCopies(t *testing.T) {
 		if i%2 == 0 {
 			if nsRef == nil {
 				nsRef = r.Body
-			} else if !xoSameBody(t, r.Body, nsRef) {
+			} else if !bytes.Equal(r.Body, nsRef) {
 				t.Errorf("copy %d (non-stream, %s): body differs from copy 0:\n got %s\nwant %s", i, o, r.Body, nsRef)
 			}
 		} else {
@@ -161,7 +161,7 @@ func TestIdempotencyContract(t *testing.T) {
 		}
 		again := xoPost(c, gw.URL+xoChatPath, a, keyed(key))
 		xoWant(t, again, http.StatusOK, "replayed")
-		if !xoSameBody(t, again.Body, first.Body) {
+		if !bytes.Equal(again.Body, first.Body) {
 			t.Errorf("replay after the 422s differs from the original:\n got %s\nwant %s", again.Body, first.Body)
 		}
 		stream := xoPost(c, gw.URL+xoChatPath, xoChatBody(config.MockModel, "reuse A", true, ""), keyed(key))
@@ -195,7 +195,7 @@ func TestIdempotencyContract(t *testing.T) {
 		}
 		again := xoPost(c, gw.URL+xoChatPath, a, keyed(key))
 		xoWant(t, again, http.StatusOK, "replayed")
-		if !xoSameBody(t, again.Body, first.Body) {
+		if !bytes.Equal(again.Body, first.Body) {
 			t.Errorf("replay differs from the original:\n got %s\nwant %s", again.Body, first.Body)
 		}
 		if got := slow.Stats().Requests - before; got != 1 {
@@ -240,7 +240,7 @@ func TestIdempotencyContract(t *testing.T) {
 		}
 		after := xoPost(c, gw.URL+xoChatPath, a, keyed(key))
 		xoWant(t, after, http.StatusOK, "replayed")
-		if !xoSameBody(t, after.Body, first.Body) {
+		if !bytes.Equal(after.Body, first.Body) {
 			t.Errorf("replay differs from the original")
 		}
 		if got := slow.Stats().Requests - before; got != 1 {
@@ -316,7 +316,7 @@ func TestAutoKey(t *testing.T) {
 			if k := r.Header.Get("Idempotency-Key"); !strings.HasPrefix(k, "auto-") || k != results[0].Header.Get("Idempotency-Key") {
 				t.Errorf("copy %d: generated key %q, want one auto- key for all", i, k)
 			}
-			if !xoSameBody(t, r.Body, results[0].Body) {
+			if !bytes.Equal(r.Body, results[0].Body) {
 				t.Errorf("copy %d: body differs", i)
 			}
 		}
@@ -361,7 +361,7 @@ func TestAutoKey(t *testing.T) {
 			gwtest.Eventually(t, time.Second, func() bool { return time.Since(created) > 5*time.Millisecond }, "window passes")
 			r2 := xoPost(c, gw.URL+xoChatPath, body, tc.second)
 			xoWant(t, r2, http.StatusOK, tc.wantOutcome)
-			if tc.wantOutcome == "replayed" && !xoSameBody(t, r2.Body, r1.Body) {
+			if tc.wantOutcome == "replayed" && !bytes.Equal(r2.Body, r1.Body) {
 				t.Errorf("replay differs from the first answer:\n got %q\nwant %q", xoTail(r2.Body), xoTail(r1.Body))
 			}
 			if got := fast.Stats().Requests - before; got != tc.wantExec {
@@ -371,15 +371,8 @@ func TestAutoKey(t *testing.T) {
 	}
 }
 
-// xoBugReplayCompacted: the first answer to a non-stream request is the backend's body as
-// sent (the mock ends it with "\n"; OpenAI pretty-prints), but the record stores it as a
-// json.RawMessage (kv/kv.go:98), which json.Marshal compacts (kv/kv.go:219), so every replay
-// (httpapi/deliver.go:223, "replayed" and late joiners) is a compacted, different byte string.
-const xoBugReplayCompacted = "non-stream replay is not byte-identical to the first answer: the stored body is compacted " +
-	"(kv/kv.go:98 Result.Body json.RawMessage, re-encoded by json.Marshal at kv/kv.go:219; the first answer sends the raw " +
-	"body, httpapi/deliver.go:96, the replay the stored one, httpapi/deliver.go:223)"
-
-// TestReplayByteIdentical: a completed non-stream answer is replayed byte for byte, and a
+// TestReplayByteIdentical: a completed non-stream answer is replayed byte for byte (the mock
+// ends its body with "\n"; a stored body that was re-encoded as JSON would lose it), and a
 // completed stream is replayed as the same frames then [DONE].
 func TestReplayByteIdentical(t *testing.T) {
 	gw := gwtest.Start(t, nil)
@@ -392,31 +385,14 @@ func TestReplayByteIdentical(t *testing.T) {
 			xoWant(t, first, http.StatusOK, "created")
 			again := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
 			xoWant(t, again, http.StatusOK, "replayed")
-			if bytes.Equal(first.Body, again.Body) {
-				return
+			if !bytes.Equal(first.Body, again.Body) {
+				t.Fatalf("replay differs from the first answer:\n got %q\nwant %q", again.Body, first.Body)
 			}
-			if xoCompactEqual(first.Body, again.Body) {
-				t.Skipf("BUG: %s: first %q, replay %q", xoBugReplayCompacted, xoTail(first.Body), xoTail(again.Body))
-			}
-			t.Fatalf("replay differs from the first answer:\n got %q\nwant %q", again.Body, first.Body)
 		})
 	}
 }
 
-// xoSameBody reports whether got and want are the same response body. Bodies that differ only
-// by the known compaction of stored results (xoBugReplayCompacted) count as the same, so the
-// other tests are not blocked by it; TestReplayByteIdentical shows it.
-func xoSameBody(t testing.TB, got, want []byte) bool {
-	if bytes.Equal(got, want) {
-		return true
-	}
-	if xoCompactEqual(got, want) {
-		t.Logf("known bug tolerated: %s", xoBugReplayCompacted)
-		return true
-	}
-	return false
-}
-
+// xoCompactEqual reports whether a and b are the same JSON text once compacted.
 func xoCompactEqual(a, b []byte) bool {
 	var ca, cb bytes.Buffer
 	return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && bytes.Equal(ca.Bytes(), cb.Bytes())
