@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/lease"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -47,9 +49,14 @@ type generation struct {
 	body         []byte
 }
 
-// chatCompletions is POST /v1/chat/completions.
-func (s *Server) chatCompletions(c *fiber.Ctx) error {
-	g, err := s.parseGeneration(c)
+// chatCompletions is POST /v1/chat/completions; messages is POST /v1/messages (Anthropic).
+// Both go the same way: claim, job, chunks; only the wire format differs.
+func (s *Server) chatCompletions(c *fiber.Ctx) error { return s.generate(c, apiOpenAI) }
+
+func (s *Server) messages(c *fiber.Ctx) error { return s.generate(c, apiAnthropic) }
+
+func (s *Server) generate(c *fiber.Ctx, api string) error {
+	g, err := s.parseGeneration(c, api)
 	if err != nil {
 		return err
 	}
@@ -64,7 +71,7 @@ func (s *Server) chatCompletions(c *fiber.Ctx) error {
 }
 
 // parseGeneration authenticates, validates and copies the request. It changes no state.
-func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
+func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) {
 	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
 		return nil, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_media_type",
 			Message: "Content-Type must be application/json"}
@@ -85,6 +92,11 @@ func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
 	if msgs, ok := obj["messages"].([]any); !ok || len(msgs) == 0 {
 		return nil, badRequest("missing_required_parameter", "messages", "messages must be a non-empty array")
 	}
+	if api == apiAnthropic {
+		if n, ok := obj["max_tokens"].(json.Number); !ok || !positiveInt(n) {
+			return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
+		}
+	}
 	if v, present := obj["stream"]; present && v != nil {
 		b, ok := v.(bool)
 		if !ok {
@@ -96,11 +108,22 @@ func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
 		g.includeUsage, _ = so["include_usage"].(bool)
 	}
 	rt, ok := s.router.Resolve(model)
-	if !ok || len(rt.Backends) == 0 {
+	backends := s.compatible(rt.Backends, api)
+	if !ok || len(backends) == 0 {
 		return nil, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
-			Message: fmt.Sprintf("The model `%s` does not exist or is not served by this gateway", model)}
+			Message: fmt.Sprintf("The model `%s` does not exist or is not served by this gateway on this API", model)}
 	}
-	g.model, g.backends, g.fingerprint, g.api = model, rt.Backends, fp, apiOpenAI
+	g.model, g.backends, g.fingerprint, g.api = model, backends, fp, api
+	if api == apiAnthropic {
+		for _, h := range []string{"anthropic-version", "anthropic-beta"} {
+			if v := c.Get(h); v != "" {
+				if g.header == nil {
+					g.header = map[string][]string{}
+				}
+				g.header[h] = []string{strings.Clone(v)}
+			}
+		}
+	}
 	if d := rt.Degraded; d != nil {
 		g.degraded = &kv.Degraded{Message: d.Message, RetryAfter: int((d.RetryAfter.D() + time.Second - 1) / time.Second)}
 	}
@@ -130,6 +153,36 @@ func (s *Server) parseGeneration(c *fiber.Ctx) (*generation, error) {
 		g.setAsync()
 	}
 	return g, nil
+}
+
+// compatible keeps the backends of a route that speak api: Anthropic backends serve only
+// /v1/messages, OpenAI-compatible ones only /v1/chat/completions; another oncegate and the
+// mock serve both.
+func (s *Server) compatible(names []string, api string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		b, ok := s.router.Backend(n)
+		if !ok {
+			continue
+		}
+		switch b.Type {
+		case config.TypeAnthropic:
+			if api != apiAnthropic {
+				continue
+			}
+		case config.TypeOpenAI:
+			if api != apiOpenAI {
+				continue
+			}
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func positiveInt(n json.Number) bool {
+	v, err := n.Int64()
+	return err == nil && v > 0
 }
 
 // Wire formats of generation requests.

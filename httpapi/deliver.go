@@ -10,7 +10,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -126,7 +125,8 @@ func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
 
 // sendSynthesized answers a stream request from a complete (non-stream) response body.
 func (s *Server) sendSynthesized(c *fiber.Ctx, g *generation, body []byte) error {
-	events, usage, err := openaiwire.Synthesize(body)
+	w := wireOf(g.api)
+	events, usage, err := w.synthesize(body)
 	if err != nil {
 		return err
 	}
@@ -135,7 +135,7 @@ func (s *Server) sendSynthesized(c *fiber.Ctx, g *generation, body []byte) error
 	if g.includeUsage {
 		out = append(out, usage...)
 	}
-	out = append(out, openaiwire.DoneFrame...)
+	out = append(out, w.doneFrame()...)
 	c.Set(fiber.HeaderContentType, mimeSSE)
 	c.Set(fiber.HeaderCacheControl, "no-cache")
 	return c.Status(http.StatusOK).Send(out)
@@ -177,9 +177,9 @@ func (s *Server) nextChunk(ctx context.Context, g *generation, adm *admission) (
 func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first jobs.Chunk) {
 	out := s.newSSE(c)
 	c.Status(http.StatusOK)
-	fl, includeUsage, log, jobID := adm.fl, g.includeUsage, s.log, adm.jobID
-	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		out.w = w
+	fl, includeUsage, log, jobID, w := adm.fl, g.includeUsage, s.log, adm.jobID, wireOf(g.api)
+	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
+		out.w = bw
 		defer fl.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
@@ -187,23 +187,19 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 			var err error
 			switch ch.Kind {
 			case jobs.KindData:
-				if includeUsage {
-					err = out.send(ch.Payload)
-				} else {
-					err = out.send(openaiwire.WithoutNullUsage(ch.Payload))
-				}
+				err = out.send(w.events(ch.Payload, includeUsage))
 			case jobs.KindUsage:
 				if includeUsage {
 					err = out.send(ch.Payload)
 				}
 			case jobs.KindDone:
-				_ = out.send(openaiwire.DoneFrame)
+				_ = out.send(w.doneFrame())
 				return
 			case jobs.KindError:
-				_ = out.send(openaiwire.Frame(ch.Payload))
+				_ = out.send(w.errorFrame(ch.Payload))
 				return
 			default: // fence (or a stray result): the execution restarted after this client got output
-				_ = out.send(openaiwire.Frame(errRestarted))
+				_ = out.send(w.errorFrame(w.restarted()))
 				return
 			}
 			if err != nil {
@@ -212,22 +208,13 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 			if ch, err = out.next(ctx, fl); err != nil {
 				if errors.Is(err, jobs.ErrEnded) || errors.Is(err, jobs.ErrHubClosed) || errors.Is(err, context.DeadlineExceeded) {
 					log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-					_ = out.send(openaiwire.Frame(errInterrupted))
+					_ = out.send(w.errorFrame(w.interrupted()))
 				}
 				return
 			}
 		}
 	})
 }
-
-// Terminal error events of a stream that cannot be completed on this connection. Never a
-// silent end, never a splice of two executions.
-var (
-	errRestarted = openaiwire.ErrorBody("the execution was restarted after a worker was lost; retry with the same Idempotency-Key to receive the complete answer",
-		"server_error", "execution_restarted", "")
-	errInterrupted = openaiwire.ErrorBody("the stream was interrupted; retry with the same Idempotency-Key to receive the complete answer",
-		"server_error", "stream_interrupted", "")
-)
 
 // replay answers from a stored record: the original status and body for non-stream (byte for
 // byte), the stored frames then [DONE] for a stream.
@@ -237,6 +224,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 		return unavailable("the result is not available yet; retry")
 	}
 	setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded})
+	w := wireOf(rec.API)
 	if rec.State == kv.Completed && res.Status != http.StatusOK {
 		c.Set("x-should-retry", "false")
 		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
@@ -251,7 +239,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 		body := res.Body
 		if len(body) == 0 {
-			body = openaiwire.ErrorBody("the execution failed", "server_error", "execution_failed", "")
+			body = w.errorBody(http.StatusBadGateway, "server_error", "execution_failed", "the execution failed")
 		}
 		return c.Status(status).Send(body)
 	}
@@ -259,7 +247,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 		body := res.Body
 		if rec.Stream {
 			var err error
-			if body, err = openaiwire.Assemble(res.Events, res.UsageEvent); err != nil {
+			if body, err = w.assemble(res.Events, res.UsageEvent); err != nil {
 				return err
 			}
 		}
@@ -269,22 +257,20 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 	events, usage := res.Events, res.UsageEvent
 	if !rec.Stream {
 		var err error
-		if events, usage, err = openaiwire.Synthesize(res.Body); err != nil {
+		if events, usage, err = w.synthesize(res.Body); err != nil {
 			return err
 		}
 	}
-	if !g.includeUsage {
-		events = openaiwire.WithoutNullUsage(events)
-	}
+	events = w.events(events, g.includeUsage)
 	out := make([]byte, 0, len(events)+len(usage)+64)
 	out = append(out, events...)
 	if rec.State == kv.Failed {
-		out = openaiwire.AppendFrame(out, res.Body)
+		out = append(out, w.errorFrame(res.Body)...)
 	} else {
 		if g.includeUsage {
 			out = append(out, usage...)
 		}
-		out = append(out, openaiwire.DoneFrame...)
+		out = append(out, w.doneFrame()...)
 	}
 	c.Set(fiber.HeaderContentType, mimeSSE)
 	c.Set(fiber.HeaderCacheControl, "no-cache")

@@ -4,9 +4,11 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 )
 
@@ -57,6 +59,12 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	return writeAPIError(c, ae)
 }
 
+// isAnthropicRoute: errors on the Anthropic Messages routes use Anthropic's format, so the
+// Anthropic SDKs raise their usual exceptions.
+func isAnthropicRoute(c *fiber.Ctx) bool {
+	return strings.HasPrefix(c.Path(), "/v1/messages")
+}
+
 func writeAPIError(c *fiber.Ctx, ae *apiError) error {
 	if ae.ShouldRetry != nil {
 		c.Set("x-should-retry", strconv.FormatBool(*ae.ShouldRetry))
@@ -66,6 +74,9 @@ func writeAPIError(c *fiber.Ctx, ae *apiError) error {
 		c.Set("retry-after-ms", strconv.Itoa(ae.RetryAfter*500))
 	}
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	if isAnthropicRoute(c) {
+		return c.Status(ae.Status).Send(anthropicwire.ErrorBody(anthropicwire.ErrorType(ae.Status), ae.Message))
+	}
 	return c.Status(ae.Status).Send(openaiwire.ErrorBody(ae.Message, ae.Type, ae.Code, ae.Param))
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -30,7 +29,7 @@ func (s *Server) routesJobs(r fiber.Router) {
 // createJob is POST /v1/jobs: a chat completion request, always answered 202 (the same
 // intent as the identical POST /v1/chat/completions).
 func (s *Server) createJob(c *fiber.Ctx) error {
-	g, err := s.parseGeneration(c)
+	g, err := s.parseGeneration(c, apiOpenAI)
 	if err != nil {
 		return err
 	}
@@ -106,7 +105,7 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 		case rec.State == kv.Completed && res.Status == http.StatusOK:
 			body := res.Body
 			if rec.Stream {
-				if body, err = openaiwire.Assemble(res.Events, res.UsageEvent); err != nil {
+				if body, err = wireOf(rec.API).assemble(res.Events, res.UsageEvent); err != nil {
 					return err
 				}
 			}
@@ -143,7 +142,7 @@ func (s *Server) cancelJob(c *fiber.Ctx) error {
 		if rec.State != kv.Pending {
 			return c.JSON(fiber.Map{"id": rec.JobID, "object": "job", "status": jobStatus(rec)})
 		}
-		body := openaiwire.ErrorBody("the job was cancelled", "invalid_request_error", "job_cancelled", "")
+		body := wireOf(rec.API).errorBody(http.StatusConflict, "invalid_request_error", "job_cancelled", "the job was cancelled")
 		next := *rec
 		next.State, next.Cancelled, next.Request = kv.Failed, true, nil
 		next.Result = &kv.Result{Status: http.StatusConflict, Body: body, Finished: s.now()}
@@ -235,9 +234,9 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 		return err
 	}
 	out := s.newSSE(c)
-	store, hub, log := s.store, s.hub, s.log
-	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		out.w = w
+	store, hub, log, w := s.store, s.hub, s.log, wireOf(rec.API)
+	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
+		out.w = bw
 		ev := &eventWriter{out: out, after: after}
 		defer func() { fl.Close() }()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
@@ -262,7 +261,7 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 					}
 				}
 				log.Warn().Err(err).Str(fieldKey, key).Msg("job events: execution interrupted")
-				_ = ev.frames([][]byte{errRestarted})
+				_ = ev.frames(splitFrames(w.errorFrame(w.restarted())))
 				return
 			}
 			var frames [][]byte
@@ -270,18 +269,17 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 			case jobs.KindData, jobs.KindUsage:
 				frames = splitFrames(ch.Payload)
 			case jobs.KindDone:
-				frames = [][]byte{[]byte("[DONE]")}
+				frames = splitFrames(w.doneFrame())
 			case jobs.KindResult:
 				if ch.Status == http.StatusOK {
-					events, usage, serr := openaiwire.Synthesize(ch.Payload)
-					if serr == nil {
-						frames = append(append(splitFrames(events), splitFrames(usage)...), []byte("[DONE]"))
+					if f, err := synthesizedFrames(w, ch.Payload); err == nil {
+						frames = f
 						break
 					}
 				}
-				frames = [][]byte{errorEnvelope(ch.Payload)}
+				frames = splitFrames(w.errorFrame(ch.Payload))
 			case jobs.KindError:
-				frames = [][]byte{errorEnvelope(ch.Payload)}
+				frames = splitFrames(w.errorFrame(ch.Payload))
 			}
 			if ev.frames(frames) != nil || ch.Terminal() {
 				return
@@ -291,49 +289,43 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	return nil
 }
 
-// errorEnvelope makes sure an error payload is an {"error": …} object.
-func errorEnvelope(body []byte) []byte {
-	if bytes.HasPrefix(bytes.TrimSpace(body), []byte(`{"error"`)) {
-		return body
+// synthesizedFrames are the events of a complete body, usage and end included.
+func synthesizedFrames(w wire, body []byte) ([][]byte, error) {
+	events, usage, err := w.synthesize(body)
+	if err != nil {
+		return nil, err
 	}
-	b, _ := json.Marshal(map[string]json.RawMessage{"error": errorObject(body)})
-	return b
+	return splitFrames(append(append(append([]byte{}, events...), usage...), w.doneFrame()...)), nil
 }
 
-// finishedFrames are the data of every event of a finished job, in order.
+// finishedFrames are every event of a finished job, in order, as complete SSE frames.
 func finishedFrames(rec *kv.Record) ([][]byte, error) {
 	res := rec.Result
 	if res == nil {
 		return nil, fmt.Errorf("httpapi: record of %s has no result", rec.JobID)
 	}
-	if rec.State == kv.Failed && !res.Partial {
-		return [][]byte{errorEnvelope(res.Body)}, nil
+	w := wireOf(rec.API)
+	if (rec.State == kv.Failed && !res.Partial) || (rec.State == kv.Completed && res.Status != http.StatusOK) {
+		return splitFrames(w.errorFrame(res.Body)), nil
 	}
-	if rec.State == kv.Completed && res.Status != http.StatusOK {
-		return [][]byte{errorEnvelope(res.Body)}, nil
-	}
-	events, usage := res.Events, res.UsageEvent
 	if !rec.Stream {
-		var err error
-		if events, usage, err = openaiwire.Synthesize(res.Body); err != nil {
-			return nil, err
-		}
+		return synthesizedFrames(w, res.Body)
 	}
-	frames := append(splitFrames(events), splitFrames(usage)...)
+	all := append(append([]byte{}, res.Events...), res.UsageEvent...)
 	if rec.State == kv.Failed {
-		return append(frames, errorEnvelope(res.Body)), nil
+		return splitFrames(append(all, w.errorFrame(res.Body)...)), nil
 	}
-	return append(frames, []byte("[DONE]")), nil
+	return splitFrames(append(all, w.doneFrame()...)), nil
 }
 
-// splitFrames returns the data of each "data: …\n\n" frame.
+// splitFrames cuts SSE bytes into frames (each without its closing blank line).
 func splitFrames(b []byte) [][]byte {
 	var out [][]byte
 	for len(b) > 0 {
 		frame, rest, _ := bytes.Cut(b, []byte("\n\n"))
 		b = rest
-		if d, ok := bytes.CutPrefix(frame, []byte("data: ")); ok {
-			out = append(out, d)
+		if len(bytes.TrimSpace(frame)) > 0 {
+			out = append(out, frame)
 		}
 	}
 	return out
@@ -349,7 +341,8 @@ func appendEvents(dst []byte, frames [][]byte, first, after int) []byte {
 		dst = append(dst, "id: "...)
 		dst = strconv.AppendInt(dst, int64(id), 10)
 		dst = append(dst, '\n')
-		dst = openaiwire.AppendFrame(dst, f)
+		dst = append(dst, f...)
+		dst = append(dst, '\n', '\n')
 	}
 	return dst
 }

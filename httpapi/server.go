@@ -31,6 +31,7 @@ import (
 type Router interface {
 	Resolve(model string) (config.RouteTarget, bool)
 	ModelNames() []string
+	Backend(name string) (config.Backend, bool)
 }
 
 // Deps is what the API needs.
@@ -104,6 +105,7 @@ func New(d Deps) *Server {
 	v1 := s.app.Group("/v1")
 	v1.Get("/models", s.models)
 	v1.Post("/chat/completions", s.chatCompletions)
+	v1.Post("/messages", s.messages)
 	s.routesJobs(v1)
 	return s
 }

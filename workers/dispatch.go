@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/openaiwire"
@@ -89,7 +90,7 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				break
 			}
 			ex.attempts++
-			resp, cancel, err := b.Send(ctx, &backend.Call{Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
+			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
 				Header: ex.job.Header, Deadline: ex.job.Deadline})
 			if err != nil {
 				report(false)
@@ -99,7 +100,7 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				switch {
 				case errors.Is(err, backend.ErrNotSent), errors.Is(err, backend.ErrResendSafe):
 					ex.log.Warn().Err(err).Str("backend", name).Int("attempt", attempt+1).Msg("attempt did not reach the backend; retrying")
-					last = &failure{status: http.StatusBadGateway, body: openaiwire.ErrorBody("the model backend could not be reached", "server_error", "backend_unreachable", "")}
+					last = &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_unreachable", "the model backend could not be reached")}
 					if !ex.sleep(ctx, resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())) {
 						return nil, last
 					}
@@ -107,8 +108,8 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				default: // written, no answer: it may have run; never re-sent
 					ex.ambiguous++
 					ex.log.Warn().Err(err).Str("backend", name).Msg("attempt ended without an answer after the request was written; not re-sent")
-					return nil, &failure{status: http.StatusGatewayTimeout, body: openaiwire.ErrorBody(
-						"the model backend did not answer in time; the request may have been processed", "server_error", "backend_timeout", "")}
+					return nil, &failure{status: http.StatusGatewayTimeout, body: ex.errorBody(http.StatusGatewayTimeout, "backend_timeout",
+						"the model backend did not answer in time; the request may have been processed")}
 				}
 			}
 			if resp.StatusCode == http.StatusOK || finalStatus(resp.StatusCode) {
@@ -157,10 +158,10 @@ func (ex *execution) degrade(last *failure) *failure {
 			ra = 1
 		}
 		return &failure{status: http.StatusServiceUnavailable, degraded: true, retryAfter: ra,
-			body: openaiwire.ErrorBody("no model backend is available for this model right now; retry later", "server_error", "backends_unavailable", "")}
+			body: ex.errorBody(http.StatusServiceUnavailable, "backends_unavailable", "no model backend is available for this model right now; retry later")}
 	}
 	if len(last.body) == 0 {
-		last.body = openaiwire.ErrorBody(fmt.Sprintf("the model backend failed with status %d", last.status), "server_error", "backend_error", "")
+		last.body = ex.errorBody(last.status, "backend_error", fmt.Sprintf("the model backend failed with status %d", last.status))
 	}
 	return last
 }
@@ -180,6 +181,22 @@ func degradedAnswer(api, id, model, msg string) []byte {
 	}
 	b, _ := json.Marshal(v)
 	return b
+}
+
+// api is the job's wire format.
+func (ex *execution) api() string {
+	if ex.job.API == backend.APIAnthropic {
+		return backend.APIAnthropic
+	}
+	return backend.APIOpenAI
+}
+
+// errorBody is a gateway error in the job's API format.
+func (ex *execution) errorBody(status int, code, msg string) []byte {
+	if ex.api() == backend.APIAnthropic {
+		return anthropicwire.ErrorBody(anthropicwire.ErrorType(status), msg)
+	}
+	return openaiwire.ErrorBody(msg, "server_error", code, "")
 }
 
 // forwardKey is the Idempotency-Key sent upstream: stable per intent, never client text.

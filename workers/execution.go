@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -90,8 +89,8 @@ func (ex *execution) run(ctx context.Context) {
 				return
 			}
 			ex.ambiguous++
-			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, body: openaiwire.ErrorBody(
-				"the model backend's response was cut off", "server_error", "backend_truncated", "")})
+			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_truncated",
+				"the model backend's response was cut off")})
 			return
 		}
 		ans.report(true)

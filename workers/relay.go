@@ -305,7 +305,7 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	r.ex.attempts++
 	r.resumed++
 	r.broke = nil
-	resp, cancel, err := b.Send(ctx, &backend.Call{Body: body, Stream: true, Header: r.ex.job.Header, Deadline: r.ex.job.Deadline})
+	resp, cancel, err := b.Send(ctx, &backend.Call{API: r.ex.api(), Body: body, Stream: true, Header: r.ex.job.Header, Deadline: r.ex.job.Deadline})
 	if err != nil {
 		report(false)
 		return nil, nil, err
@@ -332,8 +332,8 @@ func (r *relay) finish(ctx context.Context, ok bool) {
 	}
 	if !ok {
 		if len(r.all) == 0 {
-			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, body: openaiwire.ErrorBody(
-				"the model backend's stream ended before any output", "server_error", "backend_truncated", "")})
+			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_truncated",
+				"the model backend's stream ended before any output")})
 			return
 		}
 		res := &kv.Result{Status: http.StatusOK, Events: r.all, Partial: true, Resumed: r.resumed, ContinuationUsage: r.contUsage,

@@ -48,6 +48,8 @@ const (
 
 // Call is one request to send.
 type Call struct {
+	// API is the request's wire format (APIOpenAI or APIAnthropic); it picks the path.
+	API    string
 	Body   []byte
 	Stream bool
 	// IdemKey is forwarded as Idempotency-Key (a hash of the gateway's record key, never
@@ -122,7 +124,7 @@ func (c *Client) Mock() *mockllm.Server { return c.mock }
 // (see ErrResendSafe), and total (the backend's timeout, or the call's deadline if sooner).
 func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.CancelFunc, error) {
 	path, body := "/chat/completions", call.Body
-	if c.API() == APIAnthropic {
+	if call.API == APIAnthropic {
 		path = "/messages"
 		var err error
 		if body, err = PrepareAnthropicBody(body, call.Stream); err != nil {
@@ -194,14 +196,14 @@ func (c *Client) setHeaders(req *http.Request, call *Call) {
 	if call.IdemKey != "" && (c.cfg.Type == config.TypeOncegate || c.cfg.HonorsIdempotencyKey) {
 		req.Header.Set("Idempotency-Key", call.IdemKey)
 	}
-	if c.API() == APIAnthropic {
+	if call.API == APIAnthropic {
 		if req.Header.Get("anthropic-version") == "" {
 			req.Header.Set("anthropic-version", c.cfg.AnthropicVersion)
 		}
-		if c.apiKey != "" {
+		if c.apiKey != "" && c.cfg.Type == config.TypeAnthropic {
 			req.Header.Set("x-api-key", c.apiKey)
+			return
 		}
-		return
 	}
 	if c.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.apiKey)
