@@ -41,13 +41,16 @@
 // object in the request body,
 //
 //	"mock": {"ttft_ms": 50, "inter_token_ms": 5, "tokens": 8,
-//	         "fault": "drop_after", "fault_after": 3, "retry_after": "2"}
+//	         "fault": "drop_after", "fault_after": 3, "retry_after": "2",
+//	         "fault_first_n": 1}
 //
 // or with the headers X-Mock-TTFT-Ms, X-Mock-Inter-Token-Ms, X-Mock-Tokens,
-// X-Mock-Fault, X-Mock-Fault-After and X-Mock-Retry-After. A header wins
-// over the corresponding body field. Faults:
+// X-Mock-Fault, X-Mock-Fault-After, X-Mock-Retry-After and
+// X-Mock-Fault-First-N. A header wins over the corresponding body field.
+// Faults:
 //
-//	error_400, error_401,
+//	error_400, error_401, error_403,
+//	error_404, error_422,
 //	error_500, error_502,
 //	error_503, error_504  that status with an OpenAI error body (after TTFT)
 //	rate_limit            429 with Retry-After (retry_after, default "1") and retry-after-ms
@@ -55,10 +58,34 @@
 //	drop_after            stream: abort the connection after fault_after token chunks;
 //	                      non-stream: abort after half of the body
 //	slow_drip             normal response, but 200ms between tokens unless inter_token_ms is set
+//	lost_response         generate the whole answer (it takes as long as a normal one and
+//	                      counts as Completed), then abort the connection before writing
+//	                      any response byte: "completed, but the response was lost"
+//
+// fault_first_n N limits the fault to the first N requests of its fault
+// scope, counted per Server; later requests of the scope are answered
+// normally (a 5xx burst, "429 then OK", a stream that breaks once). The
+// scope is the seed of the answer (SHA-256 of the canonical messages and the
+// model; knobs are not part of it), so a continuation (below) is in the scope
+// of the request it continues. Reset forgets the scopes.
 //
 // Every chat completion request increments Stats.Requests and every injected
 // fault increments Stats.Faults. An aborted response is reported to a
 // net/http client as a read error (unexpected EOF), never as a clean EOF.
+//
+// # Continuation (vLLM continue_final_message)
+//
+// A request with "continue_final_message": true and "add_generation_prompt":
+// false whose last message is {"role": "assistant", "content": P} (a string)
+// continues P the way vLLM does: the answer is generated for the
+// conversation without that last message (same seed, same tokens as the
+// original request, max_tokens bounding the whole answer as it did there)
+// and, if P is a prefix of that answer's text, only the rest is sent; a P
+// that ends inside a token gets the rest of that token first. Usage counts
+// only the new tokens as completion_tokens (prompt_tokens include P). A P that
+// is not a prefix of the answer, a last message that is not such an assistant
+// message, or continue_final_message without add_generation_prompt: false is
+// a 400.
 package mockllm
 
 import (
@@ -74,6 +101,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -133,6 +161,9 @@ type Server struct {
 	completed atomic.Int64
 	inFlight  atomic.Int64
 	faults    atomic.Int64
+
+	scopeMu sync.Mutex
+	scopes  map[[32]byte]int64 // fault_first_n: requests seen per fault scope
 }
 
 // New returns a Server configured by opts.
@@ -162,12 +193,16 @@ func (s *Server) Stats() Stats {
 	}
 }
 
-// Reset zeroes the Requests, Completed and Faults counters. InFlight is a
-// gauge of running handlers and is left alone, so it stays accurate.
+// Reset zeroes the Requests, Completed and Faults counters and forgets the
+// fault_first_n scopes. InFlight is a gauge of running handlers and is left
+// alone, so it stays accurate.
 func (s *Server) Reset() {
 	s.requests.Store(0)
 	s.completed.Store(0)
 	s.faults.Store(0)
+	s.scopeMu.Lock()
+	s.scopes = nil
+	s.scopeMu.Unlock()
 }
 
 // ServeHTTP routes the request (see the package documentation).
@@ -314,7 +349,9 @@ type chatRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-	Mock *mockKnobs `json:"mock"`
+	ContinueFinalMessage *bool      `json:"continue_final_message"`
+	AddGenerationPrompt  *bool      `json:"add_generation_prompt"`
+	Mock                 *mockKnobs `json:"mock"`
 }
 
 type mockKnobs struct {
@@ -323,6 +360,7 @@ type mockKnobs struct {
 	Tokens       *int64          `json:"tokens"`
 	Fault        string          `json:"fault"`
 	FaultAfter   *int64          `json:"fault_after"`
+	FaultFirstN  *int64          `json:"fault_first_n"`
 	RetryAfter   json.RawMessage `json:"retry_after"` // string or number
 }
 
@@ -331,8 +369,9 @@ type plan struct {
 	model        string
 	seed         [32]byte
 	promptTokens int
-	tokens       int    // tokens to emit
-	finish       string // "stop" or "length"
+	tokens       int      // tokens of the whole answer
+	out          []string // tokens to emit: the whole answer, or the rest of a continuation
+	finish       string   // "stop" or "length"
 	stream       bool
 	includeUsage bool
 	ttft         time.Duration
@@ -389,7 +428,8 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	switch p.fault {
 	case "":
-	case "error_400", "error_401", "error_500", "error_502", "error_503", "error_504", "rate_limit":
+	case "error_400", "error_401", "error_403", "error_404", "error_422",
+		"error_500", "error_502", "error_503", "error_504", "rate_limit":
 		s.faults.Add(1)
 		if !sleep(ctx, p.ttft) {
 			return
@@ -400,6 +440,13 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		s.faults.Add(1)
 		<-ctx.Done()
 		return
+	case "lost_response":
+		s.faults.Add(1)
+		if !sleep(ctx, p.generationTime()) {
+			return
+		}
+		s.completed.Add(1) // the answer exists; nobody will ever read it
+		panic(http.ErrAbortHandler)
 	case "drop_after", "slow_drip":
 		s.faults.Add(1)
 	}
@@ -458,9 +505,19 @@ func (s *Server) resolve(r *http.Request, body []byte) (*plan, *badRequest) {
 		return nil, &badRequest{status: http.StatusNotFound, err: modelNotFound(req.Model)}
 	}
 
+	seedList := list
+	var prefix *string
+	if req.ContinueFinalMessage != nil && *req.ContinueFinalMessage {
+		var bad *badRequest
+		if prefix, bad = continuationPrefix(list, req.AddGenerationPrompt); bad != nil {
+			return nil, bad
+		}
+		seedList = list[:len(list)-1]
+	}
+
 	// Canonical JSON: maps marshal with sorted keys, numbers keep their
 	// literal text, insignificant whitespace is gone.
-	canonical, err := json.Marshal(list)
+	canonical, err := json.Marshal(seedList)
 	if err != nil {
 		return nil, invalid("messages", "Invalid 'messages': %v.", err)
 	}
@@ -530,6 +587,7 @@ func (s *Server) resolve(r *http.Request, body []byte) (*plan, *badRequest) {
 	intKnob(&k.InterTokenMs, "X-Mock-Inter-Token-Ms", "mock.inter_token_ms", maxDelayMs)
 	intKnob(&k.Tokens, "X-Mock-Tokens", "mock.tokens", maxTokensKnob)
 	intKnob(&k.FaultAfter, "X-Mock-Fault-After", "mock.fault_after", math.MaxInt32)
+	intKnob(&k.FaultFirstN, "X-Mock-Fault-First-N", "mock.fault_first_n", math.MaxInt32)
 	if bad != nil {
 		return nil, bad
 	}
@@ -557,14 +615,10 @@ func (s *Server) resolve(r *http.Request, body []byte) (*plan, *badRequest) {
 	}
 	switch k.Fault {
 	case "", "none":
-	case "error_400", "error_401", "error_500", "error_502", "error_503", "error_504",
-		"rate_limit", "stall", "drop_after":
+	case "error_400", "error_401", "error_403", "error_404", "error_422",
+		"error_500", "error_502", "error_503", "error_504",
+		"rate_limit", "stall", "drop_after", "slow_drip", "lost_response":
 		p.fault = k.Fault
-	case "slow_drip":
-		p.fault = k.Fault
-		if k.InterTokenMs == nil {
-			p.interToken = slowDripInterval
-		}
 	default:
 		return nil, invalid("mock.fault", "Unknown mock fault %q.", k.Fault)
 	}
@@ -587,7 +641,70 @@ func (s *Server) resolve(r *http.Request, body []byte) (*plan, *badRequest) {
 			p.finish = "length"
 		}
 	}
+
+	p.out = genTokens(p.seed, p.tokens)
+	if prefix != nil {
+		rest, ok := continueAfter(p.out, *prefix)
+		if !ok {
+			return nil, invalid("messages", "mock: the final assistant message is not a prefix of this conversation's answer, so it cannot be continued.")
+		}
+		p.out = rest
+	}
+
+	// Decided last, once the request is valid: only requests that run count
+	// towards fault_first_n.
+	if p.fault != "" && k.FaultFirstN != nil && s.countScope(p.seed) > *k.FaultFirstN {
+		p.fault = ""
+	}
+	if p.fault == "slow_drip" && k.InterTokenMs == nil {
+		p.interToken = slowDripInterval
+	}
 	return p, nil
+}
+
+// countScope counts one more request of a fault scope and returns the count.
+func (s *Server) countScope(scope [32]byte) int64 {
+	s.scopeMu.Lock()
+	defer s.scopeMu.Unlock()
+	if s.scopes == nil {
+		s.scopes = make(map[[32]byte]int64)
+	}
+	s.scopes[scope]++
+	return s.scopes[scope]
+}
+
+// continuationPrefix checks a continue_final_message request the way vLLM
+// does and returns the text of the final assistant message.
+func continuationPrefix(list []any, addGenerationPrompt *bool) (*string, *badRequest) {
+	if addGenerationPrompt == nil || *addGenerationPrompt {
+		return nil, invalid("add_generation_prompt", "Cannot set both `continue_final_message` and `add_generation_prompt` to True (add_generation_prompt defaults to True).")
+	}
+	last := list[len(list)-1].(map[string]any)
+	content, isString := last["content"].(string)
+	if role, _ := last["role"].(string); role != "assistant" || !isString {
+		return nil, invalid("messages", "`continue_final_message` requires the final message to be an assistant message with string content.")
+	}
+	return &content, nil
+}
+
+// continueAfter returns the tokens of the answer toks that follow the text
+// prefix; a prefix ending inside a token yields the rest of that token first.
+func continueAfter(toks []string, prefix string) ([]string, bool) {
+	if !strings.HasPrefix(strings.Join(toks, ""), prefix) {
+		return nil, false
+	}
+	n := 0
+	for i, tok := range toks {
+		switch {
+		case n+len(tok) <= len(prefix):
+			n += len(tok)
+		case n == len(prefix):
+			return toks[i:], true
+		default:
+			return append([]string{tok[len(prefix)-n:]}, toks[i+1:]...), true
+		}
+	}
+	return []string{}, true
 }
 
 // countPromptTokens counts whitespace-separated words across all message
@@ -644,13 +761,25 @@ func (p *plan) id() string {
 }
 
 func (p *plan) usage() usage {
-	return usage{PromptTokens: p.promptTokens, CompletionTokens: p.tokens, TotalTokens: p.promptTokens + p.tokens}
+	n := len(p.out)
+	return usage{PromptTokens: p.promptTokens, CompletionTokens: n, TotalTokens: p.promptTokens + n}
+}
+
+// generationTime is how long a non-stream answer takes: TTFT + tokens*InterToken.
+func (p *plan) generationTime() time.Duration {
+	delay, n := p.ttft, time.Duration(len(p.out))
+	if n > 0 && p.interToken > 0 {
+		if p.interToken > (math.MaxInt64-delay)/n {
+			return math.MaxInt64 // saturate instead of overflowing
+		}
+		delay += n * p.interToken
+	}
+	return delay
 }
 
 // writeNonStream writes the chat.completion object. It reports whether the
 // full body was written.
 func (s *Server) writeNonStream(w http.ResponseWriter, r *http.Request, p *plan) bool {
-	toks := genTokens(p.seed, p.tokens)
 	obj := completion{
 		ID:                p.id(),
 		Object:            "chat.completion",
@@ -659,21 +788,13 @@ func (s *Server) writeNonStream(w http.ResponseWriter, r *http.Request, p *plan)
 		SystemFingerprint: fingerprint,
 		Choices: []completionChoice{{
 			Index:        0,
-			Message:      completionMessage{Role: "assistant", Content: strings.Join(toks, "")},
+			Message:      completionMessage{Role: "assistant", Content: strings.Join(p.out, "")},
 			FinishReason: p.finish,
 		}},
 		Usage: p.usage(),
 	}
 	body := marshalLine(obj)
-	delay := p.ttft
-	if p.tokens > 0 && p.interToken > 0 {
-		if p.interToken > (math.MaxInt64-delay)/time.Duration(p.tokens) {
-			delay = math.MaxInt64 // saturate instead of overflowing
-		} else {
-			delay += time.Duration(p.tokens) * p.interToken
-		}
-	}
-	if !sleep(r.Context(), delay) {
+	if !sleep(r.Context(), p.generationTime()) {
 		return false
 	}
 	h := w.Header()
@@ -732,7 +853,7 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bo
 	if !send(mk(chunkDelta{Role: "assistant", Content: &empty}, nil)) {
 		return false
 	}
-	for i, tok := range genTokens(p.seed, p.tokens) {
+	for i, tok := range p.out {
 		if drop && i == p.faultAfter {
 			panic(http.ErrAbortHandler)
 		}
@@ -787,6 +908,12 @@ func writeFault(w http.ResponseWriter, p *plan) {
 			Type:    "invalid_request_error",
 			Code:    strPtr("invalid_api_key"),
 		})
+	case "error_403":
+		writeError(w, http.StatusForbidden, apiError{Message: "mock: injected 403", Type: "invalid_request_error", Code: strPtr("permission_denied")})
+	case "error_404":
+		writeError(w, http.StatusNotFound, apiError{Message: "mock: injected 404", Type: "invalid_request_error", Code: strPtr("not_found")})
+	case "error_422":
+		writeError(w, http.StatusUnprocessableEntity, apiError{Message: "mock: injected 422", Type: "invalid_request_error"})
 	default: // error_5xx
 		code, _ := strconv.Atoi(strings.TrimPrefix(p.fault, "error_"))
 		writeError(w, code, apiError{Message: fmt.Sprintf("mock: injected %d", code), Type: "server_error"})
