@@ -96,11 +96,12 @@ type FanoutResult struct {
 }
 
 // Comparison is B against A: ratios B/A of throughput, differences B-A and ratios B/A of
-// latency percentiles. A ratio is absent when A's value is zero.
+// latency percentiles. A ratio is absent when A's value is zero, a latency comparison when
+// either side has no samples.
 type Comparison struct {
 	RequestsPerSecRatio *float64           `json:"requests_per_s_ratio"`
 	IntentsPerSecRatio  *float64           `json:"intents_per_s_ratio"`
-	Latency             LatencyComparison  `json:"latency"`
+	Latency             *LatencyComparison `json:"latency,omitempty"`
 	TTFT                *LatencyComparison `json:"ttft,omitempty"`
 	TTLT                *LatencyComparison `json:"ttlt,omitempty"`
 }
@@ -133,8 +134,11 @@ func delta(b, a time.Duration) Delta {
 	return Delta{DiffMs: ms(b - a), Ratio: ratio(float64(b), float64(a))}
 }
 
-func compareSummaries(b, a Summary) LatencyComparison {
-	return LatencyComparison{Mean: delta(b.Mean, a.Mean), P50: delta(b.P50, a.P50), P90: delta(b.P90, a.P90),
+func compareSummaries(b, a *Summary) *LatencyComparison {
+	if a == nil || b == nil || a.Count == 0 || b.Count == 0 {
+		return nil
+	}
+	return &LatencyComparison{Mean: delta(b.Mean, a.Mean), P50: delta(b.P50, a.P50), P90: delta(b.P90, a.P90),
 		P99: delta(b.P99, a.P99), P999: delta(b.P999, a.P999), Max: delta(b.Max, a.Max)}
 }
 
@@ -176,20 +180,13 @@ func (r *runner) report(wall time.Duration) *Report {
 	}
 	if len(rep.Targets) == 2 {
 		a, b := &rep.Targets[0], &rep.Targets[1]
-		cmp := &Comparison{
+		rep.Compare = &Comparison{
 			RequestsPerSecRatio: ratio(b.RequestsPerSec, a.RequestsPerSec),
 			IntentsPerSecRatio:  ratio(b.IntentsPerSec, a.IntentsPerSec),
-			Latency:             compareSummaries(b.Latency, a.Latency),
+			Latency:             compareSummaries(&b.Latency, &a.Latency),
+			TTFT:                compareSummaries(b.TTFT, a.TTFT),
+			TTLT:                compareSummaries(b.TTLT, a.TTLT),
 		}
-		if a.TTFT != nil && b.TTFT != nil {
-			v := compareSummaries(*b.TTFT, *a.TTFT)
-			cmp.TTFT = &v
-		}
-		if a.TTLT != nil && b.TTLT != nil {
-			v := compareSummaries(*b.TTLT, *a.TTLT)
-			cmp.TTLT = &v
-		}
-		rep.Compare = cmp
 	}
 	return rep
 }
@@ -403,7 +400,7 @@ func WriteTable(w io.Writer, rep *Report) error {
 	if rep.Loop == "open" {
 		count("skipped (in-flight cap)", func(r *Result) int64 { return r.Skipped })
 	}
-	lat("latency", func(r *Result) *Summary { return &r.Latency }, pick(func(c *Comparison) *LatencyComparison { return &c.Latency }))
+	lat("latency", func(r *Result) *Summary { return &r.Latency }, pick(func(c *Comparison) *LatencyComparison { return c.Latency }))
 	lat("ttft", func(r *Result) *Summary { return r.TTFT }, pick(func(c *Comparison) *LatencyComparison { return c.TTFT }))
 	lat("ttlt", func(r *Result) *Summary { return r.TTLT }, pick(func(c *Comparison) *LatencyComparison { return c.TTLT }))
 	if rep.Targets[0].IntentLatency != nil {

@@ -283,7 +283,7 @@ func TestCompareInterleaved(t *testing.T) {
 			t.Errorf("%s: executions %d, its mock %d, requests %d: want equal", r.Label, *r.Executions, m.Stats().Requests, r.Requests)
 		}
 	}
-	if rep.Compare.RequestsPerSecRatio == nil || rep.Compare.Latency.P50.Ratio == nil {
+	if rep.Compare.RequestsPerSecRatio == nil || rep.Compare.Latency == nil || rep.Compare.Latency.P50.Ratio == nil {
 		t.Errorf("compare lacks ratios: %+v", rep.Compare)
 	}
 }
