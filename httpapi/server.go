@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"strings"
 	"time"
@@ -34,13 +35,20 @@ type Router interface {
 	Backend(name string) (config.Backend, bool)
 }
 
+// StatusReader returns each live worker's posted status.
+type StatusReader interface {
+	Read(ctx context.Context) (map[string]json.RawMessage, error)
+}
+
 // Deps is what the API needs.
 type Deps struct {
-	NC      *nats.Conn
-	JS      jetstream.JetStream
-	Store   *kv.Store
-	Hub     *jobs.Hub
-	Router  Router
+	NC     *nats.Conn
+	JS     jetstream.JetStream
+	Store  *kv.Store
+	Hub    *jobs.Hub
+	Router Router
+	// Status reads the workers' backend health (circuit breakers, retry budgets).
+	Status  StatusReader
 	Tenants []config.Tenant
 	Idem    config.Idempotency
 	HTTP    config.HTTP
@@ -57,6 +65,7 @@ type Server struct {
 	store   *kv.Store
 	hub     *jobs.Hub
 	router  Router
+	status  StatusReader
 	tenants []tenantKeys
 	idem    config.Idempotency
 	log     zerolog.Logger
@@ -75,7 +84,7 @@ const anonymousTenant = "anonymous"
 
 // New builds the app and its routes.
 func New(d Deps) *Server {
-	s := &Server{nc: d.NC, js: d.JS, store: d.Store, hub: d.Hub, router: d.Router, idem: d.Idem, log: d.Log,
+	s := &Server{nc: d.NC, js: d.JS, store: d.Store, hub: d.Hub, router: d.Router, status: d.Status, idem: d.Idem, log: d.Log,
 		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D()}
 	if s.now == nil {
 		s.now = time.Now
@@ -104,6 +113,7 @@ func New(d Deps) *Server {
 	s.app.Get("/readyz", s.readyz)
 	v1 := s.app.Group("/v1")
 	v1.Get("/models", s.models)
+	v1.Get("/status", s.statusPage)
 	v1.Post("/chat/completions", s.chatCompletions)
 	v1.Post("/messages", s.messages)
 	s.routesJobs(v1)
@@ -155,6 +165,22 @@ func (s *Server) models(c *fiber.Ctx) error {
 		data = append(data, model{ID: n, Object: "model", Created: 0, OwnedBy: owner})
 	}
 	return c.JSON(fiber.Map{"object": "list", "data": data})
+}
+
+// statusPage is GET /v1/status: every live worker's backends (breaker state, window counts,
+// retry budget).
+func (s *Server) statusPage(c *fiber.Ctx) error {
+	if _, err := s.authenticate(c); err != nil {
+		return err
+	}
+	if s.status == nil {
+		return c.JSON(fiber.Map{"workers": fiber.Map{}})
+	}
+	ws, err := s.status.Read(c.UserContext())
+	if err != nil {
+		return unavailable("status is not readable right now")
+	}
+	return c.JSON(fiber.Map{"workers": ws})
 }
 
 // authenticate returns the caller's tenant. With no tenants configured every caller is the

@@ -24,6 +24,11 @@ import (
 	"github.com/oncegate/oncegate/kv"
 )
 
+// Board is where the pool posts its backends' health.
+type Board interface {
+	Post(ctx context.Context, worker string, v any) error
+}
+
 // ConsumerName is the durable pull consumer every worker shares.
 const ConsumerName = "workers"
 
@@ -42,6 +47,8 @@ type Options struct {
 	Log      zerolog.Logger
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
+	// Board, when set, gets this pool's backend status every few seconds (the status API).
+	Board Board
 	// SweepEvery is how often the pool looks for PENDING records whose lease ran out with no
 	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them; 0
 	// means one minute, negative disables the sweeper.
@@ -148,13 +155,18 @@ func (p *Pool) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("workers: consume: %w", err)
 	}
-	sweepDone := make(chan struct{})
+	sweepDone, postDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(sweepDone)
 		p.sweepLoop(ctx)
 	}()
+	go func() {
+		defer close(postDone)
+		p.postLoop(ctx)
+	}()
 	<-ctx.Done()
 	<-sweepDone
+	<-postDone
 	cc.Stop()
 	<-cc.Closed()
 	done := make(chan struct{})
@@ -220,6 +232,25 @@ const (
 	fieldKey   = "idem_key_hash"
 	fieldEpoch = "epoch"
 )
+
+// postLoop posts the backends' health to the board every two seconds.
+func (p *Pool) postLoop(ctx context.Context) {
+	if p.opts.Board == nil {
+		return
+	}
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		if err := p.opts.Board.Post(ctx, p.opts.ID, map[string]any{"worker": p.opts.ID, "at": p.opts.Now().UTC(), "backends": p.Status()}); err != nil && ctx.Err() == nil {
+			p.opts.Log.Debug().Err(err).Msg("posting status")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
 
 func (p *Pool) sweepLoop(ctx context.Context) {
 	if p.opts.SweepEvery < 0 {

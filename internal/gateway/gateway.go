@@ -23,6 +23,7 @@ import (
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/natsrv"
+	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/workers"
@@ -145,6 +146,10 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	if err != nil {
 		return err
 	}
+	board, err := status.Open(ctx, js, 10*time.Second)
+	if err != nil {
+		return err
+	}
 	backends := map[string]workers.Backend{}
 	for _, b := range g.cfg.Backends {
 		c, err := backend.New(b, getenv)
@@ -158,7 +163,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	pool := workers.New(js, store, workers.Options{
 		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
-		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(),
+		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -186,12 +191,16 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
+	board, err := status.Open(ctx, js, 10*time.Second)
+	if err != nil {
+		return err
+	}
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
 	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil})
 	if len(g.cfg.Tenants) == 0 {
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}
-	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Store: store, Hub: g.hub, Router: g.cfg, Tenants: g.cfg.Tenants,
+	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Store: store, Hub: g.hub, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Idem: g.cfg.Idempotency, HTTP: g.cfg.HTTP, Log: apiLog})
 	g.ln, err = net.Listen("tcp", g.cfg.Listen)
 	if err != nil {

@@ -1,0 +1,65 @@
+// Package status is the board where every worker process posts the health of its backends
+// (circuit breakers, retry budgets), so any API node can show it: a JetStream key-value bucket
+// in memory, one key per worker, expiring when a worker stops posting. Safe for concurrent use.
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket is the name of the status bucket.
+const Bucket = "STATUS"
+
+// Board is the status bucket.
+type Board struct {
+	kv jetstream.KeyValue
+}
+
+// Open creates or updates the bucket; a worker's entry expires ttl after its last post.
+func Open(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*Board, error) {
+	kvs, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: Bucket, History: 1, TTL: ttl, Storage: jetstream.MemoryStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("status: open: %w", err)
+	}
+	return &Board{kv: kvs}, nil
+}
+
+// Post replaces worker's entry with v (JSON).
+func (b *Board) Post(ctx context.Context, worker string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("status: encode: %w", err)
+	}
+	if _, err := b.kv.Put(ctx, worker, data); err != nil {
+		return fmt.Errorf("status: post %s: %w", worker, err)
+	}
+	return nil
+}
+
+// Read returns every live worker's entry.
+func (b *Board) Read(ctx context.Context) (map[string]json.RawMessage, error) {
+	keys, err := b.kv.Keys(ctx)
+	if errors.Is(err, jetstream.ErrNoKeysFound) {
+		return map[string]json.RawMessage{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("status: keys: %w", err)
+	}
+	out := make(map[string]json.RawMessage, len(keys))
+	for _, k := range keys {
+		e, err := b.kv.Get(ctx, k)
+		if err != nil {
+			continue // expired between the listing and the read
+		}
+		out[k] = json.RawMessage(e.Value())
+	}
+	return out, nil
+}
