@@ -53,7 +53,7 @@ func (a *xoAttempts) snapshot() []xoAttempt {
 
 // TestSDKRetriesWithoutKey: the official OpenAI Go SDK, unchanged (its default 2 retries, no
 // Idempotency-Key), with a 300 ms timeout, far shorter than the generation (16 tokens 60 or
-// 150 ms apart on the slow mock). Every attempt times out; the backend executes exactly once.
+// 200 ms apart on the slow mock). Every attempt times out; the backend executes exactly once.
 //
 // Why: with no key, the gateway derives one from the tenant, the route and the canonical body.
 // An identical request matches an earlier one only inside the auto window, here 1 ms so that
@@ -85,7 +85,9 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 		interToken  int // ms between the mock's 16 tokens
 		minAttempts int
 	}{
-		{name: "http client timeout", httpTimeout: 300 * time.Millisecond, interToken: 150, minAttempts: 3},
+		// Three attempts of 300 ms with the SDK's backoff (≤0.5 s, ≤1 s) end by 2.4 s; the answer
+		// takes 16 × 200 ms = 3.2 s.
+		{name: "http client timeout", httpTimeout: 300 * time.Millisecond, interToken: 200, minAttempts: 3},
 		{name: "SDK request timeout", opts: []option.RequestOption{option.WithRequestTimeout(300 * time.Millisecond)}, interToken: 60, minAttempts: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
