@@ -23,6 +23,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	role := fs.String("role", "", "all | api | worker")
 	natsURL := fs.String("nats-url", "", "external NATS URL (default: embedded server)")
 	natsListen := fs.String("nats-listen", "", "let the embedded NATS server listen on ADDR (default: no port)")
+	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback ADDR (profiling)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -46,6 +47,15 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 		return 1
 	}
 	log := newLogger(stderr, cfg.LogLevel)
+	if *pprofAddr != "" {
+		stopPprof, err := servePprof(*pprofAddr)
+		if err != nil {
+			log.Error().Err(err).Msg("pprof")
+			return 1
+		}
+		defer stopPprof()
+		log.Info().Str("pprof", "http://"+*pprofAddr+"/debug/pprof/").Msg("profiling endpoint")
+	}
 	gw, err := gateway.Start(ctx, cfg, log, getenv)
 	if err != nil {
 		log.Error().Err(err).Msg("start failed")
