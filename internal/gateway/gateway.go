@@ -133,23 +133,43 @@ func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv f
 	return gw, nil
 }
 
-func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.Conn, error), getenv func(string) string) error {
-	nc, err := connect("oncegate-workers")
+// side is one role's own connection and the JetStream handles on it.
+type side struct {
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	store *kv.Store
+	board *status.Board
+}
+
+// statusTTL is how long a worker's posted status outlives its last post.
+const statusTTL = 10 * time.Second
+
+func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn, error), name string) (*side, error) {
+	nc, err := connect(name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
+		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D()})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	board, err := status.Open(ctx, js, 10*time.Second)
+	board, err := status.Open(ctx, js, statusTTL)
+	if err != nil {
+		return nil, err
+	}
+	return &side{nc: nc, js: js, store: store, board: board}, nil
+}
+
+func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.Conn, error), getenv func(string) string) error {
+	side, err := g.openSide(ctx, connect, "oncegate-workers")
 	if err != nil {
 		return err
 	}
+	js, store, board := side.js, side.store, side.board
 	backends := map[string]workers.Backend{}
 	for _, b := range g.cfg.Backends {
 		c, err := backend.New(b, getenv)
@@ -179,22 +199,11 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 }
 
 func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn, error)) error {
-	nc, err := connect("oncegate-api")
+	side, err := g.openSide(ctx, connect, "oncegate-api")
 	if err != nil {
 		return err
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D()})
-	if err != nil {
-		return err
-	}
-	board, err := status.Open(ctx, js, 10*time.Second)
-	if err != nil {
-		return err
-	}
+	nc, js, store, board := side.nc, side.js, side.store, side.board
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
 	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil})
 	if len(g.cfg.Tenants) == 0 {
