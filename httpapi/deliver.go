@@ -52,6 +52,11 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
 	defer cancel()
 	var first jobs.Chunk
+	// A non-stream copy of a streamed execution collects the frames as they pass, so it can
+	// assemble the answer itself when the execution ends (the terminal chunk comes only after
+	// the record is durable), instead of every copy reading the record.
+	var frames, usage []byte
+	seen := 0 // chunks of the current epoch collected
 	for {
 		ch, err := s.nextChunk(ctx, g, adm)
 		if err != nil {
@@ -68,6 +73,9 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 		if ch.Idx == 0 || ch.Terminal() {
 			setMetaHeaders(c, ch.Meta)
 		}
+		if ch.Idx == 0 { // a new epoch after a takeover starts over
+			frames, usage, seen = nil, nil, 0
+		}
 		if g.stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
 			s.streamLive(c, g, adm, ch)
 			return nil
@@ -76,6 +84,13 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			first = ch
 			break
 		}
+		switch ch.Kind {
+		case jobs.KindData:
+			frames = append(frames, ch.Payload...)
+		case jobs.KindUsage:
+			usage = ch.Payload
+		}
+		seen++
 	}
 	adm.fl.Close()
 	switch first.Kind {
@@ -101,8 +116,15 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			return c.Status(first.Status).Send(first.Payload)
 		}
 	}
+	if first.Kind == jobs.KindDone && !g.stream && first.Idx > 0 && first.Idx == seen {
+		body, err := wireOf(g.api).assemble(frames, usage)
+		if err == nil {
+			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+			return c.Status(http.StatusOK).Send(body)
+		}
+	}
 	// Anything else is rendered from the stored record (a finished stream for a non-stream
-	// copy, an error after output…).
+	// copy whose frames were not all seen, an error after output…).
 	rec, _, err := s.store.Get(c.UserContext(), adm.key)
 	if err != nil {
 		return unavailable("the result is not readable yet; retry")

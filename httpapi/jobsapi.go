@@ -184,7 +184,7 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	}
 	out := fiber.Map{"key": key, "state": rec.State, "job_id": rec.JobID, "epoch": rec.Epoch,
 		"created": rec.Created.UTC().Format(time.RFC3339Nano), "started": rec.EpochStarted.UTC().Format(time.RFC3339Nano),
-		"attempts": rec.Attempts, "progress": rec.Progress, "tokens_so_far": rec.Tokens, "stream": rec.Stream,
+		"attempts": rec.Attempts, "takeovers": rec.Takeovers, "progress": rec.Progress, "tokens_so_far": rec.Tokens, "stream": rec.Stream,
 		"model": rec.Model, "backend": rec.Backend}
 	if rec.State == kv.Pending {
 		out["lease_until"] = rec.LeaseUntil.UTC().Format(time.RFC3339Nano)

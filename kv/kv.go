@@ -80,7 +80,9 @@ type Record struct {
 	Chunks       int       `json:"chunks,omitempty"` // chunks published so far in this epoch
 	Tokens       int       `json:"tokens,omitempty"` // output events (≈ tokens) so far in this epoch
 	Attempts     int       `json:"attempts,omitempty"`
-	Cancelled    bool      `json:"cancelled,omitempty"`
+	// Takeovers counts epochs whose owner vanished (their attempts may have reached the backend).
+	Takeovers int  `json:"takeovers,omitempty"`
+	Cancelled bool `json:"cancelled,omitempty"`
 
 	Model string `json:"model"`
 	// API is the wire format of the request: "openai" or "anthropic".

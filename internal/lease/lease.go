@@ -24,6 +24,12 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	next.Epoch = old + 1
 	next.EpochStarted = now
 	next.LeaseUntil = now.Add(lease)
+	// The vanished owner's attempt is counted, never hidden: a dispatched one certainly reached
+	// the backend; one that never renewed its lease may or may not have.
+	next.Takeovers++
+	if rec.Progress == kv.ProgressDispatched || rec.Progress == kv.ProgressStreaming {
+		next.Attempts++
+	}
 	next.Worker = ""
 	next.Progress = kv.ProgressQueued
 	next.Chunks = 0
