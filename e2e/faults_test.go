@@ -282,34 +282,46 @@ func TestFaultStallBeforeFirstByte(t *testing.T) {
 		fmt.Sprintf("%d backend_timeout after %v, x-should-retry: %s", resp.StatusCode, elapsed.Round(10*time.Millisecond), resp.Header.Get("x-should-retry")))
 }
 
-// Row 2a, same-key retry: the stalled request may have run at the backend, so a copy of it
-// must not run it again.
-func TestFaultStallSameKeyRetry(t *testing.T) {
+// Rows 2a and 6, same-key retry: an attempt that was written and ended without an answer may
+// have run at the backend (a stall until the timeout, a response lost after completion, a body
+// cut off), so a copy of the request must not run it again.
+func TestFaultAmbiguousSameKeyRetry(t *testing.T) {
 	cfg := gwtest.Config(t)
-	b := rsBackend("stallmock", config.TypeMock, "", "oncegate-mock")
+	b := rsBackend("ambig", config.TypeMock, "", "oncegate-mock")
 	b.FirstByteTimeout, b.Timeout = config.Duration(100*time.Millisecond), config.Duration(300*time.Millisecond)
 	cfg.Backends = append(cfg.Backends, b)
-	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"stallmock"}}}
+	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"ambig"}}}
 	gw := gwtest.Start(t, cfg)
-	stall := gw.Mock(t, "stallmock")
+	mock := gw.Mock(t, "ambig")
 
-	const key = "rs-stall-retry"
-	body := rsMockBody("row 2: a copy of an ambiguous failure", `{"fault":"stall"}`, "")
-	resp, rb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if resp.StatusCode != http.StatusGatewayTimeout {
-		t.Fatalf("status %d: %s", resp.StatusCode, rb)
-	}
-	resp2, rb2 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	n := stall.Stats().Requests
-	rsRow(t, "2a'", "same-key retry after an ambiguous 504 (stall)", fmt.Sprintf("%d", n),
-		fmt.Sprintf("%d %s (Oncegate-Idempotency: %s)", resp2.StatusCode, bytes.TrimSpace(rb2), resp2.Header.Get("Oncegate-Idempotency")))
-	if n != 1 || resp2.Header.Get("Oncegate-Idempotency") != "replayed" {
-		t.Skipf("BUG: %s (got %d executions, retry outcome %q)", ambiguousReleasedBug, n, resp2.Header.Get("Oncegate-Idempotency"))
+	for _, tc := range []struct{ fault, knobs string }{
+		{"stall until the timeout", `{"fault":"stall"}`},
+		{"lost response", `{"fault":"lost_response"}`},
+		{"non-stream body cut off", `{"fault":"drop_after"}`},
+	} {
+		t.Run(tc.fault, func(t *testing.T) {
+			mock.Reset()
+			key := "rs-ambiguous-" + strings.ReplaceAll(tc.fault, " ", "-")
+			body := rsMockBody("row 2/6: a copy of an ambiguous failure: "+tc.fault, tc.knobs, "")
+			resp, rb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+			if resp.StatusCode < 500 {
+				t.Fatalf("status %d: %s", resp.StatusCode, rb)
+			}
+			code := assertOpenAIError(t, resp, rb, "")
+			resp2, _ := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+			n := mock.Stats().Requests
+			rsRow(t, "2/6'", "same-key retry after an ambiguous failure: "+tc.fault, fmt.Sprint(n),
+				fmt.Sprintf("first %d %s; retry %d (Oncegate-Idempotency: %s)", resp.StatusCode, code, resp2.StatusCode, resp2.Header.Get("Oncegate-Idempotency")))
+			if n != 1 || resp2.Header.Get("Oncegate-Idempotency") != "replayed" {
+				t.Skipf("BUG: %s (got %d executions, retry outcome %q)", ambiguousReleasedBug, n, resp2.Header.Get("Oncegate-Idempotency"))
+			}
+		})
 	}
 }
 
-const ambiguousReleasedBug = "a failure after the request was written (504 backend_timeout, lost response: ErrAmbiguous, the backend may have run it) is stored FAILED Retryable " +
-	"(workers/execution.go:149 finishFailed sets Retryable for every failure), so a same-key retry re-sends it: a second execution of one intent"
+const ambiguousReleasedBug = "a failure after the request was written (ErrAmbiguous → 504 backend_timeout; non-stream body cut off → 502 backend_truncated; " +
+	"the backend may have run it) is stored FAILED with Retryable: true (workers/execution.go finishFailed sets it for every failure, kv.Result.Ambiguous is only reported), " +
+	"so a same-key retry runs it again: a second execution of one intent"
 
 // Row 2b: a backend that deduplicates the forwarded Idempotency-Key: after first_byte_timeout
 // the gateway re-sends, the backend joins the running execution and answers it once.
