@@ -313,13 +313,13 @@ func TestFaultAmbiguousSameKeyRetry(t *testing.T) {
 			rsRow(t, "2/6'", "same-key retry after an ambiguous failure: "+tc.fault, fmt.Sprint(n),
 				fmt.Sprintf("first %d %s; retry %d (Oncegate-Idempotency: %s)", resp.StatusCode, code, resp2.StatusCode, resp2.Header.Get("Oncegate-Idempotency")))
 			if n != 1 || resp2.Header.Get("Oncegate-Idempotency") != "replayed" {
-				t.Skipf("BUG: %s (got %d executions, retry outcome %q)", ambiguousReleasedBug, n, resp2.Header.Get("Oncegate-Idempotency"))
+				t.Fatalf("%s (got %d executions, retry outcome %q)", ambiguousReleasedBug, n, resp2.Header.Get("Oncegate-Idempotency"))
 			}
 		})
 	}
 }
 
-const ambiguousReleasedBug = "a failure after the request was written (ErrAmbiguous → 504 backend_timeout; non-stream body cut off → 502 backend_truncated; " +
+const ambiguousReleasedBug = "regression: a failure after the request was written (ErrAmbiguous → 504 backend_timeout; non-stream body cut off → 502 backend_truncated; " +
 	"the backend may have run it) is stored FAILED with Retryable: true (workers/execution.go finishFailed sets it for every failure, kv.Result.Ambiguous is only reported), " +
 	"so a same-key retry runs it again: a second execution of one intent"
 

@@ -105,9 +105,9 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 		return c.Status(first.Status).Send(first.Payload)
 	case jobs.KindError:
 		if first.Status != http.StatusOK { // failed after dispatch before output (released), or cancelled
-			// The gateway decided: an SDK must not re-send on its own, except after the gateway's
-			// own "no backend available" answer, which says when to come back.
-			c.Set("x-should-retry", strconv.FormatBool(first.Meta.Degraded && first.Meta.RetryAfter > 0))
+			// The gateway decided: an SDK must not re-send on its own, except where nothing ran
+			// (the backends refused, or none was available), which says when to come back.
+			c.Set("x-should-retry", strconv.FormatBool(first.Meta.RetryAfter > 0))
 			if ra := first.Meta.RetryAfter; ra > 0 {
 				c.Set(fiber.HeaderRetryAfter, strconv.Itoa(ra))
 				c.Set("retry-after-ms", strconv.Itoa(ra*1000))

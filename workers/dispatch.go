@@ -59,6 +59,12 @@ type failure struct {
 	retryAfter int
 	// degraded: the route's degraded answer (a message with status 200, or a 503).
 	degraded bool
+	// refused: the backends provably did not run the request (never written, or refused with
+	// 429/502/503/504): the key is released and a later retry is safe (retryAfter > 0).
+	refused bool
+	// ambiguous: a written attempt ended without an answer; it may have run. The outcome is
+	// kept (the key is not released), so no copy of the intent ever runs it again.
+	ambiguous bool
 }
 
 // dispatch walks the route's backends in order: an open breaker or an exhausted backend
@@ -100,7 +106,8 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				switch {
 				case errors.Is(err, backend.ErrNotSent), errors.Is(err, backend.ErrResendSafe):
 					ex.log.Warn().Err(err).Str("backend", name).Int("attempt", attempt+1).Msg("attempt did not reach the backend; retrying")
-					last = &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_unreachable", "the model backend could not be reached")}
+					last = &failure{status: http.StatusBadGateway, refused: true,
+						body: ex.errorBody(http.StatusBadGateway, "backend_unreachable", "the model backend could not be reached")}
 					if !ex.sleep(ctx, resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())) {
 						return nil, last
 					}
@@ -108,8 +115,8 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				default: // written, no answer: it may have run; never re-sent
 					ex.ambiguous++
 					ex.log.Warn().Err(err).Str("backend", name).Msg("attempt ended without an answer after the request was written; not re-sent")
-					return nil, &failure{status: http.StatusGatewayTimeout, body: ex.errorBody(http.StatusGatewayTimeout, "backend_timeout",
-						"the model backend did not answer in time; the request may have been processed")}
+					return nil, &failure{status: http.StatusGatewayTimeout, ambiguous: true, body: ex.errorBody(http.StatusGatewayTimeout, "backend_timeout",
+						"the model backend did not answer in time; the request may have been processed, so it is not sent again")}
 				}
 			}
 			if resp.StatusCode == http.StatusOK || finalStatus(resp.StatusCode) {
@@ -120,8 +127,8 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 			resp.Body.Close()
 			cancel()
 			report(false)
-			last = &failure{status: resp.StatusCode, body: errBody}
-			if !retryAfterStatus(resp.StatusCode) {
+			last = &failure{status: resp.StatusCode, body: errBody, refused: retryAfterStatus(resp.StatusCode)}
+			if !last.refused {
 				return nil, last // a 500 may have done work: not retried, not sent elsewhere
 			}
 			delay := resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())
@@ -162,6 +169,9 @@ func (ex *execution) degrade(last *failure) *failure {
 	}
 	if len(last.body) == 0 {
 		last.body = ex.errorBody(last.status, "backend_error", fmt.Sprintf("the model backend failed with status %d", last.status))
+	}
+	if last.refused && last.retryAfter == 0 {
+		last.retryAfter = 1 // nothing ran: say when to come back (the backend's own hint when it gave one)
 	}
 	return last
 }

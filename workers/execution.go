@@ -89,8 +89,8 @@ func (ex *execution) run(ctx context.Context) {
 				return
 			}
 			ex.ambiguous++
-			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_truncated",
-				"the model backend's response was cut off")})
+			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, ambiguous: true, body: ex.errorBody(http.StatusBadGateway, "backend_truncated",
+				"the model backend's response was cut off after it was generated; not sent again")})
 			return
 		}
 		ans.report(true)
@@ -141,12 +141,14 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	_ = ex.msg.Ack()
 }
 
-// finishFailed ends an execution that produced no output: the key is released (FAILED,
-// retryable: a retry executes again). A degraded message is delivered as a normal result.
+// finishFailed ends an execution that produced no output. The key is released (FAILED,
+// retryable: a retry executes again) unless an attempt may have run at the backend: that
+// outcome is kept, so no copy of the intent runs it a second time. A degraded message is
+// delivered as a normal result (and not kept either).
 func (ex *execution) finishFailed(ctx context.Context, f *failure) {
 	ex.degraded = f.degraded
 	ex.pub.SetMeta(ex.meta())
-	res := &kv.Result{Status: f.status, Body: f.body, Retryable: true}
+	res := &kv.Result{Status: f.status, Body: f.body, Retryable: !f.ambiguous && ex.ambiguous == 0}
 	if err := ex.writeFinal(ctx, kv.Failed, res); err != nil {
 		ex.abandon(err)
 		return

@@ -30,6 +30,8 @@ type relay struct {
 	usage                    *kv.Usage
 	contUsage                []kv.Usage
 	text                     strings.Builder
+	textTokens               int // content deltas sent so far (≈ tokens)
+	prefixTokens             int // textTokens when the last continuation started
 	resumed                  int
 	// original identity of the stream, which continuation chunks are rewritten to.
 	id, model string
@@ -103,10 +105,19 @@ func (r *relay) transform(event string, data []byte, continued, first bool) ([]b
 	if u, ok := openaiwire.UsageOnly(data); ok {
 		usage := kv.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
 		if continued {
+			// The continuation's usage is its own attempt (billed as such). The client gets
+			// the usage of the one answer it saw: the continuation's prompt less the prefix it
+			// was given, and the prefix's tokens plus the new ones (the prefix is counted in
+			// content deltas, one per token for OpenAI-compatible servers).
 			r.contUsage = append(r.contUsage, usage)
-			return nil, nil
+			prefix := r.prefixTokens
+			whole := kv.Usage{PromptTokens: max(0, usage.PromptTokens-prefix), CompletionTokens: prefix + usage.CompletionTokens}
+			whole.TotalTokens = whole.PromptTokens + whole.CompletionTokens
+			r.usage = &whole
+			data = r.usageChunk(whole)
+		} else {
+			r.usage = &usage
 		}
-		r.usage = &usage
 		r.usageFrame = openaiwire.Frame(data)
 		frame := r.usageFrame
 		return nil, func(ctx context.Context) error {
@@ -126,6 +137,13 @@ func (r *relay) transform(event string, data []byte, continued, first bool) ([]b
 	}
 	r.ex.tokens.Add(1)
 	return openaiwire.AppendFrame(nil, data), nil
+}
+
+// usageChunk is a usage-only chunk in the original stream's identity.
+func (r *relay) usageChunk(u kv.Usage) []byte {
+	b, _ := json.Marshal(map[string]any{"id": r.id, "object": "chat.completion.chunk", "created": r.created, "model": r.model,
+		"choices": []any{}, "usage": map[string]int{"prompt_tokens": u.PromptTokens, "completion_tokens": u.CompletionTokens, "total_tokens": u.TotalTokens}})
+	return b
 }
 
 type oaChunk struct {
@@ -151,8 +169,9 @@ func (r *relay) noteOpenAI(data []byte) {
 		r.id, r.created, r.model = c.ID, c.Created, c.Model
 	}
 	for _, ch := range c.Choices {
-		if ch.Delta.Content != nil {
+		if ch.Delta.Content != nil && *ch.Delta.Content != "" {
 			r.text.WriteString(*ch.Delta.Content)
+			r.textTokens++
 		}
 	}
 }
@@ -171,8 +190,9 @@ func (r *relay) rewriteOpenAI(data []byte, first bool) ([]byte, bool) {
 		return nil, false
 	}
 	for _, ch := range c.Choices {
-		if ch.Delta.Content != nil {
+		if ch.Delta.Content != nil && *ch.Delta.Content != "" {
 			r.text.WriteString(*ch.Delta.Content)
+			r.textTokens++
 		}
 		if ch.FinishReason != nil {
 			m["oncegate"], _ = json.Marshal(map[string]int{"resumed": r.resumed})
@@ -305,6 +325,7 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	r.ex.attempts++
 	r.resumed++
 	r.broke = nil
+	r.prefixTokens = r.textTokens
 	resp, cancel, err := b.Send(ctx, &backend.Call{API: r.ex.api(), Body: body, Stream: true, Header: r.ex.job.Header, Deadline: r.ex.job.Deadline})
 	if err != nil {
 		report(false)

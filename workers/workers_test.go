@@ -109,7 +109,8 @@ func TestOutcomes(t *testing.T) {
 		{"backend 429 releases the key", `{"model":"oncegate-mock","messages":[{"role":"user","content":"e"}],"mock":{"fault":"rate_limit"}}`, true, kv.Failed, 429, true, false, false},
 		{"stream broken after output keeps the partial", `{"model":"oncegate-mock","messages":[{"role":"user","content":"f"}],"mock":{"fault":"drop_after","fault_after":3}}`, true, kv.Failed, 200, false, true, true},
 		{"stream broken after the role chunk keeps it", `{"model":"oncegate-mock","messages":[{"role":"user","content":"g"}],"mock":{"fault":"drop_after","fault_after":0}}`, true, kv.Failed, 200, false, true, true},
-		{"non-stream body cut off releases", `{"model":"oncegate-mock","messages":[{"role":"user","content":"h"}],"mock":{"fault":"drop_after","fault_after":0}}`, false, kv.Failed, 502, true, false, false},
+		// The body was being written: the backend ran it. The outcome is kept, never re-run.
+		{"non-stream body cut off keeps the outcome", `{"model":"oncegate-mock","messages":[{"role":"user","content":"h"}],"mock":{"fault":"drop_after","fault_after":0}}`, false, kv.Failed, 502, false, false, false},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
