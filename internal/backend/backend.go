@@ -107,14 +107,6 @@ func (c *Client) Name() string { return c.cfg.Name }
 // Config is the backend's configuration with every default filled in.
 func (c *Client) Config() config.Backend { return c.cfg }
 
-// API is the wire format the backend speaks.
-func (c *Client) API() string {
-	if c.cfg.Type == config.TypeAnthropic {
-		return APIAnthropic
-	}
-	return APIOpenAI
-}
-
 // Mock is the in-process mock server behind a mock backend (nil for real providers).
 func (c *Client) Mock() *mockllm.Server { return c.mock }
 

@@ -47,9 +47,6 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 func JobOf(key string, rec *kv.Record) *jobs.Job {
 	j := &jobs.Job{ID: rec.JobID, Key: key, Epoch: rec.Epoch, Tenant: rec.Tenant, Backends: rec.Backends,
 		Model: rec.Model, Stream: rec.Stream, API: rec.API, Body: rec.Request, Header: rec.Header, Deadline: rec.Deadline}
-	if len(j.Backends) == 0 && rec.Backend != "" {
-		j.Backends = []string{rec.Backend}
-	}
 	if d := rec.Degraded; d != nil {
 		j.DegradedMessage, j.DegradedRetryAfter = d.Message, d.RetryAfter
 		if j.DegradedMessage == "" && j.DegradedRetryAfter == 0 {
