@@ -1,0 +1,144 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Bill sums a tenant's entries over a period. A reversal counts in the period in which it was
+// appended (like a credit note), so the bill of a closed period never changes.
+type Bill struct {
+	Tenant   string    `json:"tenant"` // "" = every tenant
+	From     time.Time `json:"from"`
+	To       time.Time `json:"to"`
+	Currency string    `json:"currency"`
+
+	GrossMicros    int64 `json:"gross_micros"`    // charges and continuations
+	ReversedMicros int64 `json:"reversed_micros"` // reversals
+	NetMicros      int64 `json:"net_micros"`      // gross - reversed
+
+	Charges       int `json:"charges"`
+	Continuations int `json:"continuations"`
+	Reversals     int `json:"reversals"`
+	Estimated     int `json:"estimated"` // charges and continuations with estimated tokens
+
+	ByModel []ModelBill `json:"by_model"` // sorted by model
+}
+
+// ModelBill is one model's line of a bill.
+type ModelBill struct {
+	Model          string `json:"model"`
+	Charges        int    `json:"charges"`
+	Continuations  int    `json:"continuations"`
+	Reversals      int    `json:"reversals"`
+	InputTokens    int64  `json:"input_tokens"`  // billed (net of reversals)
+	OutputTokens   int64  `json:"output_tokens"` // billed (net of reversals)
+	GrossMicros    int64  `json:"gross_micros"`
+	ReversedMicros int64  `json:"reversed_micros"`
+	NetMicros      int64  `json:"net_micros"`
+}
+
+// Bill computes the bill of tenant ("" = every tenant together) for entries with Time in
+// [from, to) (zero: open).
+func (l *Ledger) Bill(ctx context.Context, tenant string, from, to time.Time) (*Bill, error) {
+	b := newBillBuilder(tenant, from, to)
+	if err := l.Scan(ctx, tenant, from, to, func(e Entry) error { return b.add(&e) }); err != nil {
+		return nil, err
+	}
+	out := b.finish()
+	if out.Currency == "" {
+		out.Currency = l.currency
+	}
+	return out, nil
+}
+
+// ComputeBill is Bill over entries already read (an export): those of tenant ("" = all) with
+// Time in [from, to).
+func ComputeBill(entries []Entry, tenant string, from, to time.Time) (*Bill, error) {
+	b := newBillBuilder(tenant, from, to)
+	for i := range entries {
+		e := &entries[i]
+		if (tenant != "" && e.Tenant != tenant) || (!from.IsZero() && e.Time.Before(from)) || (!to.IsZero() && !e.Time.Before(to)) {
+			continue
+		}
+		if err := b.add(e); err != nil {
+			return nil, err
+		}
+	}
+	return b.finish(), nil
+}
+
+type billBuilder struct {
+	bill   Bill
+	models map[string]*ModelBill
+}
+
+func newBillBuilder(tenant string, from, to time.Time) *billBuilder {
+	return &billBuilder{bill: Bill{Tenant: tenant, From: from, To: to}, models: map[string]*ModelBill{}}
+}
+
+func (b *billBuilder) add(e *Entry) error {
+	if b.bill.Currency == "" {
+		b.bill.Currency = e.Currency
+	} else if e.Currency != b.bill.Currency {
+		return fmt.Errorf("ledger: bill: %w: %s and %s (entry %s)", ErrCurrencyMismatch, b.bill.Currency, e.Currency, e.ID)
+	}
+	m := b.models[e.Model]
+	if m == nil {
+		m = &ModelBill{Model: e.Model}
+		b.models[e.Model] = m
+	}
+	in, out := int64(e.InputTokens), int64(e.OutputTokens)
+	switch e.Kind {
+	case KindCharge, KindContinuation:
+		if e.Kind == KindCharge {
+			b.bill.Charges++
+			m.Charges++
+		} else {
+			b.bill.Continuations++
+			m.Continuations++
+		}
+		if e.Estimated {
+			b.bill.Estimated++
+		}
+		b.bill.GrossMicros += e.CostMicros
+		m.GrossMicros += e.CostMicros
+		m.InputTokens += in
+		m.OutputTokens += out
+	case KindReversal:
+		b.bill.Reversals++
+		m.Reversals++
+		b.bill.ReversedMicros += e.CostMicros
+		m.ReversedMicros += e.CostMicros
+		m.InputTokens -= in
+		m.OutputTokens -= out
+	default:
+		return fmt.Errorf("ledger: bill: %w: entry %s has kind %q", ErrCorrupt, e.ID, e.Kind)
+	}
+	return nil
+}
+
+func (b *billBuilder) finish() *Bill {
+	out := b.bill
+	out.NetMicros = out.GrossMicros - out.ReversedMicros
+	out.ByModel = make([]ModelBill, 0, len(b.models))
+	for _, m := range b.models {
+		m.NetMicros = m.GrossMicros - m.ReversedMicros
+		out.ByModel = append(out.ByModel, *m)
+	}
+	slices.SortFunc(out.ByModel, func(a, c ModelBill) int { return strings.Compare(a.Model, c.Model) })
+	return &out
+}
+
+// FormatMicros renders micro-units as a decimal amount with six decimals ("-1.250000").
+func FormatMicros(m int64) string {
+	sign := ""
+	u := uint64(m)
+	if m < 0 {
+		sign, u = "-", uint64(-m) // -MinInt64 wraps to itself, which as uint64 is right
+	}
+	return fmt.Sprintf("%s%d.%06d", sign, u/1_000_000, u%1_000_000)
+}

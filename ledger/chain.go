@@ -1,0 +1,338 @@
+package ledger
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// wireVersion is the version of the canonical and stored entry encoding.
+const wireVersion = 1
+
+// canonical is the hashed form of an entry: every field but Hash and Seq, in a fixed order,
+// nothing omitted, the time in UTC RFC 3339 with nanoseconds.
+type canonical struct {
+	V            int    `json:"v"`
+	ID           string `json:"id"`
+	Kind         string `json:"kind"`
+	Tenant       string `json:"tenant"`
+	KeyHash      string `json:"key_hash"`
+	JobID        string `json:"job_id"`
+	Epoch        int    `json:"epoch"`
+	Attempt      int    `json:"attempt"`
+	Model        string `json:"model"`
+	Backend      string `json:"backend"`
+	InputTokens  int    `json:"input_tokens"`
+	OutputTokens int    `json:"output_tokens"`
+	Estimated    bool   `json:"estimated"`
+	Completed    bool   `json:"completed"`
+	CostMicros   int64  `json:"cost_micros"`
+	Currency     string `json:"currency"`
+	Refers       string `json:"refers"`
+	Reason       string `json:"reason"`
+	Time         string `json:"time"`
+	Fence        uint64 `json:"fence"`
+	PrevHash     string `json:"prev_hash"`
+}
+
+// stored is what a LEDGER message holds: the canonical fields plus the hash.
+type stored struct {
+	canonical
+	Hash string `json:"hash"`
+}
+
+func canonicalOf(e *Entry) canonical {
+	return canonical{V: wireVersion, ID: e.ID, Kind: e.Kind, Tenant: e.Tenant, KeyHash: e.KeyHash, JobID: e.JobID,
+		Epoch: e.Epoch, Attempt: e.Attempt, Model: e.Model, Backend: e.Backend, InputTokens: e.InputTokens,
+		OutputTokens: e.OutputTokens, Estimated: e.Estimated, Completed: e.Completed, CostMicros: e.CostMicros,
+		Currency: e.Currency, Refers: e.Refers, Reason: e.Reason, Time: e.Time.UTC().Format(time.RFC3339Nano),
+		Fence: e.Fence, PrevHash: e.PrevHash}
+}
+
+// CanonicalBytes are the bytes an entry's hash covers: its JSON without Hash and Seq, fields in
+// a fixed order, the time in UTC RFC 3339 with nanoseconds.
+func CanonicalBytes(e *Entry) []byte {
+	b, err := json.Marshal(canonicalOf(e))
+	if err != nil { // strings, ints and bools always marshal
+		panic(fmt.Sprintf("ledger: canonical bytes: %v", err))
+	}
+	return b
+}
+
+// HashOf computes an entry's hash: hex(SHA-256(PrevHash || CanonicalBytes)).
+func HashOf(e *Entry) string {
+	h := sha256.New()
+	h.Write([]byte(e.PrevHash))
+	h.Write(CanonicalBytes(e))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func encodeStored(e *Entry) []byte {
+	b, err := json.Marshal(stored{canonical: canonicalOf(e), Hash: e.Hash})
+	if err != nil {
+		panic(fmt.Sprintf("ledger: encode entry: %v", err))
+	}
+	return b
+}
+
+// decodeStored parses a LEDGER message body.
+func decodeStored(data []byte, seq uint64) (Entry, error) {
+	var s stored
+	if err := json.Unmarshal(data, &s); err != nil {
+		return Entry{}, fmt.Errorf("%w: seq %d: %v", ErrCorrupt, seq, err)
+	}
+	if s.V != wireVersion {
+		return Entry{}, fmt.Errorf("%w: seq %d: version %d", ErrCorrupt, seq, s.V)
+	}
+	t, err := time.Parse(time.RFC3339Nano, s.Time)
+	if err != nil {
+		return Entry{}, fmt.Errorf("%w: seq %d: time: %v", ErrCorrupt, seq, err)
+	}
+	c := s.canonical
+	return Entry{ID: c.ID, Kind: c.Kind, Tenant: c.Tenant, KeyHash: c.KeyHash, JobID: c.JobID, Epoch: c.Epoch,
+		Attempt: c.Attempt, Model: c.Model, Backend: c.Backend, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
+		Estimated: c.Estimated, Completed: c.Completed, CostMicros: c.CostMicros, Currency: c.Currency, Refers: c.Refers,
+		Reason: c.Reason, Time: t.UTC(), Fence: c.Fence, PrevHash: c.PrevHash, Hash: s.Hash, Seq: seq}, nil
+}
+
+// idDigest keys the in-memory id index (16 bytes instead of the id string).
+type idDigest [16]byte
+
+func digest(id string) idDigest {
+	sum := sha256.Sum256([]byte(id))
+	var d idDigest
+	copy(d[:], sum[:16])
+	return d
+}
+
+// chain is what this process knows of one tenant's chain: its head and the ids of its entries
+// (up to lastSeq). Guarded by mu, which also serializes this process's appends to the tenant.
+type chain struct {
+	mu       chanMutex
+	tenant   string
+	subject  string
+	loaded   bool
+	lastSeq  uint64 // stream sequence of the tenant's last entry (0: none)
+	lastHash string
+	ids      map[idDigest]uint64
+}
+
+// chanMutex is a mutex whose Lock can give up when a context ends.
+type chanMutex chan struct{}
+
+func (m chanMutex) Lock() { m <- struct{}{} }
+func (m chanMutex) LockCtx(ctx context.Context) error {
+	select {
+	case m <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+func (m chanMutex) Unlock() { <-m }
+
+func (l *Ledger) chain(tenant string) *chain {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := l.chains[tenant]
+	if c == nil {
+		c = &chain{mu: make(chanMutex, 1), tenant: tenant, subject: Subject(tenant)}
+		l.chains[tenant] = c
+	}
+	return c
+}
+
+// add records e (read from the stream, in order) in the chain state.
+func (c *chain) add(e *Entry) error {
+	if e.Tenant != c.tenant {
+		return fmt.Errorf("%w: seq %d on the subject of another tenant", ErrCorrupt, e.Seq)
+	}
+	c.ids[digest(e.ID)] = e.Seq
+	c.lastSeq, c.lastHash = e.Seq, e.Hash
+	return nil
+}
+
+// sync brings the chain state up to the stream: all of it on first use, the new entries after.
+// The caller holds c.mu.
+func (c *chain) sync(ctx context.Context, l *Ledger) error {
+	if !c.loaded {
+		c.ids = map[idDigest]uint64{}
+		c.lastSeq, c.lastHash = 0, ""
+		if err := l.scan(ctx, c.subject, 1, 0, c.add); err != nil {
+			return err
+		}
+		c.loaded = true
+		return nil
+	}
+	return l.follow(ctx, c.subject, c.lastSeq+1, c.add)
+}
+
+// lookup finds id in the tenant's entries, syncing first if it is not known yet.
+func (c *chain) lookup(ctx context.Context, l *Ledger, id string) (uint64, bool, error) {
+	if c.loaded {
+		if seq, ok := c.ids[digest(id)]; ok {
+			return seq, true, nil
+		}
+	}
+	if err := c.sync(ctx, l); err != nil {
+		return 0, false, err
+	}
+	seq, ok := c.ids[digest(id)]
+	return seq, ok, nil
+}
+
+// maxAppendTries bounds how often one append re-reads its chain after losing a race.
+const maxAppendTries = 1000
+
+// append writes e at the head of its tenant's chain, or returns the stored entry with e's id;
+// created reports whether e was written now. expect, when set, is called before each publish.
+func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Context) error) (Entry, bool, error) {
+	c := l.chain(e.Tenant)
+	if err := c.mu.LockCtx(ctx); err != nil {
+		return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
+	}
+	defer c.mu.Unlock()
+	if !c.loaded {
+		if err := c.sync(ctx, l); err != nil {
+			return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
+		}
+	}
+	for try := 0; try < maxAppendTries; try++ {
+		if seq, ok := c.ids[digest(e.ID)]; ok {
+			prev, err := l.entryAt(ctx, seq)
+			if err != nil {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
+			}
+			if prev.ID != e.ID {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: seq %d holds %s", e.ID, ErrCorrupt, seq, prev.ID)
+			}
+			if prev.CostMicros != e.CostMicros || prev.InputTokens != e.InputTokens || prev.OutputTokens != e.OutputTokens {
+				l.log.Warn().Str(fieldEntryID, e.ID).Uint64(fieldSeq, seq).Int64(fieldCost, prev.CostMicros).
+					Msg("entry exists with other usage; the stored entry stands")
+			}
+			return prev, false, nil
+		}
+		if expect != nil {
+			if err := expect(ctx); err != nil {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: %w", e.ID, ErrFenced, err)
+			}
+		}
+		e.PrevHash = c.lastHash
+		e.Hash = HashOf(&e)
+		msg := &nats.Msg{Subject: c.subject, Data: encodeStored(&e)}
+		ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.ID), jetstream.WithExpectStream(StreamName),
+			jetstream.WithExpectLastSequencePerSubject(c.lastSeq))
+		switch {
+		case err == nil && !ack.Duplicate:
+			e.Seq = ack.Sequence
+			c.ids[digest(e.ID)] = e.Seq
+			c.lastSeq, c.lastHash = e.Seq, e.Hash
+			l.log.Debug().Str(fieldEntryID, e.ID).Str(fieldKind, e.Kind).Str(fieldTenant, e.Tenant).
+				Uint64(fieldSeq, e.Seq).Int64(fieldCost, e.CostMicros).Msg("ledger entry appended")
+			return e, true, nil
+		case err == nil: // in the duplicate window although our head was current: stored by someone else
+			if serr := c.sync(ctx, l); serr != nil {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, serr)
+			}
+			if _, ok := c.ids[digest(e.ID)]; !ok {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: the id is taken on another subject (seq %d)", e.ID, ErrInvalid, ack.Sequence)
+			}
+		case wrongLast(err):
+			if serr := c.sync(ctx, l); serr != nil {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, serr)
+			}
+		default:
+			// The publish may have been stored all the same; the next append finds out (its
+			// expected sequence is stale, so it re-reads the chain first).
+			return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
+		}
+	}
+	return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, ErrContended)
+}
+
+func wrongLast(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// ChainError says where and why Verify found the chain broken. It matches ErrChainBroken.
+type ChainError struct {
+	Index  int    // position in the verified slice
+	Seq    uint64 // the entry's stream sequence, if known
+	ID     string
+	Reason string
+}
+
+func (e *ChainError) Error() string {
+	return fmt.Sprintf("ledger: chain broken at entry %d (seq %d, id %s): %s", e.Index, e.Seq, e.ID, e.Reason)
+}
+
+// Unwrap makes a ChainError match ErrChainBroken.
+func (e *ChainError) Unwrap() error { return ErrChainBroken }
+
+// Verify checks a complete export (every entry of each tenant it contains, in stream order):
+// each entry's hash, that each entry's prev_hash is the hash of the previous entry of its
+// tenant (the first entry of a tenant has none), that ids are unique, and that sequences, when
+// present, increase. It returns the first problem as a *ChainError.
+//
+// An altered entry fails its hash; a removed, inserted or reordered entry breaks the link of
+// the entry after it. A hash chain cannot show that entries were cut from the end of a tenant's
+// chain: compare the export's last hash per tenant with the live stream for that (`oncegate
+// ledger verify` without a file verifies the stream itself).
+func Verify(entries []Entry) error {
+	v := newVerifier()
+	for i := range entries {
+		if err := v.add(i, &entries[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifier checks entries one at a time (an export that does not fit in memory).
+type verifier struct {
+	heads   map[string]string
+	ids     map[idDigest]struct{}
+	lastSeq uint64
+}
+
+func newVerifier() *verifier {
+	return &verifier{heads: map[string]string{}, ids: map[idDigest]struct{}{}}
+}
+
+func (v *verifier) add(i int, e *Entry) error {
+	fail := func(reason string, args ...any) error {
+		return &ChainError{Index: i, Seq: e.Seq, ID: e.ID, Reason: fmt.Sprintf(reason, args...)}
+	}
+	if e.Seq != 0 {
+		if e.Seq <= v.lastSeq {
+			return fail("sequence %d after %d: entries reordered or repeated", e.Seq, v.lastSeq)
+		}
+		v.lastSeq = e.Seq
+	}
+	if got := HashOf(e); got != e.Hash {
+		return fail("hash mismatch: the entry was altered (stored %.12s…, computed %.12s…)", e.Hash, got)
+	}
+	head, seen := v.heads[e.Tenant]
+	if e.PrevHash != head {
+		if !seen {
+			return fail("prev_hash %.12s… but this is the tenant's first entry: earlier entries were removed", e.PrevHash)
+		}
+		return fail("prev_hash %.12s… is not the hash of the tenant's previous entry (%.12s…): an entry was removed, inserted or reordered", e.PrevHash, head)
+	}
+	d := digest(e.ID)
+	if _, dup := v.ids[d]; dup {
+		return fail("id repeated")
+	}
+	v.ids[d] = struct{}{}
+	v.heads[e.Tenant] = e.Hash
+	return nil
+}

@@ -1,0 +1,509 @@
+// Package ledger is oncegate's billing ledger: an append-only JetStream stream (LEDGER) of
+// charges, continuations and reversals, hash-chained per tenant, with bills, exports, a
+// reconciler that reverses charges billing one intent twice, a matcher for a provider's usage
+// export, and optional per-tenant budgets.
+//
+// # The stream
+//
+// LEDGER is a file stream (the embedded server syncs every write) that refuses message
+// deletes, purges and rollups, discards new messages when full (it never evicts), keeps no
+// age limit and deduplicates Nats-Msg-Id for an hour. Each tenant has one subject,
+// ledger.<hash of the tenant id> (client text never becomes a subject). DenyDelete and
+// DenyPurge do not stop UpdateStream or DeleteStream: deny those API subjects to everyone but an
+// admin, and mirror the stream (see shared/notes, D6).
+//
+// # Entries
+//
+// An entry is a charge (one backend execution's usage, priced from a Prices table into integer
+// micro-units of one currency), a continuation (the usage of a stream continuation, linked to
+// its charge), or a reversal (cancels a charge or continuation by id; nothing is ever edited or
+// removed). Ids are deterministic:
+//
+//	charge.<key hash>.<job id>.<epoch>.<attempt>
+//	continuation.<key hash>.<job id>.<epoch>.<attempt>
+//	reversal.<id of the reversed entry>
+//
+// The job id is part of the intent: a key whose record expired, or an auto key reused for a new
+// intent, starts a new job, whose charges must not collide with the old ones.
+//
+// # The chain and appends
+//
+// Every entry carries Hash = hex(SHA-256(PrevHash || canonical bytes)), where PrevHash is the
+// Hash of the previous entry of the same tenant ("" for the first) and the canonical bytes are
+// the entry's JSON without Hash and Seq (see CanonicalBytes). An append publishes with
+// Nats-Msg-Id = the entry id and WithExpectLastSequencePerSubject(the tenant's last sequence);
+// on a conflict it re-reads the tenant's new entries, recomputes PrevHash and tries again, so
+// a tenant's chain never forks, across goroutines, connections and processes. Before each
+// publish it looks the id up in the tenant's entries (an index it keeps in memory, loaded from
+// the stream on first use): an entry that exists is returned, never written twice. JetStream
+// checks the expected sequence before the duplicate window, so this check, not Nats-Msg-Id, is
+// what makes a re-published charge harmless; the message id is the second net.
+//
+// Fencing: a charge records the idempotency record revision its writer held (Fence), and
+// ChargeInput.Expect, when set, is called before every publish attempt so the writer can
+// re-check its fencing token; a failed check returns ErrFenced. A zombie whose lease was taken
+// over writes a charge of its own epoch (a different id); Reconcile finds such double charges.
+//
+// # Concurrency
+//
+// A Ledger and a Budgets are safe for concurrent use. Appends to one tenant are serialized in
+// the process (a mutex per tenant) and across processes (the expected-sequence check). No
+// method starts a goroutine that outlives it.
+package ledger
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/bits"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// StreamName is the ledger stream.
+const StreamName = "LEDGER"
+
+// subjectPrefix starts every tenant subject; allSubjects matches them all.
+const (
+	subjectPrefix = "ledger."
+	allSubjects   = "ledger.>"
+)
+
+// DuplicateWindow is the stream's Nats-Msg-Id window.
+const DuplicateWindow = time.Hour
+
+// Entry kinds.
+const (
+	KindCharge       = "charge"
+	KindContinuation = "continuation"
+	KindReversal     = "reversal"
+)
+
+// ReasonDuplicate starts the reason of every reversal Reconcile appends.
+const ReasonDuplicate = "duplicate"
+
+// DefaultCurrency is used when New gets an empty currency.
+const DefaultCurrency = "USD"
+
+// Sentinel errors.
+var (
+	// ErrInvalid is returned for an input that cannot become an entry (empty tenant, a key hash
+	// or job id that is not a plain token, negative tokens, a reversal of a reversal, ...).
+	ErrInvalid = errors.New("ledger: invalid input")
+	// ErrNoUsage is returned by Charge and Continuation when there is nothing to bill (zero
+	// input and output tokens). Callers may ignore it.
+	ErrNoUsage = errors.New("ledger: no billable usage")
+	// ErrNotFound is returned when an entry id (a charge to reverse or continue) is unknown.
+	ErrNotFound = errors.New("ledger: entry not found")
+	// ErrFenced is returned when ChargeInput.Expect refused: the writer lost its fencing token.
+	ErrFenced = errors.New("ledger: fenced")
+	// ErrContended is returned when an append lost the race for its tenant's chain too often.
+	ErrContended = errors.New("ledger: chain contended")
+	// ErrChainBroken is returned by Verify (as a *ChainError) when an entry was altered,
+	// removed, inserted or reordered.
+	ErrChainBroken = errors.New("ledger: chain broken")
+	// ErrCorrupt is returned when a stored message or an export line is not a ledger entry.
+	ErrCorrupt = errors.New("ledger: corrupt entry")
+	// ErrStreamConfig is returned by EnsureStream when an existing LEDGER stream cannot be
+	// brought to the ledger's protections (memory storage, a mirror, ...).
+	ErrStreamConfig = errors.New("ledger: stream configuration")
+	// ErrBudgetExceeded is returned by Budgets.Reserve (as a *BudgetError) when admitting the
+	// request could take the tenant over its limit.
+	ErrBudgetExceeded = errors.New("ledger: budget exceeded")
+	// ErrCurrencyMismatch is returned by Bill when the entries are in more than one currency.
+	ErrCurrencyMismatch = errors.New("ledger: mixed currencies")
+)
+
+// Log field names.
+const (
+	fieldTenant  = "tenant"
+	fieldKeyHash = "idem_key_hash"
+	fieldJobID   = "job_id"
+	fieldEntryID = "ledger_id"
+	fieldSeq     = "seq"
+	fieldModel   = "model"
+	fieldKind    = "kind"
+	fieldCost    = "cost_micros"
+)
+
+// Entry is one ledger entry. CostMicros is always ≥ 0; its sign comes from Kind (a reversal
+// subtracts). A reversal copies the reversed entry's tenant, intent, model, backend, tokens and
+// cost, so a bill can be computed from the entries of its period alone.
+type Entry struct {
+	ID           string    `json:"id"`
+	Kind         string    `json:"kind"`
+	Tenant       string    `json:"tenant"`
+	KeyHash      string    `json:"key_hash"`
+	JobID        string    `json:"job_id"`
+	Epoch        int       `json:"epoch"`
+	Attempt      int       `json:"attempt"`
+	Model        string    `json:"model"`
+	Backend      string    `json:"backend"`
+	InputTokens  int       `json:"input_tokens"`
+	OutputTokens int       `json:"output_tokens"`
+	Estimated    bool      `json:"estimated"`
+	Completed    bool      `json:"completed"`
+	CostMicros   int64     `json:"cost_micros"`
+	Currency     string    `json:"currency"`
+	Refers       string    `json:"refers"`
+	Reason       string    `json:"reason"`
+	Time         time.Time `json:"time"`
+	Fence        uint64    `json:"fence"`
+	PrevHash     string    `json:"prev_hash"`
+	Hash         string    `json:"hash"`
+	// Seq is the entry's stream sequence (not covered by the hash: the stream assigns it).
+	Seq uint64 `json:"seq"`
+}
+
+// Signed is the entry's effect on a balance: +cost for a charge or continuation, -cost for a
+// reversal.
+func (e *Entry) Signed() int64 {
+	if e.Kind == KindReversal {
+		return -e.CostMicros
+	}
+	return e.CostMicros
+}
+
+// Price of a model in micro-units of the ledger's currency per million tokens.
+type Price struct {
+	InputPerMillion  int64 `json:"input_per_million" yaml:"input_per_million"`
+	OutputPerMillion int64 `json:"output_per_million" yaml:"output_per_million"`
+}
+
+// Prices maps a model name to its price; the key "*" prices every model not listed.
+type Prices map[string]Price
+
+// Lookup returns the price of model (or of "*"), and whether there is one.
+func (p Prices) Lookup(model string) (Price, bool) {
+	if pr, ok := p[model]; ok {
+		return pr, true
+	}
+	pr, ok := p["*"]
+	return pr, ok
+}
+
+// Cost is the price of in input and out output tokens of model, in micro-units, rounded half
+// up (0 for an unpriced model or negative counts). It cannot overflow: the products are
+// computed on 128 bits, and a result beyond int64 saturates.
+func (p Prices) Cost(model string, in, out int) int64 {
+	pr, ok := p.Lookup(model)
+	if !ok {
+		return 0
+	}
+	hi1, lo1 := mulNonNeg(in, pr.InputPerMillion)
+	hi2, lo2 := mulNonNeg(out, pr.OutputPerMillion)
+	lo, carry := bits.Add64(lo1, lo2, 0)
+	hi, _ := bits.Add64(hi1, hi2, carry)
+	lo, carry = bits.Add64(lo, 500_000, 0) // round half up
+	hi += carry
+	if hi >= 1_000_000 {
+		return 1<<63 - 1
+	}
+	q, _ := bits.Div64(hi, lo, 1_000_000)
+	if q > 1<<63-1 {
+		return 1<<63 - 1
+	}
+	return int64(q)
+}
+
+func mulNonNeg(n int, price int64) (hi, lo uint64) {
+	if n <= 0 || price <= 0 {
+		return 0, 0
+	}
+	return bits.Mul64(uint64(n), uint64(price))
+}
+
+// EstimateTokens estimates the tokens of text that a backend did not count: one token per four
+// bytes, rounded up (the usual rule of thumb for English and JSON). Charges built from it must
+// set Estimated.
+func EstimateTokens(text []byte) int { return (len(text) + 3) / 4 }
+
+// Subject is the ledger subject of tenant: a hash, never the tenant's text.
+func Subject(tenant string) string {
+	sum := sha256.Sum256([]byte("oncegate-ledger-tenant\x00" + tenant))
+	return subjectPrefix + hex.EncodeToString(sum[:16])
+}
+
+// Option configures a Ledger.
+type Option func(*Ledger)
+
+// WithLogger sets the logger (default: none).
+func WithLogger(log zerolog.Logger) Option {
+	return func(l *Ledger) { l.log = log.With().Str("component", "ledger").Logger() }
+}
+
+// WithClock sets the clock that stamps entries (default time.Now).
+func WithClock(now func() time.Time) Option { return func(l *Ledger) { l.now = now } }
+
+// Ledger appends to and reads from the LEDGER stream. Create the stream with EnsureStream first.
+type Ledger struct {
+	js       jetstream.JetStream
+	prices   Prices
+	currency string
+	log      zerolog.Logger
+	now      func() time.Time
+
+	mu     sync.Mutex
+	st     jetstream.Stream
+	chains map[string]*chain // by tenant
+}
+
+// New returns a Ledger on js pricing charges from prices in currency (DefaultCurrency if
+// empty). The prices map is read, never written; do not change it afterwards.
+func New(js jetstream.JetStream, prices Prices, currency string, opts ...Option) *Ledger {
+	if currency == "" {
+		currency = DefaultCurrency
+	}
+	l := &Ledger{js: js, prices: prices, currency: currency, log: zerolog.Nop(), now: time.Now, chains: map[string]*chain{}}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
+}
+
+// Currency is the currency of the ledger's charges.
+func (l *Ledger) Currency() string { return l.currency }
+
+// Prices is the ledger's price table (do not modify it).
+func (l *Ledger) Prices() Prices { return l.prices }
+
+// stream returns the LEDGER stream handle; (nil, nil) if the stream does not exist.
+func (l *Ledger) stream(ctx context.Context) (jetstream.Stream, error) {
+	l.mu.Lock()
+	st := l.st
+	l.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	st, err := l.js.Stream(ctx, StreamName)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ledger: stream %s: %w", StreamName, err)
+	}
+	l.mu.Lock()
+	l.st = st
+	l.mu.Unlock()
+	return st, nil
+}
+
+// ChargeInput is the usage of one backend execution (Charge) or of one stream continuation
+// (Continuation, where Attempt numbers the continuation).
+type ChargeInput struct {
+	Tenant       string
+	KeyHash      string // the idempotency record key (a hash)
+	JobID        string
+	Epoch        int
+	Attempt      int
+	Model        string
+	Backend      string
+	InputTokens  int
+	OutputTokens int
+	// Estimated: the backend reported no usage and the tokens were counted by the gateway.
+	Estimated bool
+	// Completed: this execution's record reached COMPLETED (the writer's compare-and-set
+	// succeeded). Reconcile keeps a completed charge over the others of its intent.
+	Completed bool
+	// Fence is the idempotency record revision the writer held.
+	Fence uint64
+	// Expect, when set, re-checks the writer's fencing token before every publish attempt; an
+	// error stops the append with ErrFenced.
+	Expect func(ctx context.Context) error
+}
+
+// token reports whether s is a plain id token: 1-128 of [A-Za-z0-9_-].
+func token(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *ChargeInput) validate() error {
+	switch {
+	case c.Tenant == "":
+		return fmt.Errorf("%w: empty tenant", ErrInvalid)
+	case !token(c.KeyHash):
+		return fmt.Errorf("%w: key hash is not a plain token", ErrInvalid)
+	case !token(c.JobID):
+		return fmt.Errorf("%w: job id is not a plain token", ErrInvalid)
+	case c.Epoch < 1:
+		return fmt.Errorf("%w: epoch %d < 1", ErrInvalid, c.Epoch)
+	case c.Attempt < 0:
+		return fmt.Errorf("%w: attempt %d < 0", ErrInvalid, c.Attempt)
+	case c.Model == "":
+		return fmt.Errorf("%w: empty model", ErrInvalid)
+	case c.InputTokens < 0 || c.OutputTokens < 0:
+		return fmt.Errorf("%w: negative tokens", ErrInvalid)
+	case c.InputTokens == 0 && c.OutputTokens == 0:
+		return ErrNoUsage
+	}
+	return nil
+}
+
+// ChargeID is the id of the charge of execution (keyHash, jobID, epoch, attempt).
+func ChargeID(keyHash, jobID string, epoch, attempt int) string {
+	return KindCharge + "." + keyHash + "." + jobID + "." + strconv.Itoa(epoch) + "." + strconv.Itoa(attempt)
+}
+
+// ContinuationID is the id of continuation number attempt of execution (keyHash, jobID, epoch).
+func ContinuationID(keyHash, jobID string, epoch, attempt int) string {
+	return KindContinuation + "." + keyHash + "." + jobID + "." + strconv.Itoa(epoch) + "." + strconv.Itoa(attempt)
+}
+
+// ReversalID is the id of the reversal of entry id.
+func ReversalID(id string) string { return KindReversal + "." + id }
+
+// entryFrom builds the entry of c (without chain fields).
+func (l *Ledger) entryFrom(kind, id string, c *ChargeInput) Entry {
+	return Entry{ID: id, Kind: kind, Tenant: c.Tenant, KeyHash: c.KeyHash, JobID: c.JobID, Epoch: c.Epoch,
+		Attempt: c.Attempt, Model: c.Model, Backend: c.Backend, InputTokens: c.InputTokens, OutputTokens: c.OutputTokens,
+		Estimated: c.Estimated, Completed: c.Completed, CostMicros: l.prices.Cost(c.Model, c.InputTokens, c.OutputTokens),
+		Currency: l.currency, Time: l.now().UTC(), Fence: c.Fence}
+}
+
+// Charge appends the charge of one backend execution, priced from the ledger's table (an
+// unpriced model is charged 0 and logged). It is idempotent: a charge whose id exists is
+// returned as stored, not written again.
+func (l *Ledger) Charge(ctx context.Context, c ChargeInput) (Entry, error) {
+	if err := c.validate(); err != nil {
+		return Entry{}, fmt.Errorf("ledger: charge: %w", err)
+	}
+	e := l.entryFrom(KindCharge, ChargeID(c.KeyHash, c.JobID, c.Epoch, c.Attempt), &c)
+	l.warnUnpriced(&e)
+	out, _, err := l.append(ctx, e, c.Expect)
+	return out, err
+}
+
+// Continuation appends the usage of a stream continuation of charge chargeID (c.Attempt
+// numbers the continuation). Tenant, KeyHash, JobID and Epoch may be left empty: they are taken
+// from the charge; given, they must match it. Idempotent like Charge.
+func (l *Ledger) Continuation(ctx context.Context, chargeID string, c ChargeInput) (Entry, error) {
+	ch, err := l.find(ctx, c.Tenant, chargeID)
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: continuation of %s: %w", chargeID, err)
+	}
+	if ch.Kind != KindCharge {
+		return Entry{}, fmt.Errorf("ledger: continuation of %s: %w: not a charge", chargeID, ErrInvalid)
+	}
+	fill := func(dst *string, v string) bool {
+		if *dst == "" {
+			*dst = v
+		}
+		return *dst == v
+	}
+	if !fill(&c.Tenant, ch.Tenant) || !fill(&c.KeyHash, ch.KeyHash) || !fill(&c.JobID, ch.JobID) {
+		return Entry{}, fmt.Errorf("ledger: continuation of %s: %w: intent differs from the charge's", chargeID, ErrInvalid)
+	}
+	if c.Epoch == 0 {
+		c.Epoch = ch.Epoch
+	}
+	if c.Epoch != ch.Epoch {
+		return Entry{}, fmt.Errorf("ledger: continuation of %s: %w: epoch differs from the charge's", chargeID, ErrInvalid)
+	}
+	if c.Model == "" {
+		c.Model = ch.Model
+	}
+	if err := c.validate(); err != nil {
+		return Entry{}, fmt.Errorf("ledger: continuation of %s: %w", chargeID, err)
+	}
+	e := l.entryFrom(KindContinuation, ContinuationID(c.KeyHash, c.JobID, c.Epoch, c.Attempt), &c)
+	e.Refers = chargeID
+	l.warnUnpriced(&e)
+	out, _, err := l.append(ctx, e, c.Expect)
+	return out, err
+}
+
+func (l *Ledger) warnUnpriced(e *Entry) {
+	if _, ok := l.prices.Lookup(e.Model); !ok {
+		l.log.Warn().Str(fieldEntryID, e.ID).Str(fieldTenant, e.Tenant).Str(fieldModel, e.Model).
+			Msg("model has no price: charged 0; add it to the price table")
+	}
+}
+
+// Reverse appends the reversal of a charge or continuation. It is idempotent (one reversal per
+// entry, id ReversalID(id)): reversing twice returns the first reversal.
+func (l *Ledger) Reverse(ctx context.Context, id, reason string) (Entry, error) {
+	e, err := l.find(ctx, "", id)
+	if err != nil {
+		return Entry{}, fmt.Errorf("ledger: reverse %s: %w", id, err)
+	}
+	out, _, err := l.reverse(ctx, &e, reason)
+	return out, err
+}
+
+// reverse appends the reversal of e; created reports whether it was new.
+func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string) (Entry, bool, error) {
+	if e.Kind != KindCharge && e.Kind != KindContinuation {
+		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w: a %s cannot be reversed", e.ID, ErrInvalid, e.Kind)
+	}
+	r := *e
+	r.ID, r.Kind, r.Refers, r.Reason = ReversalID(e.ID), KindReversal, e.ID, reason
+	r.Time, r.Fence, r.Completed = l.now().UTC(), 0, false
+	r.PrevHash, r.Hash, r.Seq = "", "", 0
+	return l.append(ctx, r, nil)
+}
+
+// find returns the entry id; tenant narrows the search ("" searches every tenant: the chains
+// this process holds, then the whole stream).
+func (l *Ledger) find(ctx context.Context, tenant, id string) (Entry, error) {
+	if tenant != "" {
+		c := l.chain(tenant)
+		c.mu.Lock()
+		seq, ok, err := c.lookup(ctx, l, id)
+		c.mu.Unlock()
+		if err != nil {
+			return Entry{}, err
+		}
+		if !ok {
+			return Entry{}, ErrNotFound
+		}
+		return l.entryAt(ctx, seq)
+	}
+	l.mu.Lock()
+	chains := make([]*chain, 0, len(l.chains))
+	for _, c := range l.chains {
+		chains = append(chains, c)
+	}
+	l.mu.Unlock()
+	for _, c := range chains {
+		c.mu.Lock()
+		seq, ok := uint64(0), false
+		if c.loaded {
+			seq, ok = c.ids[digest(id)]
+		}
+		c.mu.Unlock()
+		if ok {
+			return l.entryAt(ctx, seq)
+		}
+	}
+	var found *Entry
+	errStop := errors.New("stop")
+	err := l.scan(ctx, allSubjects, 1, 0, func(e *Entry) error {
+		if e.ID == id {
+			found = e
+			return errStop
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errStop) {
+		return Entry{}, err
+	}
+	if found == nil {
+		return Entry{}, ErrNotFound
+	}
+	return *found, nil
+}

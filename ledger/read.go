@@ -1,0 +1,189 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// scanBatch is how many messages a scan keeps in flight.
+const scanBatch = 4096
+
+// followMax is how many entries follow reads one by one before it switches to a scan.
+const followMax = 64
+
+// entryAt reads the entry stored at seq.
+func (l *Ledger) entryAt(ctx context.Context, seq uint64) (Entry, error) {
+	st, err := l.stream(ctx)
+	if err != nil {
+		return Entry{}, err
+	}
+	if st == nil {
+		return Entry{}, fmt.Errorf("ledger: read seq %d: %w", seq, ErrNotFound)
+	}
+	m, err := st.GetMsg(ctx, seq)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return Entry{}, fmt.Errorf("ledger: read seq %d: %w", seq, ErrNotFound)
+		}
+		return Entry{}, fmt.Errorf("ledger: read seq %d: %w", seq, err)
+	}
+	return decodeStored(m.Data, m.Sequence)
+}
+
+// lastSeq is the sequence of the last message on subject (allSubjects: of the stream); 0 if
+// there is none.
+func lastSeq(ctx context.Context, st jetstream.Stream, subject string) (uint64, error) {
+	if subject == allSubjects {
+		info, err := st.Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("ledger: stream info: %w", err)
+		}
+		if info.State.Msgs == 0 {
+			return 0, nil
+		}
+		return info.State.LastSeq, nil
+	}
+	m, err := st.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("ledger: last entry of %s: %w", subject, err)
+	}
+	return m.Sequence, nil
+}
+
+// scan calls fn for every entry on subject (a tenant subject or allSubjects) with a sequence
+// from start up to end (0: up to the subject's last entry when the scan starts), in order. It
+// reads with one ordered consumer and stops at the last sequence it was asked for, so entries
+// appended meanwhile do not make it run forever. fn's error stops the scan and is returned.
+func (l *Ledger) scan(ctx context.Context, subject string, start, end uint64, fn func(*Entry) error) error {
+	st, err := l.stream(ctx)
+	if err != nil || st == nil {
+		return err
+	}
+	target, err := lastSeq(ctx, st, subject)
+	if err != nil {
+		return err
+	}
+	if end != 0 && end < target {
+		target = end
+	}
+	if start < 1 {
+		start = 1
+	}
+	if target < start {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: 30 * time.Second}
+	if start > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
+	cons, err := st.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("ledger: read %s: %w", subject, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(scanBatch))
+	if err != nil {
+		return fmt.Errorf("ledger: read %s: %w", subject, err)
+	}
+	defer func() {
+		it.Stop()
+		// Do not leave the ephemeral consumer to its inactivity timeout.
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = st.DeleteConsumer(dctx, info.Name)
+			cancel()
+		}
+	}()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("ledger: read %s: %w", subject, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("ledger: read %s: %w", subject, err)
+		}
+		seq := md.Sequence.Stream
+		if seq > target {
+			return nil // the subject had nothing more up to the target (a bounded scan)
+		}
+		e, err := decodeStored(m.Data(), seq)
+		if err != nil {
+			return err
+		}
+		if err := fn(&e); err != nil {
+			return err
+		}
+		if seq >= target || md.NumPending == 0 {
+			return nil
+		}
+	}
+}
+
+// follow calls fn for the entries on subject from sequence start: one direct read per entry
+// for the first few, a scan for the rest. For catching up with a few new entries.
+func (l *Ledger) follow(ctx context.Context, subject string, start uint64, fn func(*Entry) error) error {
+	st, err := l.stream(ctx)
+	if err != nil || st == nil {
+		return err
+	}
+	for i := 0; i < followMax; i++ {
+		m, err := st.GetMsg(ctx, start, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("ledger: read %s from %d: %w", subject, start, err)
+		}
+		e, err := decodeStored(m.Data, m.Sequence)
+		if err != nil {
+			return err
+		}
+		if err := fn(&e); err != nil {
+			return err
+		}
+		start = m.Sequence + 1
+	}
+	return l.scan(ctx, subject, start, 0, fn)
+}
+
+// Scan calls fn, in stream order, for every entry of tenant ("" = every tenant) whose Time is
+// in [from, to) (a zero from or to leaves that side open). It reads the tenant's whole subject
+// (or the whole stream) and filters on Entry.Time, the appender's clock: no assumption about
+// the server's clock, at the price of a read that grows with the ledger, not the period.
+// fn's error stops the scan and is returned.
+func (l *Ledger) Scan(ctx context.Context, tenant string, from, to time.Time, fn func(Entry) error) error {
+	subject := allSubjects
+	if tenant != "" {
+		subject = Subject(tenant)
+	}
+	return l.scan(ctx, subject, 1, 0, func(e *Entry) error {
+		if tenant != "" && e.Tenant != tenant {
+			return fmt.Errorf("%w: seq %d on the subject of another tenant", ErrCorrupt, e.Seq)
+		}
+		if (!from.IsZero() && e.Time.Before(from)) || (!to.IsZero() && !e.Time.Before(to)) {
+			return nil
+		}
+		return fn(*e)
+	})
+}
+
+// Entries returns the entries of tenant ("" = every tenant) whose Time is in [from, to) (zero:
+// open), in stream order.
+func (l *Ledger) Entries(ctx context.Context, tenant string, from, to time.Time) ([]Entry, error) {
+	var out []Entry
+	err := l.Scan(ctx, tenant, from, to, func(e Entry) error {
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -1,0 +1,105 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamConfig is the configuration EnsureStream creates LEDGER with (replicas 1; an existing
+// stream keeps its own replica count).
+func StreamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              StreamName,
+		Description:       "oncegate billing ledger: append-only, hash-chained per tenant",
+		Subjects:          []string{allSubjects},
+		Retention:         jetstream.LimitsPolicy,
+		Storage:           jetstream.FileStorage,
+		Discard:           jetstream.DiscardNew,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxAge:            0,
+		MaxMsgsPerSubject: -1,
+		Duplicates:        DuplicateWindow,
+		DenyDelete:        true,
+		DenyPurge:         true,
+		AllowRollup:       false,
+		Replicas:          1,
+	}
+}
+
+// EnsureStream creates the LEDGER stream, or brings an existing one up to the ledger's
+// protections without ever lowering one: deletes, purges and rollups denied, discard new, no
+// age limit and no per-subject limit (both evict entries), message TTLs off, synchronous
+// persistence, a duplicate window of at least DuplicateWindow. Limits that only refuse new
+// entries (MaxMsgs, MaxBytes with discard new), replicas and placement are kept. It updates
+// the stream only when something must change, so it is idempotent and needs no update
+// permission on a stream that is already right. A memory, mirrored or sealed LEDGER is an
+// ErrStreamConfig.
+func EnsureStream(ctx context.Context, js jetstream.JetStream) error {
+	want := StreamConfig()
+	st, err := js.Stream(ctx, StreamName)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = js.CreateStream(ctx, want)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("ledger: create stream %s: %w", StreamName, err)
+		}
+		st, err = js.Stream(ctx, StreamName) // created meanwhile by another process: check it
+	}
+	if err != nil {
+		return fmt.Errorf("ledger: stream %s: %w", StreamName, err)
+	}
+	cur := st.CachedInfo().Config
+	next, err := tighten(cur)
+	if err != nil {
+		return err
+	}
+	if reflect.DeepEqual(next, cur) {
+		return nil
+	}
+	if _, err := js.UpdateStream(ctx, next); err != nil {
+		return fmt.Errorf("ledger: update stream %s: %w", StreamName, err)
+	}
+	return nil
+}
+
+// tighten returns cur with every ledger protection in place.
+func tighten(cur jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+	switch {
+	case cur.Storage != jetstream.FileStorage:
+		return cur, fmt.Errorf("%w: %s uses %s storage; the ledger needs file storage (recreate it)", ErrStreamConfig, StreamName, cur.Storage)
+	case cur.Mirror != nil:
+		return cur, fmt.Errorf("%w: %s is a mirror; the ledger must be the origin", ErrStreamConfig, StreamName)
+	case cur.Sealed:
+		return cur, fmt.Errorf("%w: %s is sealed", ErrStreamConfig, StreamName)
+	case cur.Retention != jetstream.LimitsPolicy:
+		return cur, fmt.Errorf("%w: %s has retention %s; the ledger needs limits retention", ErrStreamConfig, StreamName, cur.Retention)
+	}
+	next := cur
+	next.Subjects = slices.Clone(cur.Subjects)
+	if !slices.Contains(next.Subjects, allSubjects) {
+		next.Subjects = append(next.Subjects, allSubjects)
+	}
+	next.DenyDelete, next.DenyPurge, next.AllowRollup = true, true, false
+	next.Discard = jetstream.DiscardNew
+	next.MaxAge = 0
+	next.MaxMsgsPerSubject = -1
+	next.DiscardNewPerSubject = false
+	next.AllowMsgTTL, next.SubjectDeleteMarkerTTL = false, 0
+	next.PersistMode = jetstream.DefaultPersistMode
+	next.Duplicates = max(cur.Duplicates, DuplicateWindow)
+	if next.MaxMsgs == 0 {
+		next.MaxMsgs = -1
+	}
+	if next.MaxBytes == 0 {
+		next.MaxBytes = -1
+	}
+	return next, nil
+}
