@@ -62,6 +62,7 @@ func TestContinuation(t *testing.T) {
 			for _, stream := range []bool{true, false} {
 				name := tt.name + map[bool]string{true: "/stream", false: "/non-stream"}[stream]
 				t.Run(name, func(t *testing.T) {
+					settle(t, h.srv) // the previous request's handler may still be counting
 					h.srv.Reset()
 					fields := map[string]any{"stream": stream}
 					if stream {
@@ -134,6 +135,7 @@ func TestContinuationErrors(t *testing.T) {
 			{"non-string content", partsContent, "messages"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
+				settle(t, h.srv) // the previous request's handler may still be counting
 				h.srv.Reset()
 				resp, data := h.chat(t, tc.body, nil)
 				e := decode[wireError](t, data)
@@ -154,6 +156,7 @@ func TestContinuationErrors(t *testing.T) {
 func TestContinuationAfterDrop(t *testing.T) {
 	forEachTransport(t, Options{}, func(t *testing.T, h *harness) {
 		_, full := fullAnswer(t, h, nil)
+		settle(t, h.srv) // the previous request's handler may still be counting
 		h.srv.Reset()
 		fields := map[string]any{"stream": true, "mock": map[string]any{"fault": "drop_after", "fault_after": 4, "fault_first_n": 1}}
 		resp := h.do(t, http.MethodPost, "/v1/chat/completions", chatReq(t, fields), nil)
