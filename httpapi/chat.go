@@ -46,6 +46,7 @@ type generation struct {
 	deadline     time.Time           // the client's overall deadline (Oncegate-Timeout)
 	stream       bool
 	includeUsage bool
+	maxTokens    int // 0 = not set
 	body         []byte
 }
 
@@ -95,6 +96,14 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	if api == apiAnthropic {
 		if n, ok := obj["max_tokens"].(json.Number); !ok || !positiveInt(n) {
 			return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
+		}
+	}
+	for _, f := range []string{"max_completion_tokens", "max_tokens"} {
+		if n, ok := obj[f].(json.Number); ok {
+			if v, err := n.Int64(); err == nil && v > 0 {
+				g.maxTokens = int(v)
+				break
+			}
 		}
 	}
 	if v, present := obj["stream"]; present && v != nil {
@@ -243,6 +252,16 @@ type admission struct {
 	rec     *kv.Record
 	fl      *jobs.Follower // created and joined
 	jobID   string
+	// settle ends the budget reservation of a new execution (nil otherwise); call it once.
+	settle func()
+}
+
+// done settles the admission's budget reservation, if any.
+func (a *admission) done() {
+	if a.settle != nil {
+		a.settle()
+		a.settle = nil
+	}
 }
 
 var errGone = errors.New("record vanished")
@@ -284,15 +303,36 @@ func (s *Server) newRecord(g *generation, jobID string, epoch int) *kv.Record {
 
 // create claims key with a new record and publishes its job; kv.ErrExists if taken.
 func (s *Server) create(ctx context.Context, g *generation, key, jobID, outcome string) (*admission, error) {
+	settle, err := s.reserve(ctx, g)
+	if err != nil {
+		// A copy of an intent that already exists is never refused by a budget.
+		if _, _, gerr := s.store.Get(ctx, key); gerr == nil {
+			return nil, fmt.Errorf("httpapi: claim: %w", kv.ErrExists)
+		}
+		return nil, err
+	}
 	rec := s.newRecord(g, jobID, 1)
 	rev, err := s.store.Claim(ctx, key, rec)
 	if err != nil {
+		settle(0)
 		if errors.Is(err, kv.ErrExists) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("httpapi: claim: %w", err)
 	}
-	return s.launch(ctx, g, key, rec, rev, outcome, true)
+	return s.launchSettled(ctx, g, key, rec, rev, outcome, true, settle)
+}
+
+// launchSettled launches a new execution holding a budget reservation.
+func (s *Server) launchSettled(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, outcome string, newJob bool, settle func(int64)) (*admission, error) {
+	adm, err := s.launch(ctx, g, key, rec, rev, outcome, newJob)
+	if err != nil {
+		settle(0)
+		return nil, err
+	}
+	estimate := s.estimate(g)
+	adm.settle = func() { settle(estimate) } // the ledger charge replaces it once written
+	return adm, nil
 }
 
 // launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
@@ -401,11 +441,16 @@ func (s *Server) reclaim(ctx context.Context, g *generation, old *kv.Record, rev
 	if jobID == old.JobID {
 		rec.Created = old.Created
 	}
-	nrev, err := s.store.Update(ctx, g.recKey, rec, rev)
+	settle, err := s.reserve(ctx, g)
 	if err != nil {
 		return nil, err
 	}
-	return s.launch(ctx, g, g.recKey, rec, nrev, outcomeCreated, jobID != old.JobID)
+	nrev, err := s.store.Update(ctx, g.recKey, rec, rev)
+	if err != nil {
+		settle(0)
+		return nil, err
+	}
+	return s.launchSettled(ctx, g, g.recKey, rec, nrev, outcomeCreated, jobID != old.JobID, settle)
 }
 
 // Log field names.

@@ -39,6 +39,12 @@ func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *admissio
 
 // deliver answers a generation request from its admission.
 func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
+	streaming := false
+	defer func() {
+		if !streaming {
+			adm.done()
+		}
+	}()
 	s.setGenerationHeaders(c, g, adm)
 	if adm.fl == nil {
 		return s.replay(c, g, adm.rec)
@@ -77,6 +83,7 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			frames, usage, seen = nil, nil, 0
 		}
 		if g.stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
+			streaming = true // the stream writer settles when the stream ends
 			s.streamLive(c, g, adm, ch)
 			return nil
 		}
@@ -203,6 +210,7 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
 		out.w = bw
 		defer fl.Close()
+		defer adm.done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
 		for ch := first; ; {
@@ -304,6 +312,7 @@ func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *admission) er
 	if adm.fl != nil {
 		adm.fl.Close()
 	}
+	adm.done() // nobody follows an async job here: its cost counts through the budget's settle hold, then the ledger
 	s.setGenerationHeaders(c, g, adm)
 	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.jobID)
 	status := jobStatus(adm.rec)

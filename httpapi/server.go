@@ -26,6 +26,7 @@ import (
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/ledger"
 )
 
 // Router resolves a model name to the backends that serve it.
@@ -50,9 +51,15 @@ type Deps struct {
 	// Status reads the workers' backend health (circuit breakers, retry budgets).
 	Status  StatusReader
 	Tenants []config.Tenant
-	Idem    config.Idempotency
-	HTTP    config.HTTP
-	Log     zerolog.Logger
+	// Ledger, Budgets and AdminKeys enable billing (admin API, spend limits); all optional.
+	Ledger           LedgerReader
+	Budgets          Budgeter
+	Prices           ledger.Prices
+	DefaultMaxTokens int
+	AdminKeysSHA256  []string
+	Idem             config.Idempotency
+	HTTP             config.HTTP
+	Log              zerolog.Logger
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -67,9 +74,15 @@ type Server struct {
 	router  Router
 	status  StatusReader
 	tenants []tenantKeys
-	idem    config.Idempotency
-	log     zerolog.Logger
-	now     func() time.Time
+	// billing
+	ledger           LedgerReader
+	budgets          Budgeter
+	prices           ledger.Prices
+	defaultMaxTokens int
+	adminKeys        [][]byte
+	idem             config.Idempotency
+	log              zerolog.Logger
+	now              func() time.Time
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
 	writeTimeout time.Duration
 }
@@ -89,6 +102,8 @@ func New(d Deps) *Server {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.ledger, s.budgets, s.prices, s.defaultMaxTokens = d.Ledger, d.Budgets, d.Prices, d.DefaultMaxTokens
+	s.adminKeys = decodeKeyHashes(d.AdminKeysSHA256)
 	for _, t := range d.Tenants {
 		tk := tenantKeys{id: t.ID}
 		for _, h := range t.APIKeysSHA256 {
@@ -117,6 +132,7 @@ func New(d Deps) *Server {
 	v1.Post("/chat/completions", s.chatCompletions)
 	v1.Post("/messages", s.messages)
 	s.routesJobs(v1)
+	s.routesAdmin(v1)
 	return s
 }
 

@@ -138,6 +138,7 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	if err := ex.pub.Publish(ctx, terminal, res.Status, payload); err != nil {
 		ex.log.Warn().Err(err).Msg("publishing terminal chunk; followers will read the record")
 	}
+	ex.chargeFinal()
 	_ = ex.msg.Ack()
 }
 
@@ -173,7 +174,18 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 	if err := ex.pub.Publish(ctx, jobs.KindError, http.StatusOK, res.Body); err != nil {
 		ex.log.Warn().Err(err).Msg("publishing error chunk")
 	}
+	ex.chargeFinal()
 	_ = ex.msg.Ack()
+}
+
+// chargeFinal charges the outcome this worker stored.
+func (ex *execution) chargeFinal() {
+	ex.mu.Lock()
+	rec, rev := ex.rec, ex.rev
+	ex.mu.Unlock()
+	if rec != nil {
+		ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body)
+	}
 }
 
 // abandon stops after losing the record (fenced) or failing to write: the job is not acked,

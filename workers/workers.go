@@ -49,6 +49,8 @@ type Options struct {
 	Now func() time.Time
 	// Board, when set, gets this pool's backend status every few seconds (the status API).
 	Board Board
+	// Ledger, when set, is charged for every execution that produced billable output.
+	Ledger Ledger
 	// SweepEvery is how often the pool looks for PENDING records whose lease ran out with no
 	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them; 0
 	// means one minute, negative disables the sweeper.
@@ -202,6 +204,11 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	if rec.JobID != job.ID || rec.Epoch != job.Epoch || rec.State != kv.Pending || rec.Cancelled {
+		if rec.JobID == job.ID && rec.Epoch == job.Epoch && rec.State != kv.Pending {
+			// Finished, but not acked: its worker may have died before charging. Charging is
+			// idempotent, so make sure.
+			p.charge(ctx, job.Key, rec, rev, job.Body)
+		}
 		log.Debug().Str("state", string(rec.State)).Int("record_epoch", rec.Epoch).Msg("stale job; dropping")
 		_ = m.Ack()
 		return

@@ -73,6 +73,8 @@ type Config struct {
 	Backends    []Backend   `yaml:"backends"`
 	Routes      []Route     `yaml:"routes"`
 	Tenants     []Tenant    `yaml:"tenants"`
+	Ledger      Ledger      `yaml:"ledger"`
+	Admin       Admin       `yaml:"admin"`
 }
 
 // NATS configures the connection to NATS, or the embedded server.
@@ -247,6 +249,35 @@ type Route struct {
 type Tenant struct {
 	ID            string   `yaml:"id"`
 	APIKeysSHA256 []string `yaml:"api_keys_sha256"` // hex sha256 of each API key
+	Budget        *Budget  `yaml:"budget"`          // nil = no spend limit
+}
+
+// Budget is a tenant's spend limit per period, in micro-units of the ledger's currency.
+type Budget struct {
+	Limit  int64  `yaml:"limit"`
+	Period string `yaml:"period"` // day | month
+}
+
+// Ledger configures billing: the price table and the reconciler.
+type Ledger struct {
+	Currency string `yaml:"currency"`
+	// Prices per model, in micro-units per million tokens.
+	Prices map[string]Price `yaml:"prices"`
+	// ReconcileEvery is how often a worker process runs the reconciler.
+	ReconcileEvery Duration `yaml:"reconcile_every"`
+	// DefaultMaxTokens estimates a request's output for budget admission when it sets none.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+}
+
+// Price of a model per million tokens, in micro-units.
+type Price struct {
+	InputPerMillion  int64 `yaml:"input_per_million"`
+	OutputPerMillion int64 `yaml:"output_per_million"`
+}
+
+// Admin configures the admin API (/v1/admin/…).
+type Admin struct {
+	APIKeysSHA256 []string `yaml:"api_keys_sha256"` // empty = the admin API is off
 }
 
 // backend has Backend's fields but no methods; it lets Backend.UnmarshalYAML
@@ -348,6 +379,7 @@ func Default() *Config {
 			RenewEvery: Duration(3 * time.Second),
 		},
 		Backends: []Backend{defaultMock()},
+		Ledger:   Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024},
 	}
 }
 

@@ -130,6 +130,8 @@ func (c *Config) Validate() error {
 	v.backends(c.Backends)
 	v.routes(c.Routes, c.Backends)
 	v.tenants(c.Tenants)
+	v.ledger(&c.Ledger)
+	v.admin(&c.Admin)
 	if len(v.errs) == 0 {
 		return nil
 	}
@@ -477,8 +479,41 @@ func (v *validator) tenants(ts []Tenant) {
 			}
 			keys[k] = kp
 		}
+		if b := t.Budget; b != nil {
+			if b.Limit <= 0 {
+				v.add(p+".budget.limit", "must be > 0 micro-units, got %d", b.Limit)
+			}
+			v.oneOf(p+".budget.period", b.Period, "day", "month")
+		}
 	}
 }
+
+func (v *validator) ledger(l *Ledger) {
+	if !currencyRE.MatchString(l.Currency) {
+		v.add("ledger.currency", "must be a 3-letter upper-case currency code, got %q", l.Currency)
+	}
+	if l.ReconcileEvery.D() < time.Second {
+		v.add("ledger.reconcile_every", "must be at least 1s, got %s", l.ReconcileEvery)
+	}
+	if l.DefaultMaxTokens < 1 {
+		v.add("ledger.default_max_tokens", "must be >= 1, got %d", l.DefaultMaxTokens)
+	}
+	for m, p := range l.Prices {
+		if p.InputPerMillion < 0 || p.OutputPerMillion < 0 {
+			v.add("ledger.prices."+m, "prices must be >= 0 micro-units per million tokens")
+		}
+	}
+}
+
+func (v *validator) admin(a *Admin) {
+	for j, k := range a.APIKeysSHA256 {
+		if !sha256HexRE.MatchString(k) {
+			v.add(fmt.Sprintf("admin.api_keys_sha256[%d]", j), "must be the hex sha256 of an API key: exactly 64 lowercase hex characters")
+		}
+	}
+}
+
+var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
 
 // hostPort checks a host:port listen address with a numeric port.
 func (v *validator) hostPort(path, addr string) {

@@ -26,6 +26,7 @@ import (
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/ledger"
 	"github.com/oncegate/oncegate/workers"
 )
 
@@ -118,6 +119,9 @@ func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv f
 	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
 		return nil, err
 	}
+	if err := ledger.EnsureStream(ctx, setupJS); err != nil {
+		return nil, err
+	}
 	logRouting(log, cfg)
 
 	if cfg.Role == "all" || cfg.Role == "worker" {
@@ -184,12 +188,19 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
+		Ledger: g.newLedger(js),
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
+	reconciled := make(chan struct{})
+	go func() {
+		defer close(reconciled)
+		g.reconcileLoop(wctx, g.newLedger(js))
+	}()
 	go func() {
 		defer close(g.workersDone)
+		defer func() { <-reconciled }()
 		if err := pool.Run(wctx); err != nil {
 			g.log.Error().Err(err).Msg("workers stopped")
 		}
@@ -209,7 +220,14 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if len(g.cfg.Tenants) == 0 {
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}
+	led := g.newLedger(js)
+	budgets, err := newBudgets(led, g.cfg.Tenants)
+	if err != nil {
+		return err
+	}
 	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Store: store, Hub: g.hub, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
+		Ledger: led, Budgets: budgets, Prices: prices(g.cfg.Ledger), DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
+		AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256,
 		Idem: g.cfg.Idempotency, HTTP: g.cfg.HTTP, Log: apiLog})
 	g.ln, err = net.Listen("tcp", g.cfg.Listen)
 	if err != nil {
@@ -296,4 +314,76 @@ func (g *Gateway) Connect(name string) (*nats.Conn, error) {
 		return g.ns.Connect(name)
 	}
 	return natsrv.ConnectURL(g.cfg.NATS.URL, name)
+}
+
+// newLedger is the billing ledger on js, priced from the configuration.
+func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
+	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log.With().Str("component", "ledger").Logger()))
+}
+
+func prices(l config.Ledger) ledger.Prices {
+	p := ledger.Prices{}
+	for m, pr := range l.Prices {
+		p[m] = ledger.Price{InputPerMillion: pr.InputPerMillion, OutputPerMillion: pr.OutputPerMillion}
+	}
+	return p
+}
+
+// reconcileLoop reverses charges that bill one intent twice, every ledger.reconcile_every.
+func (g *Gateway) reconcileLoop(ctx context.Context, l *ledger.Ledger) {
+	t := time.NewTicker(g.cfg.Ledger.ReconcileEvery.D())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rep, err := l.Reconcile(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				g.log.Warn().Err(err).Msg("reconcile")
+			}
+			continue
+		}
+		if len(rep.Appended) > 0 {
+			g.log.Warn().Int("reversals", len(rep.Appended)).Int64("reversed_micros", rep.ReversedMicros).Msg("reconciler reversed duplicate charges")
+		}
+	}
+}
+
+// budgets routes each tenant to the Budgets of its period; tenants without a limit pass.
+type budgets map[string]*ledger.Budgets
+
+func newBudgets(l *ledger.Ledger, tenants []config.Tenant) (budgets, error) {
+	limits := map[ledger.Period]map[string]int64{}
+	for _, t := range tenants {
+		if t.Budget == nil {
+			continue
+		}
+		p := ledger.Period(t.Budget.Period)
+		if limits[p] == nil {
+			limits[p] = map[string]int64{}
+		}
+		limits[p][t.ID] = t.Budget.Limit
+	}
+	out := budgets{}
+	for p, lim := range limits {
+		b, err := ledger.NewBudgets(l, p, lim)
+		if err != nil {
+			return nil, err
+		}
+		for tenant := range lim {
+			out[tenant] = b
+		}
+	}
+	return out, nil
+}
+
+// Reserve admits estimateMicros against the tenant's budget, if it has one.
+func (b budgets) Reserve(ctx context.Context, tenant string, estimateMicros int64) (func(int64), error) {
+	if bb, ok := b[tenant]; ok {
+		return bb.Reserve(ctx, tenant, estimateMicros)
+	}
+	return func(int64) {}, nil
 }

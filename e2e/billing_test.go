@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/gwtest"
+)
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// TestBilling: every execution that produced output is charged once in the ledger, priced
+// from the config; replays cost nothing; the admin API shows entries and bills; a tenant at
+// its budget gets 429 budget_exceeded with no backend call, while its replays still succeed.
+func TestBilling(t *testing.T) {
+	cfg := gwtest.Config(t)
+	cfg.Ledger.Prices = map[string]config.Price{"oncegate-mock": {InputPerMillion: 1_000_000, OutputPerMillion: 2_000_000}}
+	cfg.Admin.APIKeysSHA256 = []string{sha("admin-key")}
+	// One mock answer costs 1 µ per input token + 2 µ per output token: 16 tokens → 32 µ plus
+	// the input. Admission estimates input (4 bytes a token) + max_tokens: about 50 µ, so
+	// "capped" (60 µ a day) can afford one execution and not two.
+	cfg.Tenants = []config.Tenant{
+		{ID: "capped", APIKeysSHA256: []string{sha("sk-capped")}, Budget: &config.Budget{Limit: 60, Period: "day"}},
+		{ID: "free", APIKeysSHA256: []string{sha("sk-free")}},
+	}
+	gw := gwtest.Start(t, cfg)
+	mock := gw.Mock(t, "mock")
+	capped := map[string]string{"Authorization": "Bearer sk-capped", "Idempotency-Key": "bill-1"}
+	body := chatBody("oncegate-mock", "charge me once", `"max_tokens":16`)
+
+	resp, first := postChat(t, gw.URL, body, capped)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: %d %s", resp.StatusCode, first)
+	}
+	// The charge is written after the answer, before the job is acked: poll for it.
+	admin := map[string]string{"Authorization": "Bearer admin-key"}
+	var entries struct {
+		Data []struct {
+			Kind         string `json:"kind"`
+			Tenant       string `json:"tenant"`
+			InputTokens  int    `json:"input_tokens"`
+			OutputTokens int    `json:"output_tokens"`
+			CostMicros   int64  `json:"cost_micros"`
+			Estimated    bool   `json:"estimated"`
+		} `json:"data"`
+	}
+	gwtest.Eventually(t, 10e9, func() bool {
+		r, b := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=capped", "", "", admin)
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("admin ledger: %d %s", r.StatusCode, b)
+		}
+		_ = json.Unmarshal(b, &entries)
+		return len(entries.Data) > 0
+	}, "a charge in the ledger")
+	e := entries.Data[0]
+	if len(entries.Data) != 1 || e.Kind != "charge" || e.Tenant != "capped" || e.OutputTokens != 16 || e.Estimated ||
+		e.CostMicros != int64(e.InputTokens)*1+int64(e.OutputTokens)*2 {
+		t.Fatalf("entries = %+v", entries.Data)
+	}
+
+	// A replay of the same intent costs nothing, and is never refused by the budget.
+	resp, again := postChat(t, gw.URL, body, capped)
+	if resp.StatusCode != http.StatusOK || string(again) != string(first) || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+		t.Fatalf("replay: %d %s", resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"))
+	}
+	// A new intent would exceed the budget: 429 budget_exceeded, no backend call.
+	before := mock.Stats().Requests
+	resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", "one more, please", `"max_tokens":16`), map[string]string{"Authorization": "Bearer sk-capped"})
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("over budget: %d %s", resp.StatusCode, b)
+	}
+	assertOpenAIError(t, resp, b, "budget_exceeded")
+	if n := mock.Stats().Requests; n != before {
+		t.Fatalf("backend executions %d -> %d for a refused request", before, n)
+	}
+	// Another tenant is not affected.
+	resp, b = postChat(t, gw.URL, chatBody("oncegate-mock", "one more, please", `"max_tokens":16`), map[string]string{"Authorization": "Bearer sk-free"})
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("uncapped tenant: %d %s", resp.StatusCode, b)
+	}
+
+	// The bill: gross = net = the one charge.
+	r, bb := do(t, http.MethodGet, gw.URL+"/v1/admin/bill?tenant=capped", "", "", admin)
+	var bill struct {
+		GrossMicros    int64 `json:"gross_micros"`
+		ReversedMicros int64 `json:"reversed_micros"`
+		NetMicros      int64 `json:"net_micros"`
+		Charges        int   `json:"charges"`
+	}
+	if err := json.Unmarshal(bb, &bill); err != nil || r.StatusCode != http.StatusOK {
+		t.Fatalf("bill: %d %s", r.StatusCode, bb)
+	}
+	if bill.Charges != 1 || bill.GrossMicros != e.CostMicros || bill.NetMicros != e.CostMicros || bill.ReversedMicros != 0 {
+		t.Fatalf("bill = %s", bb)
+	}
+	// The admin API needs the admin key; a tenant key is refused.
+	r, _ = do(t, http.MethodGet, gw.URL+"/v1/admin/bill?tenant=capped", "", "", map[string]string{"Authorization": "Bearer sk-capped"})
+	if r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("admin bill with a tenant key: %d", r.StatusCode)
+	}
+}

@@ -1,0 +1,156 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/oncegate/oncegate/ledger"
+)
+
+// LedgerReader is what the admin API reads from the billing ledger.
+type LedgerReader interface {
+	Entries(ctx context.Context, tenant string, from, to time.Time) ([]ledger.Entry, error)
+	Bill(ctx context.Context, tenant string, from, to time.Time) (*ledger.Bill, error)
+}
+
+// Budgeter admits new executions against tenants' spend limits.
+type Budgeter interface {
+	Reserve(ctx context.Context, tenant string, estimateMicros int64) (release func(actualMicros int64), err error)
+}
+
+func (s *Server) routesAdmin(r fiber.Router) {
+	r.Get("/admin/ledger", s.adminLedger)
+	r.Get("/admin/bill", s.adminBill)
+}
+
+// authenticateAdmin checks the admin key (Authorization: Bearer or x-api-key). With no admin
+// key configured the admin API does not exist (404).
+func (s *Server) authenticateAdmin(c *fiber.Ctx) error {
+	if len(s.adminKeys) == 0 || s.ledger == nil {
+		return errNotFound("unknown URL")
+	}
+	key := c.Get("x-api-key")
+	if auth := c.Get(fiber.HeaderAuthorization); key == "" && len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+		key = strings.TrimSpace(auth[7:])
+	}
+	sum := sha256.Sum256([]byte(key))
+	ok := 0
+	for _, h := range s.adminKeys {
+		ok |= subtle.ConstantTimeCompare(sum[:], h)
+	}
+	if key == "" || ok != 1 {
+		return &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: "an admin API key is required"}
+	}
+	return nil
+}
+
+// adminLedger is GET /v1/admin/ledger?tenant=&from=&to=: the entries, as JSON lines.
+func (s *Server) adminLedger(c *fiber.Ctx) error {
+	if err := s.authenticateAdmin(c); err != nil {
+		return err
+	}
+	from, to, err := timeRange(c.Query("from"), c.Query("to"))
+	if err != nil {
+		return err
+	}
+	entries, err := s.ledger.Entries(c.UserContext(), c.Query("tenant"), from, to)
+	if err != nil {
+		return err
+	}
+	return c.JSON(fiber.Map{"object": "list", "data": entries})
+}
+
+// adminBill is GET /v1/admin/bill?tenant=&period=YYYY-MM|YYYY-MM-DD: gross, reversals, net.
+func (s *Server) adminBill(c *fiber.Ctx) error {
+	if err := s.authenticateAdmin(c); err != nil {
+		return err
+	}
+	from, to, err := period(c.Query("period"))
+	if err != nil {
+		return err
+	}
+	bill, err := s.ledger.Bill(c.UserContext(), c.Query("tenant"), from, to)
+	if err != nil {
+		return err
+	}
+	return c.JSON(bill)
+}
+
+func timeRange(fromS, toS string) (from, to time.Time, err error) {
+	to = time.Now().Add(time.Minute)
+	if fromS != "" {
+		if from, err = time.Parse(time.RFC3339, fromS); err != nil {
+			return from, to, badRequest("invalid_value", "from", "from must be an RFC 3339 time")
+		}
+	}
+	if toS != "" {
+		if to, err = time.Parse(time.RFC3339, toS); err != nil {
+			return from, to, badRequest("invalid_value", "to", "to must be an RFC 3339 time")
+		}
+	}
+	if !to.After(from) {
+		return from, to, badRequest("invalid_value", "to", "to must be after from")
+	}
+	return from, to, nil
+}
+
+// period parses a month (2026-11) or a day (2026-11-29), UTC; empty is the current month.
+func period(p string) (from, to time.Time, err error) {
+	if p == "" {
+		now := time.Now().UTC()
+		from = time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+		return from, from.AddDate(0, 1, 0), nil
+	}
+	if from, err = time.Parse("2006-01-02", p); err == nil {
+		return from, from.AddDate(0, 0, 1), nil
+	}
+	if from, err = time.Parse("2006-01", p); err == nil {
+		return from, from.AddDate(0, 1, 0), nil
+	}
+	return from, to, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")
+}
+
+// reserve admits a new execution against the tenant's budget (replays and joins never come
+// here). The estimate is the price of the request's input (4 bytes a token) and of its
+// max_tokens (or the configured default).
+func (s *Server) reserve(ctx context.Context, g *generation) (func(int64), error) {
+	if s.budgets == nil {
+		return func(int64) {}, nil
+	}
+	release, err := s.budgets.Reserve(ctx, g.tenant, s.estimate(g))
+	if errors.Is(err, ledger.ErrBudgetExceeded) {
+		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
+			Message: "this tenant's spend limit for the period is reached", ShouldRetry: &retryNo}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return release, nil
+}
+
+// estimate is what a new execution of g may cost.
+func (s *Server) estimate(g *generation) int64 {
+	out := g.maxTokens
+	if out <= 0 {
+		out = s.defaultMaxTokens
+	}
+	return s.prices.Cost(g.model, ledger.EstimateTokens(g.body), out)
+}
+
+func decodeKeyHashes(hexes []string) [][]byte {
+	var out [][]byte
+	for _, h := range hexes {
+		if b, err := hex.DecodeString(h); err == nil {
+			out = append(out, b)
+		}
+	}
+	return out
+}
