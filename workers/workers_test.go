@@ -67,7 +67,7 @@ func (r *rig) claim(t *testing.T, key, body string, stream bool) (*kv.Record, ui
 	now := time.Now()
 	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
 		Created: now, EpochStarted: now, LeaseUntil: now.Add(2 * time.Second), Progress: kv.ProgressQueued,
-		Model: "oncegate-mock", Backend: "mock", Stream: stream, Request: json.RawMessage(body)}
+		Model: "oncegate-mock", Backends: []string{"mock"}, Stream: stream, Request: json.RawMessage(body)}
 	rev, err := r.store.Claim(context.Background(), key, rec)
 	if err != nil {
 		t.Fatal(err)

@@ -189,7 +189,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		Ledger: g.newLedger(js),
-		Log: g.log.With().Str("component", "workers").Logger(),
+		Log:    g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
@@ -228,7 +228,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Store: store, Hub: g.hub, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, Budgets: budgets, Prices: prices(g.cfg.Ledger), DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
 		AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256,
-		Idem: g.cfg.Idempotency, HTTP: g.cfg.HTTP, Log: apiLog})
+		Idem:            g.cfg.Idempotency, HTTP: g.cfg.HTTP, Log: apiLog})
 	g.ln, err = net.Listen("tcp", g.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", g.cfg.Listen, err)
