@@ -74,9 +74,10 @@ func WithSettleHold(d time.Duration) BudgetOption { return func(b *Budgets) { b.
 // Time in the period, read from the ledger) plus this process's outstanding reservations plus
 // its estimate stays within the limit. Tenants without a limit are never refused.
 //
-// The net spend is cached per tenant and period: the tenant's entries are read once, then only
-// the new ones on every Reserve (one read when nothing is new); an entry counts in the period
-// of its Time. Released costs keep counting for the settle hold (default
+// The net spend is cached per tenant and period: the first Reserve of a tenant reads its
+// entries stored since the current period began (by the server's clock, less an hour), later
+// ones only the new entries (one read when nothing is new); an entry counts in the period of
+// its Time. Released costs keep counting for the settle hold (default
 // 30 s) because the ledger charge of an execution is written off the request's critical path:
 // until it is, the hold stands in for it; meanwhile a cost may count twice, which errs on the
 // side of refusing. Reservations are per process: several API processes each admit up to the
@@ -130,22 +131,38 @@ func (b *Budgets) tenant(t string) *tenantBudget {
 	return tb
 }
 
-// refresh counts the tenant's entries appended since the last refresh (all of them the first
-// time). The caller holds tb.mu.
-func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget) error {
+// budgetMargin is how long before its period's start a budget's first read of a tenant starts
+// (by the server's store time), for entries stamped by a clock ahead of the server's.
+const budgetMargin = time.Hour
+
+// refresh counts the tenant's entries appended since the last refresh; the first time, those
+// stored since the current period started (less a margin). The caller holds tb.mu.
+func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, now time.Time) error {
 	count := func(e *Entry) error {
 		tb.lastSeq = e.Seq
 		tb.spent[b.period.start(e.Time)] += e.Signed()
 		return nil
 	}
-	if !tb.loaded {
-		if err := b.l.scan(ctx, Subject(tenant), 1, 0, count); err != nil {
+	subject := Subject(tenant)
+	if tb.loaded {
+		return b.l.follow(ctx, subject, tb.lastSeq+1, count)
+	}
+	st, err := b.l.stream(ctx)
+	if err != nil {
+		return err
+	}
+	var head uint64
+	if st != nil {
+		if head, _, err = last(ctx, st, subject); err != nil {
 			return err
 		}
-		tb.loaded = true
-		return nil
 	}
-	return b.l.follow(ctx, Subject(tenant), tb.lastSeq+1, count)
+	since := b.period.start(now).Add(-budgetMargin)
+	if err := b.l.scan(ctx, subject, span{since: since, end: head}, count); err != nil {
+		return err
+	}
+	tb.lastSeq, tb.loaded = head, true
+	return nil
 }
 
 // holding sums the settle holds still running at now, dropping the others.
@@ -179,10 +196,10 @@ func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int
 		return nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
 	defer tb.mu.Unlock()
-	if err := b.refresh(ctx, tenant, tb); err != nil {
+	now := b.now()
+	if err := b.refresh(ctx, tenant, tb, now); err != nil {
 		return nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
-	now := b.now()
 	ps := b.period.start(now)
 	spent, reserved := tb.spent[ps], tb.reserved+tb.holding(now)
 	if spent+reserved+estimateMicros > limit {
@@ -211,10 +228,10 @@ func (b *Budgets) Status(ctx context.Context, tenant string) (BudgetStatus, erro
 		return BudgetStatus{}, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
 	defer tb.mu.Unlock()
-	if err := b.refresh(ctx, tenant, tb); err != nil {
+	now := b.now()
+	if err := b.refresh(ctx, tenant, tb, now); err != nil {
 		return BudgetStatus{}, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
-	now := b.now()
 	ps := b.period.start(now)
 	return BudgetStatus{Tenant: tenant, Limited: limited, LimitMicros: limit, SpentMicros: tb.spent[ps],
 		ReservedMicros: tb.reserved + tb.holding(now), PeriodStart: ps}, nil

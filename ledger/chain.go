@@ -84,9 +84,12 @@ func encodeStored(e *Entry) []byte {
 
 // decodeStored parses a LEDGER message body.
 func decodeStored(data []byte, seq uint64) (Entry, error) {
-	var s stored
-	if err := json.Unmarshal(data, &s); err != nil {
-		return Entry{}, fmt.Errorf("%w: seq %d: %v", ErrCorrupt, seq, err)
+	s, ok := fastDecode(data)
+	if !ok {
+		s = stored{}
+		if err := json.Unmarshal(data, &s); err != nil {
+			return Entry{}, fmt.Errorf("%w: seq %d: %v", ErrCorrupt, seq, err)
+		}
 	}
 	if s.V != wireVersion {
 		return Entry{}, fmt.Errorf("%w: seq %d: version %d", ErrCorrupt, seq, s.V)
@@ -113,12 +116,14 @@ func digest(id string) idDigest {
 }
 
 // chain is what this process knows of one tenant's chain: its head and the ids of its entries
-// (up to lastSeq). Guarded by mu, which also serializes this process's appends to the tenant.
+// up to lastSeq (with a dedup horizon, only of the entries stored within it: partial). Guarded
+// by mu, which also serializes this process's appends to the tenant.
 type chain struct {
 	mu       chanMutex
 	tenant   string
 	subject  string
 	loaded   bool
+	partial  bool
 	lastSeq  uint64 // stream sequence of the tenant's last entry (0: none)
 	lastHash string
 	ids      map[idDigest]uint64
@@ -159,33 +164,76 @@ func (c *chain) add(e *Entry) error {
 	return nil
 }
 
-// sync brings the chain state up to the stream: all of it on first use, the new entries after.
-// The caller holds c.mu.
+// sync brings the chain state up to the stream: on first use the head and the ids (all of
+// them, or those within the dedup horizon), the new entries after. The caller holds c.mu.
 func (c *chain) sync(ctx context.Context, l *Ledger) error {
-	if !c.loaded {
-		c.ids = map[idDigest]uint64{}
-		c.lastSeq, c.lastHash = 0, ""
-		if err := l.scan(ctx, c.subject, 1, 0, c.add); err != nil {
+	if c.loaded {
+		return l.follow(ctx, c.subject, c.lastSeq+1, c.add)
+	}
+	c.ids = map[idDigest]uint64{}
+	c.lastSeq, c.lastHash = 0, ""
+	if l.horizon <= 0 {
+		if err := l.scan(ctx, c.subject, span{}, c.add); err != nil {
 			return err
 		}
 		c.loaded = true
 		return nil
 	}
-	return l.follow(ctx, c.subject, c.lastSeq+1, c.add)
+	st, err := l.stream(ctx)
+	if err != nil || st == nil {
+		if err == nil {
+			c.loaded = true
+		}
+		return err
+	}
+	head, headTime, err := last(ctx, st, c.subject)
+	if err != nil {
+		return err
+	}
+	since := time.Now().Add(-l.horizon) // compared with the server's store times
+	if head != 0 && headTime.Before(since) {
+		e, err := l.entryAt(ctx, head)
+		if err != nil {
+			return err
+		}
+		if err := c.add(&e); err != nil {
+			return err
+		}
+	} else if err := l.scan(ctx, c.subject, span{since: since, end: head}, c.add); err != nil {
+		return err
+	}
+	c.loaded, c.partial = true, true
+	return nil
 }
 
-// lookup finds id in the tenant's entries, syncing first if it is not known yet.
+// lookup finds id in the tenant's entries, syncing first if it is not known yet (and, with a
+// dedup horizon, reading the tenant's older entries).
 func (c *chain) lookup(ctx context.Context, l *Ledger, id string) (uint64, bool, error) {
+	d := digest(id)
 	if c.loaded {
-		if seq, ok := c.ids[digest(id)]; ok {
+		if seq, ok := c.ids[d]; ok {
 			return seq, true, nil
 		}
 	}
 	if err := c.sync(ctx, l); err != nil {
 		return 0, false, err
 	}
-	seq, ok := c.ids[digest(id)]
-	return seq, ok, nil
+	if seq, ok := c.ids[d]; ok || !c.partial {
+		return seq, ok, nil
+	}
+	var seq uint64
+	errFound := errors.New("found")
+	err := l.scan(ctx, c.subject, span{end: c.lastSeq}, func(e *Entry) error {
+		if e.ID == id {
+			seq = e.Seq
+			return errFound
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errFound) {
+		return 0, false, err
+	}
+	return seq, seq != 0, nil
 }
 
 // maxAppendTries bounds how often one append re-reads its chain after losing a race.
@@ -237,13 +285,18 @@ func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Contex
 			l.log.Debug().Str(fieldEntryID, e.ID).Str(fieldKind, e.Kind).Str(fieldTenant, e.Tenant).
 				Uint64(fieldSeq, e.Seq).Int64(fieldCost, e.CostMicros).Msg("ledger entry appended")
 			return e, true, nil
-		case err == nil: // in the duplicate window although our head was current: stored by someone else
-			if serr := c.sync(ctx, l); serr != nil {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, serr)
+		case err == nil:
+			// In the Nats-Msg-Id window although our head was current: the entry is older than
+			// the dedup horizon, or (a misuse) the id is taken on another tenant's subject.
+			prev, gerr := l.entryAt(ctx, ack.Sequence)
+			if gerr != nil {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, gerr)
 			}
-			if _, ok := c.ids[digest(e.ID)]; !ok {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: the id is taken on another subject (seq %d)", e.ID, ErrInvalid, ack.Sequence)
+			if prev.ID != e.ID || prev.Tenant != e.Tenant {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: the id is taken by seq %d of another tenant", e.ID, ErrInvalid, ack.Sequence)
 			}
+			c.ids[digest(e.ID)] = prev.Seq
+			return prev, false, nil
 		case wrongLast(err):
 			if serr := c.sync(ctx, l); serr != nil {
 				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, serr)

@@ -238,6 +238,15 @@ func WithLogger(log zerolog.Logger) Option {
 	return func(l *Ledger) { l.log = log.With().Str("component", "ledger").Logger() }
 }
 
+// WithDedupHorizon bounds how far back an append looks for an entry with its id (default 0:
+// the tenant's whole history). Set it to at least the idempotency record TTL plus a margin:
+// a charge can only be published again while its record exists (a redelivered job, a sweep
+// of COMPLETED records), and with a horizon a process's first append to a tenant reads only
+// the entries stored within it instead of the tenant's whole history (which, tenants being
+// interleaved in the stream, costs a read of the whole stream). Reversals stay idempotent at
+// any age: Reverse and Reconcile look older entries up.
+func WithDedupHorizon(d time.Duration) Option { return func(l *Ledger) { l.horizon = d } }
+
 // WithClock sets the clock that stamps entries (default time.Now).
 func WithClock(now func() time.Time) Option { return func(l *Ledger) { l.now = now } }
 
@@ -248,10 +257,12 @@ type Ledger struct {
 	currency string
 	log      zerolog.Logger
 	now      func() time.Time
+	horizon  time.Duration
 
 	mu     sync.Mutex
 	st     jetstream.Stream
 	chains map[string]*chain // by tenant
+	recon  *reconState
 }
 
 // New returns a Ledger on js pricing charges from prices in currency (DefaultCurrency if
@@ -441,12 +452,14 @@ func (l *Ledger) Reverse(ctx context.Context, id, reason string) (Entry, error) 
 	if err != nil {
 		return Entry{}, fmt.Errorf("ledger: reverse %s: %w", id, err)
 	}
-	out, _, err := l.reverse(ctx, &e, reason)
+	out, _, err := l.reverse(ctx, &e, reason, false)
 	return out, err
 }
 
-// reverse appends the reversal of e; created reports whether it was new.
-func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string) (Entry, bool, error) {
+// reverse appends the reversal of e; created reports whether it was new. unseen says the
+// caller read the ledger up to a point where e had no reversal (Reconcile): only newer entries,
+// within the dedup horizon, can hold it.
+func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string, unseen bool) (Entry, bool, error) {
 	if e.Kind != KindCharge && e.Kind != KindContinuation {
 		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w: a %s cannot be reversed", e.ID, ErrInvalid, e.Kind)
 	}
@@ -454,6 +467,23 @@ func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string) (Entry, b
 	r.ID, r.Kind, r.Refers, r.Reason = ReversalID(e.ID), KindReversal, e.ID, reason
 	r.Time, r.Fence, r.Completed = l.now().UTC(), 0, false
 	r.PrevHash, r.Hash, r.Seq = "", "", 0
+	if unseen {
+		return l.append(ctx, r, nil)
+	}
+	// A reversal may come long after the charge: look beyond the dedup horizon for it.
+	c := l.chain(r.Tenant)
+	if err := c.mu.LockCtx(ctx); err != nil {
+		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w", e.ID, err)
+	}
+	seq, found, err := c.lookup(ctx, l, r.ID)
+	c.mu.Unlock()
+	if err != nil {
+		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w", e.ID, err)
+	}
+	if found {
+		prev, err := l.entryAt(ctx, seq)
+		return prev, false, err
+	}
 	return l.append(ctx, r, nil)
 }
 
@@ -492,7 +522,7 @@ func (l *Ledger) find(ctx context.Context, tenant, id string) (Entry, error) {
 	}
 	var found *Entry
 	errStop := errors.New("stop")
-	err := l.scan(ctx, allSubjects, 1, 0, func(e *Entry) error {
+	err := l.scan(ctx, allSubjects, span{}, func(e *Entry) error {
 		if e.ID == id {
 			found = e
 			return errStop

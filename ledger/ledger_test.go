@@ -565,3 +565,63 @@ func TestFormatMicros(t *testing.T) {
 		}
 	}
 }
+
+// TestDedupHorizon: with a horizon, a process's first append to a tenant reads only recent
+// entries; a charge within it is still written once, and a reversal or continuation of an
+// older charge still finds it.
+func TestDedupHorizon(t *testing.T) {
+	tests := []struct {
+		name    string
+		horizon time.Duration
+	}{
+		{"everything recent", time.Hour},
+		{"everything older than the horizon", time.Nanosecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := start(t)
+			ctx := ctxT(t)
+			fresh := func() *ledger.Ledger {
+				_, js := srv.Conn(t)
+				return ledger.New(js, testPrices, "USD", ledger.WithDedupHorizon(tt.horizon))
+			}
+			in := ledger.ChargeInput{Tenant: "acme", KeyHash: k1, JobID: j1, Epoch: 1, Model: "gpt-4o-mini", InputTokens: 100}
+			c, err := fresh().Charge(ctx, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 { // unrelated entries after it
+				if _, err := fresh().Charge(ctx, ledger.ChargeInput{Tenant: "acme", KeyHash: k2, JobID: j2, Epoch: 1, Attempt: i, Model: "gpt-4o-mini", InputTokens: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Within the horizon the id index finds it; beyond, the stream's Nats-Msg-Id window
+			// (one hour) still does.
+			again, err := fresh().Charge(ctx, in)
+			if err != nil || again.Seq != c.Seq {
+				t.Fatalf("charge again: %+v, %v; want the first (seq %d)", again, err, c.Seq)
+			}
+			if _, err := fresh().Continuation(ctx, c.ID, ledger.ChargeInput{Tenant: "acme", Attempt: 2, InputTokens: 5}); err != nil {
+				t.Fatalf("continuation of an older charge: %v", err)
+			}
+			r1, err := fresh().Reverse(ctx, c.ID, "refund")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fresh().Charge(ctx, ledger.ChargeInput{Tenant: "acme", KeyHash: k3, JobID: j3, Epoch: 1, Model: "gpt-4o-mini", InputTokens: 1}); err != nil {
+				t.Fatal(err)
+			}
+			r2, err := fresh().Reverse(ctx, c.ID, "refund again")
+			if err != nil || r2.Seq != r1.Seq {
+				t.Fatalf("second reversal %+v, %v; want the first (seq %d)", r2, err, r1.Seq)
+			}
+			es, err := fresh().Entries(ctx, "", time.Time{}, time.Time{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ledger.Verify(es); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

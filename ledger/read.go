@@ -34,53 +34,67 @@ func (l *Ledger) entryAt(ctx context.Context, seq uint64) (Entry, error) {
 	return decodeStored(m.Data, m.Sequence)
 }
 
-// lastSeq is the sequence of the last message on subject (allSubjects: of the stream); 0 if
-// there is none.
-func lastSeq(ctx context.Context, st jetstream.Stream, subject string) (uint64, error) {
+// last is the sequence and store time of the last message on subject (allSubjects: of the
+// stream); seq 0 if there is none.
+func last(ctx context.Context, st jetstream.Stream, subject string) (uint64, time.Time, error) {
 	if subject == allSubjects {
 		info, err := st.Info(ctx)
 		if err != nil {
-			return 0, fmt.Errorf("ledger: stream info: %w", err)
+			return 0, time.Time{}, fmt.Errorf("ledger: stream info: %w", err)
 		}
 		if info.State.Msgs == 0 {
-			return 0, nil
+			return 0, time.Time{}, nil
 		}
-		return info.State.LastSeq, nil
+		return info.State.LastSeq, info.State.LastTime, nil
 	}
 	m, err := st.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return 0, nil
+		return 0, time.Time{}, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("ledger: last entry of %s: %w", subject, err)
+		return 0, time.Time{}, fmt.Errorf("ledger: last entry of %s: %w", subject, err)
 	}
-	return m.Sequence, nil
+	return m.Sequence, m.Time, nil
 }
 
-// scan calls fn for every entry on subject (a tenant subject or allSubjects) with a sequence
-// from start up to end (0: up to the subject's last entry when the scan starts), in order. It
-// reads with one ordered consumer and stops at the last sequence it was asked for, so entries
-// appended meanwhile do not make it run forever. fn's error stops the scan and is returned.
-func (l *Ledger) scan(ctx context.Context, subject string, start, end uint64, fn func(*Entry) error) error {
+// span bounds a scan: from sequence start, or from the first message the stream stored at or
+// after since (the server's clock; for bounding work, never for deciding what an entry is),
+// up to sequence end (0: the subject's last message when the scan starts).
+type span struct {
+	start uint64
+	since time.Time
+	end   uint64
+}
+
+// scan calls fn for every entry on subject (a tenant subject or allSubjects) in sp, in order.
+// It reads with one ordered consumer and stops at the last sequence it was asked for, so
+// entries appended meanwhile do not make it run forever. fn's error stops the scan and is
+// returned.
+func (l *Ledger) scan(ctx context.Context, subject string, sp span, fn func(*Entry) error) error {
 	st, err := l.stream(ctx)
 	if err != nil || st == nil {
 		return err
 	}
-	target, err := lastSeq(ctx, st, subject)
+	target, lastTime, err := last(ctx, st, subject)
 	if err != nil {
 		return err
 	}
-	if end != 0 && end < target {
-		target = end
+	if sp.end != 0 && sp.end < target {
+		target = sp.end
 	}
-	if start < 1 {
-		start = 1
-	}
-	if target < start {
+	start := max(sp.start, 1)
+	if target < start || target == 0 {
 		return nil
 	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: 30 * time.Second}
-	if start > 1 {
+	switch {
+	case !sp.since.IsZero():
+		if lastTime.Before(sp.since) {
+			return nil // nothing stored since: the consumer would deliver nothing
+		}
+		since := sp.since
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &since
+	case start > 1:
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
 	}
 	cons, err := st.OrderedConsumer(ctx, cfg)
@@ -150,7 +164,7 @@ func (l *Ledger) follow(ctx context.Context, subject string, start uint64, fn fu
 		}
 		start = m.Sequence + 1
 	}
-	return l.scan(ctx, subject, start, 0, fn)
+	return l.scan(ctx, subject, span{start: start}, fn)
 }
 
 // Scan calls fn, in stream order, for every entry of tenant ("" = every tenant) whose Time is
@@ -163,7 +177,7 @@ func (l *Ledger) Scan(ctx context.Context, tenant string, from, to time.Time, fn
 	if tenant != "" {
 		subject = Subject(tenant)
 	}
-	return l.scan(ctx, subject, 1, 0, func(e *Entry) error {
+	return l.scan(ctx, subject, span{}, func(e *Entry) error {
 		if tenant != "" && e.Tenant != tenant {
 			return fmt.Errorf("%w: seq %d on the subject of another tenant", ErrCorrupt, e.Seq)
 		}

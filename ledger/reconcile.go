@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -9,8 +10,8 @@ import (
 
 // ReconcileReport is what one Reconcile found and did.
 type ReconcileReport struct {
-	Entries int `json:"entries"` // entries read
-	Intents int `json:"intents"` // intents with at least one charge
+	Entries int `json:"entries"` // entries read by this run
+	Intents int `json:"intents"` // intents with at least one charge, in the whole ledger
 	// Duplicates are the intents found charged more than once (not yet reversed).
 	Duplicates []Duplicate `json:"duplicates"`
 	// Appended are the reversals this run wrote; AlreadyThere counts planned reversals another
@@ -18,6 +19,10 @@ type ReconcileReport struct {
 	Appended       []Entry `json:"appended"`
 	AlreadyThere   int     `json:"already_there"`
 	ReversedMicros int64   `json:"reversed_micros"` // cost of the reversals appended
+	// RepeatedIDs are entry ids found more than once (only possible when a charge was published
+	// again after the dedup horizon): Reconcile counts the first and leaves the others for an
+	// operator; Verify reports them.
+	RepeatedIDs []string `json:"repeated_ids,omitempty"`
 }
 
 // Duplicate is an intent (tenant, key hash, job id) with more than one charge standing.
@@ -35,28 +40,59 @@ type PlannedReversal struct {
 	Reason string `json:"reason"`
 }
 
+// reconState is what Reconcile keeps between runs: a compact summary of every entry read so far
+// (about 100 bytes per intent) and the sequence it reached.
+type reconState struct {
+	mu      chanMutex
+	p       *planner
+	lastSeq uint64
+}
+
 // Reconcile finds intents (tenant + key hash + job id) with more than one charge standing —
 // say a worker vanished mid-call, its lease was taken over and both epochs charged — and
 // reverses all but one: the first charge whose execution completed if there is one, else the
 // first. The continuations of a reversed duplicate are reversed too, so an intent's net is at
 // most one execution's cost. Reversal ids are deterministic: running Reconcile again, or in
 // two processes at once, appends nothing more.
+//
+// The first run in a process reads the whole ledger; later runs of the same Ledger read only
+// the entries appended since (the summary of the older ones is kept in memory), so a periodic
+// Reconcile costs what was appended, not the ledger's size. Runs of one Ledger are serialized.
 func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
-	p := newPlanner()
-	if err := l.scan(ctx, allSubjects, 1, 0, p.add); err != nil {
+	rs := l.reconState()
+	if err := rs.mu.LockCtx(ctx); err != nil {
 		return ReconcileReport{}, fmt.Errorf("ledger: reconcile: %w", err)
 	}
-	rep := ReconcileReport{Entries: p.entries, Intents: len(p.intents)}
-	plan, dups, err := p.plan(func(seq uint64) (Entry, error) { return l.entryAt(ctx, seq) })
+	defer rs.mu.Unlock()
+	if rs.p == nil {
+		rs.p, rs.lastSeq = newPlanner(), 0
+	}
+	var rep ReconcileReport
+	// Entries read are kept even if the scan fails half way: the summary stays exact up to lastSeq.
+	err := l.scan(ctx, allSubjects, span{start: rs.lastSeq + 1}, func(e *Entry) error {
+		if err := rs.p.add(e); err != nil {
+			return err
+		}
+		rs.lastSeq = e.Seq
+		rep.Entries++
+		return nil
+	})
+	if err != nil {
+		return rep, fmt.Errorf("ledger: reconcile: %w", err)
+	}
+	rep.Intents = len(rs.p.intents)
+	rep.RepeatedIDs, rs.p.repeated = rs.p.repeated, nil
+	plan, dups, err := rs.p.plan(func(seq uint64) (Entry, error) { return l.entryAt(ctx, seq) })
 	if err != nil {
 		return rep, fmt.Errorf("ledger: reconcile: %w", err)
 	}
 	rep.Duplicates = dups
 	for _, pr := range plan {
-		r, created, err := l.reverse(ctx, &pr.Of, pr.Reason)
+		r, created, err := l.reverse(ctx, &pr.Of, pr.Reason, true)
 		if err != nil {
 			return rep, fmt.Errorf("ledger: reconcile: %w", err)
 		}
+		rs.p.reversed[digest(r.Refers)] = strings.HasPrefix(r.Reason, ReasonDuplicate)
 		if !created {
 			rep.AlreadyThere++
 			continue
@@ -66,7 +102,17 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		l.log.Warn().Str(fieldTenant, r.Tenant).Str(fieldKeyHash, r.KeyHash).Str(fieldJobID, r.JobID).
 			Str(fieldEntryID, r.Refers).Int64(fieldCost, r.CostMicros).Msg("duplicate charge reversed")
 	}
+	rs.p.clean()
 	return rep, nil
+}
+
+func (l *Ledger) reconState() *reconState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.recon == nil {
+		l.recon = &reconState{mu: make(chanMutex, 1)}
+	}
+	return l.recon
 }
 
 // PlanReconcile is what Reconcile would append given these entries (a complete export in
@@ -100,11 +146,12 @@ func PlanReconcile(entries []Entry) ([]PlannedReversal, []Duplicate, error) {
 // planner keeps what reconciliation needs of each entry, compactly: per intent its charges,
 // per charge its continuations, and the set of reversed ids.
 type planner struct {
-	entries  int
-	intents  map[idDigest][]chargeRef
-	order    []idDigest // intents in order of their first charge
+	intents  map[idDigest]chargeRef   // the first charge of each intent (most have one)
+	more     map[idDigest][]chargeRef // the intent's later charges, in stream order
 	conts    map[idDigest][]contRef
-	reversed map[idDigest]bool // reversed id -> reversed as a duplicate
+	reversed map[idDigest]bool     // reversed id -> reversed as a duplicate
+	dirty    map[idDigest]struct{} // intents with entries added since the last plan
+	repeated []string              // ids seen again since the last report
 }
 
 type chargeRef struct {
@@ -119,29 +166,40 @@ type contRef struct {
 }
 
 func newPlanner() *planner {
-	return &planner{intents: map[idDigest][]chargeRef{}, conts: map[idDigest][]contRef{}, reversed: map[idDigest]bool{}}
+	return &planner{intents: map[idDigest]chargeRef{}, more: map[idDigest][]chargeRef{}, conts: map[idDigest][]contRef{}, reversed: map[idDigest]bool{},
+		dirty: map[idDigest]struct{}{}}
 }
 
 func intentOf(e *Entry) idDigest { return digest(e.Tenant + "\x00" + e.KeyHash + "\x00" + e.JobID) }
 
 func (p *planner) add(e *Entry) error {
-	p.entries++
 	switch e.Kind {
 	case KindCharge:
-		k := intentOf(e)
-		cs, seen := p.intents[k]
-		if !seen {
-			p.order = append(p.order, k)
+		k, d := intentOf(e), digest(e.ID)
+		ref := chargeRef{seq: e.Seq, id: d, completed: e.Completed}
+		first, seen := p.intents[k]
+		switch {
+		case !seen:
+			p.intents[k] = ref
+		case first.id == d || slices.ContainsFunc(p.more[k], func(c chargeRef) bool { return c.id == d }):
+			p.repeated = append(p.repeated, e.ID)
+			return nil
+		default:
+			p.more[k] = append(p.more[k], ref)
 		}
-		p.intents[k] = append(cs, chargeRef{seq: e.Seq, id: digest(e.ID), completed: e.Completed})
 	case KindContinuation:
-		c := digest(e.Refers)
-		p.conts[c] = append(p.conts[c], contRef{seq: e.Seq, id: digest(e.ID)})
+		c, d := digest(e.Refers), digest(e.ID)
+		if slices.ContainsFunc(p.conts[c], func(r contRef) bool { return r.id == d }) {
+			p.repeated = append(p.repeated, e.ID)
+			return nil
+		}
+		p.conts[c] = append(p.conts[c], contRef{seq: e.Seq, id: d})
 	case KindReversal:
 		p.reversed[digest(e.Refers)] = strings.HasPrefix(e.Reason, ReasonDuplicate)
 	default:
 		return fmt.Errorf("%w: seq %d: kind %q", ErrCorrupt, e.Seq, e.Kind)
 	}
+	p.dirty[intentOf(e)] = struct{}{}
 	return nil
 }
 
@@ -155,9 +213,18 @@ func (p *planner) standingConts(charge idDigest) bool {
 	return false
 }
 
-// plan lists the reversals to append, in the stream order of what they reverse; get reads an
-// entry by sequence.
+// plan lists the reversals to append for the intents added to since the last plan (call
+// clean once they are appended), in the stream order of what they reverse, and the duplicates
+// found, in the order of their first charge; get reads an entry by sequence.
 func (p *planner) plan(get func(uint64) (Entry, error)) ([]PlannedReversal, []Duplicate, error) {
+	var order []idDigest
+	for k := range p.dirty {
+		first, ok := p.intents[k]
+		if ok && (len(p.more[k]) > 0 || (p.reversed[first.id] && p.standingConts(first.id))) {
+			order = append(order, k) // only intents that can need a reversal
+		}
+	}
+	slices.SortFunc(order, func(a, b idDigest) int { return cmp.Compare(p.intents[a].seq, p.intents[b].seq) })
 	var out []PlannedReversal
 	var dups []Duplicate
 	reverseConts := func(charge idDigest, chargeID string) error {
@@ -173,8 +240,8 @@ func (p *planner) plan(get func(uint64) (Entry, error)) ([]PlannedReversal, []Du
 		}
 		return nil
 	}
-	for _, k := range p.order {
-		charges := p.intents[k]
+	for _, k := range order {
+		charges := append([]chargeRef{p.intents[k]}, p.more[k]...)
 		var active []chargeRef
 		for _, c := range charges {
 			if dup, done := p.reversed[c.id]; done {
@@ -223,14 +290,9 @@ func (p *planner) plan(get func(uint64) (Entry, error)) ([]PlannedReversal, []Du
 		}
 		dups = append(dups, d)
 	}
-	slices.SortStableFunc(out, func(a, b PlannedReversal) int {
-		switch {
-		case a.Of.Seq < b.Of.Seq:
-			return -1
-		case a.Of.Seq > b.Of.Seq:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out, func(a, b PlannedReversal) int { return cmp.Compare(a.Of.Seq, b.Of.Seq) })
 	return out, dups, nil
 }
+
+// clean forgets which intents were added to: their reversals are appended.
+func (p *planner) clean() { p.dirty = map[idDigest]struct{}{} } // a new map: clear keeps the capacity
