@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -126,7 +127,7 @@ func (b *Budgets) tenant(t string) *tenantBudget {
 	tb := b.tenants[t]
 	if tb == nil {
 		tb = &tenantBudget{mu: make(chanMutex, 1), spent: map[time.Time]int64{}}
-		b.tenants[t] = tb
+		b.tenants[strings.Clone(t)] = tb // kept: never a caller's borrowed bytes
 	}
 	return tb
 }

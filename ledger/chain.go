@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -148,6 +149,7 @@ func (l *Ledger) chain(tenant string) *chain {
 	defer l.mu.Unlock()
 	c := l.chains[tenant]
 	if c == nil {
+		tenant = strings.Clone(tenant) // kept: never a caller's borrowed bytes (a Fiber handler's)
 		c = &chain{mu: make(chanMutex, 1), tenant: tenant, subject: Subject(tenant)}
 		l.chains[tenant] = c
 	}

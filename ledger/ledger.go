@@ -34,10 +34,18 @@
 // Nats-Msg-Id = the entry id and WithExpectLastSequencePerSubject(the tenant's last sequence);
 // on a conflict it re-reads the tenant's new entries, recomputes PrevHash and tries again, so
 // a tenant's chain never forks, across goroutines, connections and processes. Before each
-// publish it looks the id up in the tenant's entries (an index it keeps in memory, loaded from
-// the stream on first use): an entry that exists is returned, never written twice. JetStream
-// checks the expected sequence before the duplicate window, so this check, not Nats-Msg-Id, is
-// what makes a re-published charge harmless; the message id is the second net.
+// publish it looks the id up in the tenant's entries (an index of ids it keeps in memory,
+// loaded from the stream on first use: the whole history, or the entries stored within
+// WithDedupHorizon): an entry that exists is returned, never written twice. JetStream checks
+// the expected sequence before the duplicate window, so this check, not Nats-Msg-Id, is what
+// makes a re-published charge harmless; the message id (one hour) is the second net.
+//
+// # Reading
+//
+// Entries, Bill and Scan read a tenant's subject (or the whole stream) with one ordered
+// consumer and filter on Entry.Time, the appender's clock: their cost grows with the ledger,
+// not with the period asked for. Reconcile keeps a compact summary of what it read (about 100
+// bytes per intent) and reads only new entries on its next run.
 //
 // Fencing: a charge records the idempotency record revision its writer held (Fence), and
 // ChargeInput.Expect, when set, is called before every publish attempt so the writer can
