@@ -18,6 +18,7 @@ var forbidden = map[string][]string{
 	"internal/openaiwire": {"jobs", "kv", "httpapi", "workers"},
 	"internal/config":     {"jobs", "kv", "httpapi", "workers"},
 	"internal/mockllm":    {"jobs", "kv", "httpapi", "workers", "internal/config"},
+	"ledger":              {"jobs", "kv", "httpapi", "workers", "internal/config", "internal/gateway", "cmd/oncegate"},
 }
 
 func TestImportGraph(t *testing.T) {

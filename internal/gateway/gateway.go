@@ -174,6 +174,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		return err
 	}
 	js, store, board := side.js, side.store, side.board
+	led := g.newLedger(js) // one ledger for the charges and the reconciler: they share its state
 	backends := map[string]workers.Backend{}
 	for _, b := range g.cfg.Backends {
 		c, err := backend.New(b, getenv)
@@ -188,7 +189,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
-		Ledger: g.newLedger(js),
+		Ledger: led,
 		Log:    g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -196,7 +197,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	reconciled := make(chan struct{})
 	go func() {
 		defer close(reconciled)
-		g.reconcileLoop(wctx, g.newLedger(js))
+		g.reconcileLoop(wctx, led)
 	}()
 	go func() {
 		defer close(g.workersDone)
@@ -318,7 +319,11 @@ func (g *Gateway) Connect(name string) (*nats.Conn, error) {
 
 // newLedger is the billing ledger on js, priced from the configuration.
 func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
-	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log.With().Str("component", "ledger").Logger()))
+	// A charge is re-published only while its record exists (the idempotency TTL); past that
+	// horizon the id index need not look, so a worker's first charge does not read a tenant's
+	// whole history.
+	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log.With().Str("component", "ledger").Logger()),
+		ledger.WithDedupHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour))
 }
 
 func prices(l config.Ledger) ledger.Prices {
