@@ -400,7 +400,7 @@ func (s *Server) attach(ctx context.Context, g *generation) (*admission, error) 
 	}
 	switch rec.State {
 	case kv.Pending:
-		if rec.LeaseExpired(now) {
+		if rec.LeaseExpired(now) && !s.stillQueued(ctx, g.recKey) {
 			job, nrec, nrev, err := lease.TakeOver(ctx, s.js, s.store, g.recKey, rec, rev, now, s.idem.Lease.D())
 			if err != nil {
 				return nil, err
@@ -432,6 +432,13 @@ func (s *Server) archive(ctx context.Context, key string, rec *kv.Record) {
 	if err := s.store.IndexJob(ctx, rec.JobID, archived, true); err != nil {
 		s.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("re-indexing an archived execution")
 	}
+}
+
+// stillQueued: the job of key is still in JOBS (waiting for a worker, or delivered and not
+// acked), so it will run or be redelivered; an expired lease alone does not make it lost.
+func (s *Server) stillQueued(ctx context.Context, key string) bool {
+	queued, err := jobs.Queued(ctx, s.js, key)
+	return err != nil || queued // when unsure, do not take over
 }
 
 // reclaim replaces a finished record by compare-and-set with a new PENDING epoch (epochs keep
