@@ -15,6 +15,10 @@ import (
 // ErrHubClosed is returned by a Hub (and its followers) after Close.
 var ErrHubClosed = errors.New("jobs: hub closed")
 
+// ErrHistoryLost is returned by a follower whose execution's first chunks are no longer in
+// CHUNKS (an execution longer than the chunk retention).
+var ErrHistoryLost = errors.New("jobs: chunk history no longer retained")
+
 // Hub fans the chunks of an execution out to every local follower. Per node there is one
 // source per execution (a core subscription for the request that created it, or one ordered
 // consumer for joiners), never one JetStream consumer per HTTP client. The chunks of a live
@@ -224,9 +228,16 @@ func (f *feed) deliver(h nats.Header, data []byte) {
 		f.mu.Unlock()
 		return // already have it (history overlapping live)
 	case c.Idx > len(f.chunks):
-		// A gap on the core path (slow consumer or late interest): re-read from the stream.
-		missing := len(f.chunks)
+		missing, fromStream := len(f.chunks), f.sub == nil
 		f.mu.Unlock()
+		if fromStream {
+			// The stream no longer holds the start of this execution (its chunks outlived the
+			// CHUNKS retention): end with an error rather than wait for what will never come.
+			f.hub.log.Warn().Str("subject", f.subject).Int("want", missing).Int("got", c.Idx).Msg("chunk history lost")
+			f.finish(ErrHistoryLost)
+			return
+		}
+		// A gap on the core path (slow consumer or late interest): re-read from the stream.
 		f.hub.log.Warn().Str("subject", f.subject).Int("want", missing).Int("got", c.Idx).Msg("chunk gap; re-reading from stream")
 		f.recover()
 		return

@@ -25,11 +25,18 @@ import (
 // Bucket is the name of the idempotency bucket.
 const Bucket = "IDEM"
 
-// IndexBucket maps the job ids of synchronous requests to their record keys. It is a memory
-// bucket: those clients already hold their answer, so the index is worth no fsync on the
-// request path (after a NATS restart, their ids answer 404; their keys still work). Jobs
-// answered 202 are indexed in IDEM itself, synced.
-const IndexBucket = "JOBIDX"
+// IndexStream maps the job ids of synchronous requests to their record keys (one message per
+// id on jobidx.<id>). It is a memory stream: those clients already hold their answer, so the
+// index is worth no fsync on the request path; it keeps an id for an hour within 64 MiB,
+// dropping the oldest first (after that, or after a NATS restart, their ids answer 404; their
+// keys still work). Jobs answered 202 are indexed in IDEM itself, synced.
+const IndexStream = "JOBIDX"
+
+const (
+	indexPrefix   = "jobidx."
+	indexTTL      = time.Hour
+	indexMaxBytes = 64 << 20
+)
 
 // Sentinel errors.
 var (
@@ -176,7 +183,7 @@ const (
 // Store is the IDEM bucket.
 type Store struct {
 	kv  jetstream.KeyValue
-	idx jetstream.KeyValue
+	idx jetstream.Stream
 	js  jetstream.JetStream
 }
 
@@ -192,15 +199,19 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
-	idx, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:   IndexBucket,
-		History:  1,
-		TTL:      cfg.TTL,
-		Storage:  jetstream.MemoryStorage,
-		Replicas: cfg.Replicas,
+	idx, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:              IndexStream,
+		Subjects:          []string{indexPrefix + ">"},
+		Storage:           jetstream.MemoryStorage,
+		MaxAge:            indexTTL,
+		MaxBytes:          indexMaxBytes,
+		Discard:           jetstream.DiscardOld,
+		MaxMsgsPerSubject: 1,
+		Replicas:          cfg.Replicas,
+		AllowDirect:       true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("kv: open bucket %s: %w", IndexBucket, err)
+		return nil, fmt.Errorf("kv: open index %s: %w", IndexStream, err)
 	}
 	return &Store{kv: kvs, idx: idx, js: js}, nil
 }
@@ -347,12 +358,12 @@ func jobIndexKey(jobID string) string { return "job." + jobID }
 // must have validated jobID (a ULID).
 func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) error {
 	if !durable {
-		if _, err := s.js.PublishAsync("$KV."+IndexBucket+"."+jobIndexKey(jobID), []byte(key)); err != nil {
+		if _, err := s.js.PublishAsync(indexPrefix+jobID, []byte(key)); err != nil {
 			return fmt.Errorf("kv: index job %s: %w", jobID, err)
 		}
 		return nil
 	}
-	if _, err := s.idx.Put(ctx, jobIndexKey(jobID), []byte(key)); err != nil { // the first place JobKey looks
+	if _, err := s.js.Publish(ctx, indexPrefix+jobID, []byte(key)); err != nil { // the first place JobKey looks
 		return fmt.Errorf("kv: index job %s: %w", jobID, err)
 	}
 	if _, err := s.kv.Put(ctx, jobIndexKey(jobID), []byte(key)); err != nil {
@@ -363,10 +374,10 @@ func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) e
 
 // JobKey returns the record key of job jobID; ErrNotFound if unknown.
 func (s *Store) JobKey(ctx context.Context, jobID string) (string, error) {
-	e, err := s.idx.Get(ctx, jobIndexKey(jobID))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		e, err = s.kv.Get(ctx, jobIndexKey(jobID))
+	if m, err := s.idx.GetLastMsgForSubject(ctx, indexPrefix+jobID); err == nil {
+		return string(m.Data), nil
 	}
+	e, err := s.kv.Get(ctx, jobIndexKey(jobID))
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			return "", fmt.Errorf("kv: job %s: %w", jobID, ErrNotFound)
