@@ -177,6 +177,14 @@ var errReplay = errors.New("answer from the record")
 func (s *Server) nextChunk(ctx context.Context, g *generation, adm *admission) (jobs.Chunk, error) {
 	for {
 		ch, err := adm.fl.Next(ctx)
+		if errors.Is(err, jobs.ErrHistoryLost) {
+			rec, _, gerr := s.store.Get(ctx, adm.key)
+			if gerr == nil && rec.State != kv.Pending {
+				adm.rec = rec
+				return ch, errReplay
+			}
+			return ch, unavailable("this execution's early output is no longer retained; retry once it has finished")
+		}
 		if err != nil && !errors.Is(err, jobs.ErrEnded) {
 			return ch, err
 		}
@@ -236,10 +244,10 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 				return // client gone; the execution goes on for its other copies
 			}
 			if ch, err = out.next(ctx, fl); err != nil {
-				if errors.Is(err, jobs.ErrEnded) || errors.Is(err, jobs.ErrHubClosed) || errors.Is(err, context.DeadlineExceeded) {
-					log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-					_ = out.send(w.errorFrame(w.interrupted()))
-				}
+				// The feed ended without a terminal chunk (or the client is gone, and this
+				// last write fails harmlessly): never a silent end.
+				log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
+				_ = out.send(w.errorFrame(w.interrupted()))
 				return
 			}
 		}
