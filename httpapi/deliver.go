@@ -244,10 +244,10 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 				return // client gone; the execution goes on for its other copies
 			}
 			if ch, err = out.next(ctx, fl); err != nil {
-				// The feed ended without a terminal chunk (or the client is gone, and this
-				// last write fails harmlessly): never a silent end.
-				log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-				_ = out.send(w.errorFrame(w.interrupted()))
+				if !errors.Is(err, errClientGone) { // never a silent end
+					log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
+					_ = out.send(w.errorFrame(w.interrupted()))
+				}
 				return
 			}
 		}

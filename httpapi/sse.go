@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"time"
 
@@ -44,6 +45,9 @@ func (o *sseOut) send(parts ...[]byte) error {
 
 var pingFrame = []byte(": ping\n\n")
 
+// errClientGone: a write to the client failed; it disconnected.
+var errClientGone = errors.New("httpapi: client gone")
+
 // next waits for the follower's next chunk, sending a comment heartbeat while it waits so a
 // disconnected client is noticed.
 func (o *sseOut) next(ctx context.Context, fl *jobs.Follower) (jobs.Chunk, error) {
@@ -55,7 +59,7 @@ func (o *sseOut) next(ctx context.Context, fl *jobs.Follower) (jobs.Chunk, error
 			return ch, err
 		}
 		if err := o.send(pingFrame); err != nil {
-			return ch, err
+			return ch, fmt.Errorf("%w: %w", errClientGone, err)
 		}
 	}
 }
