@@ -50,7 +50,6 @@ func rawChat(addr, headerLine, body string) string {
 // trailingCloserBug: httpapi/keys.go:118 checks trailing data with json.Decoder.More, which
 // is false before a '}' or ']', so `{...}}` passes validation and the claim fails to encode
 // the body (json.RawMessage) in kv: 500 internal_error instead of 400 invalid_json.
-const trailingCloserBug = "a body followed by a stray '}' or ']' passes validation (httpapi/keys.go:118 dec.More) and fails later with 500 internal_error, not 400"
 
 // TestBadInput: every malformed request gets a clear 4xx in the OpenAI error format and
 // creates no job (invariant 3: bad input changes no state).
@@ -72,7 +71,6 @@ func TestBadInput(t *testing.T) {
 		raw    string // when set, sent byte for byte instead
 		status int
 		code   string // "" = any non-empty
-		bug    string // a known production bug: the case is skipped with this reason
 	}
 	key := func(k string) map[string]string { return map[string]string{"Idempotency-Key": k} }
 	cases := []tc{
@@ -84,8 +82,8 @@ func TestBadInput(t *testing.T) {
 		{name: "JSON string instead of object", body: `"hi"`, status: 400, code: "invalid_json"},
 		{name: "trailing garbage", body: valid + ` xyz`, status: 400, code: "invalid_json"},
 		{name: "trailing second object", body: valid + valid, status: 400, code: "invalid_json"},
-		{name: "trailing close brace", body: valid + `}`, status: 400, code: "invalid_json", bug: trailingCloserBug},
-		{name: "trailing close bracket", body: valid + `]`, status: 400, code: "invalid_json", bug: trailingCloserBug},
+		{name: "trailing close brace", body: valid + `}`, status: 400, code: "invalid_json"},
+		{name: "trailing close bracket", body: valid + `]`, status: 400, code: "invalid_json"},
 		{name: "missing model", body: `{"messages":[{"role":"user","content":"hi"}]}`, status: 400, code: "missing_required_parameter"},
 		{name: "model not a string", body: `{"model":7,"messages":[{"role":"user","content":"hi"}]}`, status: 400},
 		{name: "empty model", body: `{"model":"","messages":[{"role":"user","content":"hi"}]}`, status: 400},
@@ -120,9 +118,6 @@ func TestBadInput(t *testing.T) {
 	mock := gw.Mock(t, "mock")
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if c.bug != "" {
-				t.Skip("BUG: " + c.bug)
-			}
 			before := mock.Stats().Requests
 			var resp *http.Response
 			var b []byte

@@ -119,10 +119,7 @@ func TestSSEGolden(t *testing.T) {
 			}
 			// The replay is the live answer (checked against the golden file above), byte for byte.
 			if !bytes.Equal(b2, b) {
-				if !c.stream {
-					t.Skip("BUG: " + compactedReplayBug)
-				}
-				t.Errorf("replay differs from the live answer:\n got %s\nwant %s", tail(b2), tail(b))
+				t.Errorf("replay differs from the live answer (%s):\n got %s\nwant %s", compactedReplayBug, tail(b2), tail(b))
 			}
 		})
 	}
@@ -154,7 +151,6 @@ func TestSSEGolden(t *testing.T) {
 	})
 
 	t.Run("replay drops usage when not asked", func(t *testing.T) {
-		t.Skip("BUG: " + usageNullOnReplayBug)
 		hdr := map[string]string{"Idempotency-Key": "golden-usage-off-replay"}
 		before := mock.Stats().Requests
 		resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true,"stream_options":{"include_usage":true}`), hdr)
@@ -178,13 +174,13 @@ func TestSSEGolden(t *testing.T) {
 // its whitespace: the mock's trailing newline here, the indentation of a provider that
 // pretty-prints. DESIGN.md: a COMPLETED key gets "the same status code and body"; replay()
 // in httpapi/deliver.go promises "byte for byte".
-const compactedReplayBug = "a replayed non-stream answer is not byte for byte the original: kv.Result.Body is a json.RawMessage (kv/kv.go:113) that encoding/json compacts on Marshal (trailing newline / indentation lost)"
+const compactedReplayBug = "regression: a replayed non-stream answer is not byte for byte the original: kv.Result.Body is a json.RawMessage (kv/kv.go:113) that encoding/json compacts on Marshal (trailing newline / indentation lost)"
 
 // usageNullOnReplayBug: workers/relay.go:47 decides once per execution, from the first
 // request (openaiwire.AsksUsage(ex.job.Body)), whether to strip "usage":null from the chunks
 // it records; a later copy that did not ask for usage is replayed chunks that carry
 // "usage":null, which the comment there says such a client must not see.
-const usageNullOnReplayBug = `a stream copy without include_usage, replayed from an execution whose first request asked for usage, gets "usage":null in every chunk (workers/relay.go:47 stripNullUsage is per execution, not per client)`
+const usageNullOnReplayBug = `regression: a stream copy without include_usage, replayed from an execution whose first request asked for usage, gets "usage":null in every chunk (workers/relay.go:47 stripNullUsage is per execution, not per client)`
 
 func readGolden(t *testing.T, name string) []byte {
 	t.Helper()
