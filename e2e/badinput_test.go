@@ -47,10 +47,6 @@ func rawChat(addr, headerLine, body string) string {
 		headerLine + "\r\nContent-Length: " + fmt.Sprint(len(body)) + "\r\nConnection: close\r\n\r\n" + body
 }
 
-// trailingCloserBug: httpapi/keys.go:118 checks trailing data with json.Decoder.More, which
-// is false before a '}' or ']', so `{...}}` passes validation and the claim fails to encode
-// the body (json.RawMessage) in kv: 500 internal_error instead of 400 invalid_json.
-
 // TestBadInput: every malformed request gets a clear 4xx in the OpenAI error format and
 // creates no job (invariant 3: bad input changes no state).
 func TestBadInput(t *testing.T) {
