@@ -282,7 +282,9 @@ func (s *Server) admit(ctx context.Context, g *generation) (*admission, error) {
 		if !errors.Is(err, kv.ErrExists) {
 			return adm, err
 		}
-		adm, err = s.attach(ctx, g)
+		var held *kv.ExistsError // the claim already read the record that holds the key
+		errors.As(err, &held)
+		adm, err = s.attach(ctx, g, held)
 		if errors.Is(err, errGone) || errors.Is(err, kv.ErrConflict) {
 			continue // expired or changed under us: decide again
 		}
@@ -371,13 +373,20 @@ func (s *Server) release(key string, rec *kv.Record, rev uint64) {
 }
 
 // attach handles a key that already has a record.
-func (s *Server) attach(ctx context.Context, g *generation) (*admission, error) {
-	rec, rev, err := s.store.Get(ctx, g.recKey)
-	if errors.Is(err, kv.ErrNotFound) {
-		return nil, errGone
-	}
-	if err != nil {
-		return nil, fmt.Errorf("httpapi: read record: %w", err)
+func (s *Server) attach(ctx context.Context, g *generation, held *kv.ExistsError) (*admission, error) {
+	var rec *kv.Record
+	var rev uint64
+	if held != nil {
+		rec, rev = held.Record, held.Rev
+	} else {
+		var err error
+		rec, rev, err = s.store.Get(ctx, g.recKey)
+		if errors.Is(err, kv.ErrNotFound) {
+			return nil, errGone
+		}
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: read record: %w", err)
+		}
 	}
 	if rec.Tenant != g.tenant {
 		// Only a crafted "auto-" key can name another tenant's record: it does not exist for them.

@@ -235,8 +235,23 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, err
 	if gerr == nil && cur.Owner == rec.Owner && cur.Epoch == rec.Epoch {
 		return curRev, nil
 	}
-	return 0, fmt.Errorf("kv: claim %s: %w", key, ErrExists)
+	if gerr != nil {
+		return 0, fmt.Errorf("kv: claim %s: %w", key, ErrExists)
+	}
+	return 0, fmt.Errorf("kv: claim %s: %w", key, &ExistsError{Record: cur, Rev: curRev})
 }
+
+// ExistsError is the ErrExists of a Claim that also read the record holding the key, so the
+// caller need not read it again.
+type ExistsError struct {
+	Record *Record
+	Rev    uint64
+}
+
+func (e *ExistsError) Error() string { return ErrExists.Error() }
+
+// Is makes an ExistsError match ErrExists.
+func (e *ExistsError) Is(target error) bool { return target == ErrExists }
 
 // Get reads the record and its revision.
 func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {

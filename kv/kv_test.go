@@ -84,8 +84,13 @@ func TestClaimRetryIsRecognised(t *testing.T) {
 	if err != nil || again != rev {
 		t.Fatalf("retried claim: rev %d err %v; want %d nil", again, err, rev)
 	}
-	if _, err := st.Claim(ctx, "k", pending("owner-2")); !errors.Is(err, kv.ErrExists) {
-		t.Fatalf("other owner: %v, want ErrExists", err)
+	_, err = st.Claim(ctx, "k", pending("owner-2"))
+	var held *kv.ExistsError
+	if !errors.Is(err, kv.ErrExists) || !errors.As(err, &held) {
+		t.Fatalf("other owner: %v, want ErrExists with the holding record", err)
+	}
+	if held.Record.Owner != "owner-1" || held.Rev != rev {
+		t.Fatalf("holding record: owner %q rev %d, want owner-1 rev %d", held.Record.Owner, held.Rev, rev)
 	}
 }
 
