@@ -11,6 +11,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/backend"
+	"github.com/oncegate/oncegate/internal/clock"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/internal/resilience"
@@ -108,7 +109,7 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 					ex.log.Warn().Err(err).Str("backend", name).Int("attempt", attempt+1).Msg("attempt did not reach the backend; retrying")
 					last = &failure{status: http.StatusBadGateway, refused: true,
 						body: ex.errorBody(http.StatusBadGateway, "backend_unreachable", "the model backend could not be reached")}
-					if !ex.sleep(ctx, resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())) {
+					if !clock.Sleep(ctx, resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())) {
 						return nil, last
 					}
 					continue
@@ -145,7 +146,7 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				break
 			}
 			ex.log.Info().Str("backend", name).Int("status", resp.StatusCode).Dur("delay", delay).Msg("backend refused; retrying after backoff")
-			if !ex.sleep(ctx, delay) {
+			if !clock.Sleep(ctx, delay) {
 				return nil, last
 			}
 		}
@@ -211,18 +212,3 @@ func (ex *execution) errorBody(status int, code, msg string) []byte {
 
 // forwardKey is the Idempotency-Key sent upstream: stable per intent, never client text.
 func (ex *execution) forwardKey() string { return "oncegate-" + ex.job.Key }
-
-// sleep waits d unless ctx ends first.
-func (ex *execution) sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}

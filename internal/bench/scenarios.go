@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/clock"
 )
 
 // scenario is what one intent of a run does. Implementations are stateless apart from their
@@ -226,7 +228,7 @@ func (s *retryStorm) op(ctx context.Context, r *runner, t *target, seq int64, tl
 			tl.addIntent(true, time.Since(start), false)
 			return true
 		}
-		if n >= s.cfg.Retries || !shouldRetry(&o, a.stream) || !sleepCtx(ctx, retryDelay(o.hints, n, rand.Float64())) ||
+		if n >= s.cfg.Retries || !shouldRetry(&o, a.stream) || !clock.Sleep(ctx, retryDelay(o.hints, n, rand.Float64())) ||
 			!t.reserve(1) {
 			tl.addIntent(false, time.Since(start), false)
 			return true
@@ -263,21 +265,6 @@ func retryDelay(h retryHints, n int, jitter float64) time.Duration {
 	}
 	d := min(float64(retryInitial)*math.Pow(2, float64(min(n, 30))), float64(retryMax))
 	return time.Duration(d * (1 - 0.25*jitter))
-}
-
-// sleepCtx waits d, reporting false when ctx ended first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // fanout: one long stream; once its first chunk arrived, Subscribers late copies of it (same

@@ -90,7 +90,6 @@ package mockllm
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -104,6 +103,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/clock"
 )
 
 const (
@@ -437,7 +438,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 	case "error_400", "error_401", "error_403", "error_404", "error_422",
 		"error_500", "error_502", "error_503", "error_504", "rate_limit":
 		s.faults.Add(1)
-		if !sleep(ctx, p.ttft) {
+		if !clock.Sleep(ctx, p.ttft) {
 			return
 		}
 		writeFault(w, p)
@@ -448,7 +449,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		return
 	case "lost_response":
 		s.faults.Add(1)
-		if !sleep(ctx, p.generationTime()) {
+		if !clock.Sleep(ctx, p.generationTime()) {
 			return
 		}
 		s.completed.Add(1) // the answer exists; nobody will ever read it
@@ -800,7 +801,7 @@ func (s *Server) writeNonStream(w http.ResponseWriter, r *http.Request, p *plan)
 		Usage: p.usage(),
 	}
 	body := marshalLine(obj)
-	if !sleep(r.Context(), p.generationTime()) {
+	if !clock.Sleep(r.Context(), p.generationTime()) {
 		return false
 	}
 	h := w.Header()
@@ -822,7 +823,7 @@ func (s *Server) writeNonStream(w http.ResponseWriter, r *http.Request, p *plan)
 // including "data: [DONE]", was written.
 func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bool {
 	ctx := r.Context()
-	if !sleep(ctx, p.ttft) {
+	if !clock.Sleep(ctx, p.ttft) {
 		return false
 	}
 	h := w.Header()
@@ -863,7 +864,7 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bo
 		if drop && i == p.faultAfter {
 			panic(http.ErrAbortHandler)
 		}
-		if i > 0 && !sleep(ctx, p.interToken) {
+		if i > 0 && !clock.Sleep(ctx, p.interToken) {
 			return false
 		}
 		if !send(mk(chunkDelta{Content: &tok}, nil)) {
@@ -981,22 +982,6 @@ func flush(w http.ResponseWriter) error {
 		return nil
 	}
 	return err
-}
-
-// sleep waits for d or until ctx is done, reporting whether ctx is still
-// live.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func strPtr(s string) *string { return &s }
