@@ -159,12 +159,23 @@ func (s *Server) sendSynthesized(c *fiber.Ctx, g *generation, body []byte) error
 	if err != nil {
 		return err
 	}
-	out := make([]byte, 0, len(events)+len(usage)+16)
+	return sendStream(c, w, events, usage, g.includeUsage, nil)
+}
+
+// sendStream answers a stream request in one piece: the events as this client gets them,
+// then the usage frame (if asked for) and the end — or, when failure is set, the error event.
+func sendStream(c *fiber.Ctx, w wire, events, usage []byte, includeUsage bool, failure []byte) error {
+	events = w.events(events, includeUsage)
+	out := make([]byte, 0, len(events)+len(usage)+len(failure)+64)
 	out = append(out, events...)
-	if g.includeUsage {
-		out = append(out, usage...)
+	if failure != nil {
+		out = append(out, w.errorFrame(failure)...)
+	} else {
+		if includeUsage {
+			out = append(out, usage...)
+		}
+		out = append(out, w.doneFrame()...)
 	}
-	out = append(out, w.doneFrame()...)
 	c.Set(fiber.HeaderContentType, mimeSSE)
 	c.Set(fiber.HeaderCacheControl, "no-cache")
 	return c.Status(http.StatusOK).Send(out)
@@ -299,20 +310,11 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 			return err
 		}
 	}
-	events = w.events(events, g.includeUsage)
-	out := make([]byte, 0, len(events)+len(usage)+64)
-	out = append(out, events...)
+	var failure []byte
 	if rec.State == kv.Failed {
-		out = append(out, w.errorFrame(res.Body)...)
-	} else {
-		if g.includeUsage {
-			out = append(out, usage...)
-		}
-		out = append(out, w.doneFrame()...)
+		failure = res.Body
 	}
-	c.Set(fiber.HeaderContentType, mimeSSE)
-	c.Set(fiber.HeaderCacheControl, "no-cache")
-	return c.Status(http.StatusOK).Send(out)
+	return sendStream(c, w, events, usage, g.includeUsage, failure)
 }
 
 // respondAccepted answers Prefer: respond-async with 202 and where to find the job.
