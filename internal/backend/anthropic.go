@@ -2,7 +2,6 @@ package backend
 
 import (
 	"encoding/json"
-	"fmt"
 )
 
 // PrepareAnthropicBody sets "stream" for the execution's mode (Anthropic reports usage in
@@ -11,15 +10,15 @@ func PrepareAnthropicBody(body []byte, stream bool) ([]byte, error) {
 	var probe struct {
 		Stream *bool `json:"stream"`
 	}
-	if err := json.Unmarshal(body, &probe); err != nil {
-		return nil, fmt.Errorf("backend: request body: %w", err)
+	if err := decodeObject(body, &probe); err != nil {
+		return nil, err
 	}
 	if (probe.Stream != nil && *probe.Stream == stream) || (probe.Stream == nil && !stream) {
 		return body, nil
 	}
 	var full map[string]json.RawMessage
-	if err := json.Unmarshal(body, &full); err != nil {
-		return nil, fmt.Errorf("backend: request body: %w", err)
+	if err := decodeObject(body, &full); err != nil {
+		return nil, err
 	}
 	if stream {
 		full["stream"] = json.RawMessage("true")

@@ -289,8 +289,8 @@ func PrepareBody(body []byte, stream bool) ([]byte, error) {
 		Stream        *bool                      `json:"stream"`
 		StreamOptions map[string]json.RawMessage `json:"stream_options"`
 	}
-	if err := json.Unmarshal(body, &probe); err != nil {
-		return nil, fmt.Errorf("backend: request body: %w", err)
+	if err := decodeObject(body, &probe); err != nil {
+		return nil, err
 	}
 	streamOK := (probe.Stream != nil && *probe.Stream == stream) || (probe.Stream == nil && !stream)
 	usageOK := (stream && string(probe.StreamOptions["include_usage"]) == "true") || (!stream && probe.StreamOptions == nil)
@@ -298,8 +298,8 @@ func PrepareBody(body []byte, stream bool) ([]byte, error) {
 		return body, nil
 	}
 	var full map[string]json.RawMessage
-	if err := json.Unmarshal(body, &full); err != nil {
-		return nil, fmt.Errorf("backend: request body: %w", err)
+	if err := decodeObject(body, &full); err != nil {
+		return nil, err
 	}
 	if stream {
 		full["stream"] = json.RawMessage("true")
@@ -314,4 +314,19 @@ func PrepareBody(body []byte, stream bool) ([]byte, error) {
 		delete(full, "stream_options")
 	}
 	return json.Marshal(full)
+}
+
+// ErrBodyNotObject is returned for a request body that is valid JSON but not an object
+// (null, an array, a number): there is no field to set on it.
+var ErrBodyNotObject = errors.New("backend: request body is not a JSON object")
+
+// decodeObject unmarshals body into v after checking that it is a JSON object.
+func decodeObject(body []byte, v any) error {
+	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+		return ErrBodyNotObject
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("backend: request body: %w", err)
+	}
+	return nil
 }

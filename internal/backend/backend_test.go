@@ -41,15 +41,27 @@ func TestPrepareBody(t *testing.T) {
 			}
 		})
 	}
-	if _, err := PrepareBody([]byte(`[1]`), true); err == nil {
-		t.Fatal("array body accepted")
+	// Valid JSON that is not an object has no field to set: an error, never a panic.
+	for _, in := range []string{`[1]`, `null`, ` null`, `1`, `"s"`, ``} {
+		for _, stream := range []bool{false, true} {
+			if _, err := PrepareBody([]byte(in), stream); err == nil {
+				t.Errorf("PrepareBody(%q, %v) accepted a non-object body", in, stream)
+			}
+			if _, err := PrepareAnthropicBody([]byte(in), stream); err == nil {
+				t.Errorf("PrepareAnthropicBody(%q, %v) accepted a non-object body", in, stream)
+			}
+		}
 	}
 }
 
 func FuzzPrepareBody(f *testing.F) {
 	f.Add([]byte(`{"model":"m","stream":false}`), true)
 	f.Add([]byte(`{"stream_options":null}`), false)
+	f.Add([]byte(`null`), true)
 	f.Fuzz(func(t *testing.T, in []byte, stream bool) {
+		if _, err := PrepareAnthropicBody(in, stream); err == nil && !json.Valid(in) {
+			t.Fatalf("anthropic body accepted invalid JSON: %q", in)
+		}
 		out, err := PrepareBody(in, stream)
 		if err != nil {
 			return
