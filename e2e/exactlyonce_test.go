@@ -373,20 +373,37 @@ func TestAutoKey(t *testing.T) {
 
 // TestReplayByteIdentical: a completed non-stream answer is replayed byte for byte (the mock
 // ends its body with "\n"; a stored body that was re-encoded as JSON would lose it), and a
-// completed stream is replayed as the same frames then [DONE].
+// completed stream is replayed as the same frames then [DONE]. The first replay reads the
+// record; later ones come from the API node's replay cache (when on), which must answer the
+// same bytes and still refuse the key with another body.
 func TestReplayByteIdentical(t *testing.T) {
-	gw := gwtest.Start(t, nil)
-	c := xoClient(t)
-	for _, stream := range []bool{false, true} {
-		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
-			key := fmt.Sprintf("xo-byte-identical-%v", stream)
-			body := xoChatBody(config.MockModel, "byte identical", stream, "")
-			first := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
-			xoWant(t, first, http.StatusOK, "created")
-			again := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
-			xoWant(t, again, http.StatusOK, "replayed")
-			if !bytes.Equal(first.Body, again.Body) {
-				t.Fatalf("replay differs from the first answer:\n got %q\nwant %q", again.Body, first.Body)
+	for _, cacheBytes := range []int64{0, 32 << 20} {
+		t.Run(fmt.Sprintf("replay_cache_bytes=%d", cacheBytes), func(t *testing.T) {
+			cfg := gwtest.Config(t)
+			cfg.Idempotency.ReplayCacheBytes = cacheBytes
+			gw := gwtest.Start(t, cfg)
+			c := xoClient(t)
+			mock := gw.Mock(t, config.MockBackendName)
+			for _, stream := range []bool{false, true} {
+				t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+					key := fmt.Sprintf("xo-byte-identical-%v", stream)
+					body := xoChatBody(config.MockModel, "byte identical", stream, "")
+					before := mock.Stats().Requests
+					first := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
+					xoWant(t, first, http.StatusOK, "created")
+					for i := 0; i < 3; i++ {
+						again := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
+						xoWant(t, again, http.StatusOK, "replayed")
+						if !bytes.Equal(first.Body, again.Body) {
+							t.Fatalf("replay %d differs from the first answer:\n got %q\nwant %q", i, again.Body, first.Body)
+						}
+					}
+					other := xoPost(c, gw.URL+xoChatPath, xoChatBody(config.MockModel, "another body", stream, ""), map[string]string{"Idempotency-Key": key})
+					xoWantError(t, other, http.StatusUnprocessableEntity, "idempotency_key_reused")
+					if n := mock.Stats().Requests - before; n != 1 {
+						t.Fatalf("%d backend executions for one key, want 1", n)
+					}
+				})
 			}
 		})
 	}

@@ -277,6 +277,13 @@ func (s *Server) admit(ctx context.Context, g *generation) (*admission, error) {
 		g.echoKey = autoKeyPrefix + g.recKey
 		return s.create(ctx, g, g.recKey, jobID, outcomeBypassed)
 	}
+	if rec, rev, ok := s.finishedRecord(g); ok {
+		adm, err := s.attach(ctx, g, &kv.ExistsError{Record: rec, Rev: rev})
+		if !errors.Is(err, errGone) && !errors.Is(err, kv.ErrConflict) {
+			return adm, err
+		}
+		s.finished.forget(g.recKey)
+	}
 	for attempt := 0; attempt < 5; attempt++ {
 		adm, err := s.create(ctx, g, g.recKey, jobs.NewID(), outcomeCreated)
 		if !errors.Is(err, kv.ErrExists) {
@@ -287,6 +294,9 @@ func (s *Server) admit(ctx context.Context, g *generation) (*admission, error) {
 		adm, err = s.attach(ctx, g, held)
 		if errors.Is(err, errGone) || errors.Is(err, kv.ErrConflict) {
 			continue // expired or changed under us: decide again
+		}
+		if err == nil && held != nil && adm.outcome == outcomeReplayed && !g.auto {
+			s.finished.put(g.recKey, held.Record, held.Rev, s.idem.TTL.D(), s.now())
 		}
 		return adm, err
 	}

@@ -81,6 +81,7 @@ type Server struct {
 	defaultMaxTokens int
 	adminKeys        [][]byte
 	idem             config.Idempotency
+	finished         *finishedCache // nil: off
 	log              zerolog.Logger
 	now              func() time.Time
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
@@ -101,6 +102,9 @@ func New(d Deps) *Server {
 		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D()}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if d.Idem.ReplayCacheBytes > 0 {
+		s.finished = newFinishedCache(d.Idem.ReplayCacheBytes)
 	}
 	s.ledger, s.budgets, s.prices, s.defaultMaxTokens = d.Ledger, d.Budgets, d.Prices, d.DefaultMaxTokens
 	s.adminKeys = decodeKeyHashes(d.AdminKeysSHA256)

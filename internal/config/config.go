@@ -112,6 +112,9 @@ type Idempotency struct {
 	// RetryHeaders are extra header names whose presence (value != "" and
 	// != "0") marks a request as a retry.
 	RetryHeaders []string `yaml:"retry_headers"`
+	// ReplayCacheBytes bounds the in-memory copy an API node keeps of replayed final records
+	// (explicit keys only), so a repeated replay makes no JetStream round trip; 0 disables it.
+	ReplayCacheBytes int64 `yaml:"replay_cache_bytes"`
 }
 
 // Backend is an upstream LLM API.
@@ -377,6 +380,8 @@ func Default() *Config {
 			MaxWait:    Duration(30 * time.Second),
 			Lease:      Duration(15 * time.Second),
 			RenewEvery: Duration(3 * time.Second),
+			// 32 MiB
+			ReplayCacheBytes: 32 << 20,
 		},
 		Backends: []Backend{defaultMock()},
 		Ledger:   Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024},

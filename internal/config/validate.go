@@ -94,6 +94,7 @@ const (
 	minNATSPayload = 1 * mib
 	maxNATSPayload = 64 * mib
 	maxBodyBytes   = 64 * mib
+	maxReplayCache = 4096 * mib
 
 	maxConcurrency = 100000
 	maxMockTokens  = 100000
@@ -218,6 +219,9 @@ func (v *validator) idempotency(i *Idempotency) {
 		v.add("idempotency.auto_window", "must be less than idempotency.ttl (%s), got %s", i.TTL, i.AutoWindow)
 	}
 	v.positive("idempotency.max_wait", i.MaxWait)
+	if i.ReplayCacheBytes < 0 || i.ReplayCacheBytes > maxReplayCache {
+		v.add("idempotency.replay_cache_bytes", "must be between 0 (off) and %d (4 GiB), got %d", int64(maxReplayCache), i.ReplayCacheBytes)
+	}
 	if i.Lease.D() < minLease {
 		v.add("idempotency.lease", "must be at least %s, got %s", minLease, i.Lease)
 	}
