@@ -93,11 +93,16 @@ func runDirect(b *testing.B, extra string) {
 
 // runGateway benchmarks a whole in-process gateway. Each request is a new intent (a unique
 // Idempotency-Key) unless replay is set; then every request replays one completed key.
-func runGateway(b *testing.B, extra string, replay bool) {
+func runGateway(b *testing.B, extra string, replay bool) { runGatewaySync(b, extra, replay, "always") }
+
+// runGatewaySync is runGateway with the embedded server's nats.sync set to sync.
+func runGatewaySync(b *testing.B, extra string, replay bool, sync string) {
 	body := chatBody("oncegate-mock", "bench", extra)
 	for _, mode := range []string{"serial", "parallel"} {
 		b.Run(mode, func(b *testing.B) {
-			gw := gwtest.Start(b, nil)
+			cfg := gwtest.Config(b)
+			cfg.NATS.Sync = sync
+			gw := gwtest.Start(b, cfg)
 			mock := gw.Mock(b, "mock")
 			c := benchClient(b)
 			url := gw.URL + chatPath
@@ -166,6 +171,10 @@ func BenchmarkDirectMockStream(b *testing.B) { runDirect(b, `"stream":true`) }
 
 // BenchmarkGatewayNonStream: a new intent per request through the whole gateway.
 func BenchmarkGatewayNonStream(b *testing.B) { runGateway(b, "", false) }
+
+// BenchmarkGatewayNonStreamSync1s: as BenchmarkGatewayNonStream with state writes fsynced
+// every second instead of before each acknowledgement (the documented short-interval setting).
+func BenchmarkGatewayNonStreamSync1s(b *testing.B) { runGatewaySync(b, "", false, "1s") }
 
 // BenchmarkGatewayStream: a new streamed intent per request through the whole gateway.
 func BenchmarkGatewayStream(b *testing.B) { runGateway(b, `"stream":true`, false) }

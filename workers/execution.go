@@ -138,6 +138,7 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	if err := ex.pub.Publish(ctx, terminal, res.Status, payload); err != nil {
 		ex.log.Warn().Err(err).Msg("publishing terminal chunk; followers will read the record")
 	}
+	ex.discardChunks()
 	ex.chargeFinal()
 	_ = ex.msg.Ack()
 }
@@ -161,6 +162,7 @@ func (ex *execution) finishFailed(ctx context.Context, f *failure) {
 	if err := ex.pub.PublishRetry(ctx, kind, f.status, f.body, f.retryAfter); err != nil {
 		ex.log.Warn().Err(err).Msg("publishing error chunk")
 	}
+	ex.discardChunks()
 	_ = ex.msg.Ack()
 }
 
@@ -174,8 +176,17 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 	if err := ex.pub.Publish(ctx, jobs.KindError, http.StatusOK, res.Body); err != nil {
 		ex.log.Warn().Err(err).Msg("publishing error chunk")
 	}
+	ex.discardChunks()
 	ex.chargeFinal()
 	_ = ex.msg.Ack()
+}
+
+// discardChunks schedules the removal of this epoch's chunks: the outcome is stored and the
+// terminal chunk sent, so only copies already following can still need them.
+func (ex *execution) discardChunks() {
+	if ex.pool.discard != nil {
+		ex.pool.discard.Schedule(ex.job.Subject())
+	}
 }
 
 // chargeFinal charges the outcome this worker stored.

@@ -55,6 +55,10 @@ type Options struct {
 	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them; 0
 	// means one minute, negative disables the sweeper.
 	SweepEvery time.Duration
+	// DiscardChunksAfter is how long a finished execution's chunks stay in CHUNKS after its
+	// terminal chunk (later copies answer from the record); 0 keeps them for the stream's
+	// retention.
+	DiscardChunksAfter time.Duration
 }
 
 // Pool runs jobs.
@@ -63,6 +67,8 @@ type Pool struct {
 	store  *kv.Store
 	opts   Options
 	guards map[string]*guard // per backend; built once, read concurrently
+	// discard removes finished executions' chunks; nil when DiscardChunksAfter is 0.
+	discard *jobs.Discarder
 }
 
 // New makes a Pool.
@@ -80,6 +86,9 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 		opts.SweepEvery = time.Minute
 	}
 	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}}
+	if opts.DiscardChunksAfter > 0 {
+		p.discard = jobs.NewDiscarder(js, opts.DiscardChunksAfter, opts.Log)
+	}
 	for name, b := range opts.Backends {
 		cfg := b.Config()
 		p.guards[name] = &guard{
@@ -157,7 +166,13 @@ func (p *Pool) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("workers: consume: %w", err)
 	}
-	sweepDone, postDone := make(chan struct{}), make(chan struct{})
+	sweepDone, postDone, discardDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(discardDone)
+		if p.discard != nil {
+			p.discard.Run(ctx)
+		}
+	}()
 	go func() {
 		defer close(sweepDone)
 		p.sweepLoop(ctx)
@@ -169,6 +184,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	<-ctx.Done()
 	<-sweepDone
 	<-postDone
+	<-discardDone
 	cc.Stop()
 	<-cc.Closed()
 	done := make(chan struct{})

@@ -100,6 +100,10 @@ type Workers struct {
 	// SweepEvery is how often a worker looks for PENDING records whose lease ran out with no
 	// job left to redeliver (e.g. after a NATS restart) and re-drives them.
 	SweepEvery Duration `yaml:"sweep_every"`
+	// DiscardChunksAfter is how long a finished execution's chunks stay in the CHUNKS memory
+	// stream after its terminal chunk (later copies answer from the record); 0 keeps them for
+	// the stream's whole retention (15 min).
+	DiscardChunksAfter Duration `yaml:"discard_chunks_after"`
 }
 
 // Idempotency configures deduplication.
@@ -373,7 +377,7 @@ func Default() *Config {
 			IdleTimeout:   Duration(120 * time.Second),
 			ShutdownGrace: Duration(10 * time.Second),
 		},
-		Workers: Workers{Concurrency: 256, SweepEvery: Duration(time.Minute)},
+		Workers: Workers{Concurrency: 256, SweepEvery: Duration(time.Minute), DiscardChunksAfter: Duration(10 * time.Second)},
 		Idempotency: Idempotency{
 			TTL:        Duration(24 * time.Hour),
 			AutoWindow: Duration(3 * time.Second),

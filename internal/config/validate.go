@@ -206,6 +206,9 @@ func (v *validator) workers(w *Workers) {
 	if w.SweepEvery.D() < time.Second {
 		v.add("workers.sweep_every", "must be at least 1s, got %s", w.SweepEvery)
 	}
+	if w.DiscardChunksAfter < 0 {
+		v.add("workers.discard_chunks_after", "must be >= 0 (0 keeps chunks for the CHUNKS retention), got %s", w.DiscardChunksAfter)
+	}
 }
 
 func (v *validator) idempotency(i *Idempotency) {

@@ -1,0 +1,79 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/jobs"
+)
+
+// TestFinishedChunksDiscarded: with workers.discard_chunks_after set, a finished execution's
+// chunks leave the CHUNKS memory stream after the grace, and its copies are still answered,
+// byte for byte, from the record. With 0 they stay for the stream's retention.
+func TestFinishedChunksDiscarded(t *testing.T) {
+	for _, tc := range []struct {
+		after     time.Duration
+		wantEmpty bool
+	}{{200 * time.Millisecond, true}, {0, false}} {
+		t.Run(fmt.Sprintf("discard_chunks_after=%s", tc.after), func(t *testing.T) {
+			cfg := gwtest.Config(t)
+			cfg.Workers.DiscardChunksAfter = config.Duration(tc.after)
+			gw := gwtest.Start(t, cfg)
+			c := xoClient(t)
+			nc, err := gw.Connect("discard-test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			stream, err := js.Stream(ctx, jobs.ChunksStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var firsts []xoResult
+			var bodies, keys []string
+			for i, streamed := range []bool{false, true, false, true} {
+				key := fmt.Sprintf("discard-%d", i)
+				body := xoChatBody(config.MockModel, key, streamed, "")
+				r := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
+				xoWant(t, r, http.StatusOK, "created")
+				firsts, bodies, keys = append(firsts, r), append(bodies, body), append(keys, key)
+			}
+			chunks := func() uint64 {
+				info, err := stream.Info(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return info.State.Msgs
+			}
+			if tc.wantEmpty {
+				gwtest.Eventually(t, 10*time.Second, func() bool { return chunks() == 0 }, "CHUNKS still holds finished executions")
+			} else {
+				time.Sleep(500 * time.Millisecond) // more than the other case's grace
+				if n := chunks(); n == 0 {
+					t.Fatal("chunks discarded with discard_chunks_after: 0")
+				}
+			}
+			for i := range keys {
+				again := xoPost(c, gw.URL+xoChatPath, bodies[i], map[string]string{"Idempotency-Key": keys[i]})
+				xoWant(t, again, http.StatusOK, "replayed")
+				if !bytes.Equal(again.Body, firsts[i].Body) {
+					t.Fatalf("%s: replay differs after the chunks went:\n got %q\nwant %q", keys[i], again.Body, firsts[i].Body)
+				}
+			}
+		})
+	}
+}
