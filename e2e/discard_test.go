@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/jobs"
@@ -28,15 +26,7 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 			cfg.Workers.DiscardChunksAfter = config.Duration(tc.after)
 			gw := gwtest.Start(t, cfg)
 			c := xoClient(t)
-			nc, err := gw.Connect("discard-test")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
-			js, err := jetstream.New(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			js := gw.JetStream(t, "discard-test")
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			stream, err := js.Stream(ctx, jobs.ChunksStream)

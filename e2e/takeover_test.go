@@ -78,15 +78,7 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	_, wantContent := xoReference(t, xoSlowModel, nsBody)
 
 	// The zombie: its own connection, the shared durable consumer, the IDEM bucket.
-	znc, err := gw.Connect("xo-zombie")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer znc.Close()
-	zjs, err := jetstream.New(znc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	zjs := gw.JetStream(t, "xo-zombie")
 	zstore, err := kv.Open(ctx, zjs, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()})
 	if err != nil {
 		t.Fatal(err)

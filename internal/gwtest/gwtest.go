@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/internal/config"
@@ -84,6 +85,22 @@ func (g *Gateway) Mock(t testing.TB, name string) *mockllm.Server {
 		t.Fatalf("gwtest: no mock backend %q in this process", name)
 	}
 	return c.Mock()
+}
+
+// JetStream opens a connection named name to the gateway's NATS, for a test that acts beside
+// the gateway; it is closed when the test ends, before the gateway stops.
+func (g *Gateway) JetStream(t testing.TB, name string) jetstream.JetStream {
+	t.Helper()
+	nc, err := g.Connect(name)
+	if err != nil {
+		t.Fatalf("gwtest: connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("gwtest: jetstream: %v", err)
+	}
+	return js
 }
 
 // Client is an HTTP client for tests: loopback only, bounded.
