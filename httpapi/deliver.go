@@ -228,6 +228,7 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 	fl, includeUsage, log, jobID, w := adm.fl, g.includeUsage, s.log, adm.jobID, wireOf(g.api)
 	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
 		out.w = bw
+		defer out.stop()
 		defer fl.Close()
 		defer adm.done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
@@ -236,10 +237,10 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first j
 			var err error
 			switch ch.Kind {
 			case jobs.KindData:
-				err = out.send(w.events(ch.Payload, includeUsage))
+				err = out.sendBatched(fl, w.chunkEvents(ch, includeUsage))
 			case jobs.KindUsage:
 				if includeUsage {
-					err = out.send(ch.Payload)
+					err = out.sendBatched(fl, ch.Payload)
 				}
 			case jobs.KindDone:
 				_ = out.send(w.doneFrame())

@@ -237,7 +237,8 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	store, hub, log, w := s.store, s.hub, s.log, wireOf(rec.API)
 	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
 		out.w = bw
-		ev := &eventWriter{out: out, after: after}
+		defer out.stop()
+		ev := &eventWriter{out: out, after: after, fl: fl}
 		defer func() { fl.Close() }()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
@@ -248,11 +249,13 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 			}
 			if err != nil || ch.Kind == jobs.KindFence {
 				// Taken over, or the feed ended: follow the new epoch if this client got nothing yet.
+				ev.fl = nil // what is written from here on ends the stream: flush it
 				rec, _, gerr := store.Get(ctx, key)
 				if gerr == nil && ev.next == 0 {
 					if rec.State == kv.Pending {
 						fl.Close()
 						if fl, err = hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch)); err == nil {
+							ev.fl = fl
 							continue
 						}
 					} else if frames, ferr := finishedFrames(rec); ferr == nil {
@@ -350,17 +353,19 @@ func appendEvents(dst []byte, frames [][]byte, first, after int) []byte {
 // eventWriter numbers the events of a live job stream.
 type eventWriter struct {
 	out   *sseOut
-	next  int // id of the next event
+	fl    *jobs.Follower // nil once the stream ends from the record
+	next  int            // id of the next event
 	after int
 }
 
+// frames writes frames, flushing unless the follower already has its next chunk.
 func (e *eventWriter) frames(frames [][]byte) error {
 	buf := appendEvents(nil, frames, e.next, e.after)
 	e.next += len(frames)
-	if len(buf) == 0 {
-		return nil
+	if e.fl != nil && e.fl.Ready() {
+		return e.out.write(false, buf)
 	}
-	return e.out.send(buf)
+	return e.out.write(true, buf)
 }
 
 // jobStatus maps a record to the jobs API status.

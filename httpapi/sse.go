@@ -17,9 +17,10 @@ import (
 // deadline, so a stalled client is dropped after writeTimeout while a long stream that keeps
 // moving is never cut (fasthttp's WriteTimeout would otherwise bound the whole response).
 type sseOut struct {
-	w       *bufio.Writer
-	conn    net.Conn
-	timeout time.Duration
+	w         *bufio.Writer
+	conn      net.Conn
+	timeout   time.Duration
+	heartbeat *time.Timer // reused for every wait (created on the first)
 }
 
 // newSSE prepares the SSE headers; call it in the handler, use the result in the writer.
@@ -31,7 +32,16 @@ func (s *Server) newSSE(c *fiber.Ctx) *sseOut {
 }
 
 // send writes parts and flushes; an error means the client is gone.
-func (o *sseOut) send(parts ...[]byte) error {
+func (o *sseOut) send(parts ...[]byte) error { return o.write(true, parts...) }
+
+// sendBatched writes parts and flushes only when fl has no further chunk ready: a follower
+// that fell behind, or that replays history, catches up in one write instead of one per chunk,
+// and a follower that keeps up still flushes every chunk.
+func (o *sseOut) sendBatched(fl *jobs.Follower, parts ...[]byte) error {
+	return o.write(!fl.Ready(), parts...)
+}
+
+func (o *sseOut) write(flush bool, parts ...[]byte) error {
 	if o.conn != nil && o.timeout > 0 {
 		_ = o.conn.SetWriteDeadline(time.Now().Add(o.timeout))
 	}
@@ -39,6 +49,9 @@ func (o *sseOut) send(parts ...[]byte) error {
 		if _, err := o.w.Write(p); err != nil {
 			return err
 		}
+	}
+	if !flush {
+		return nil
 	}
 	return o.w.Flush()
 }
@@ -52,14 +65,27 @@ var errClientGone = errors.New("httpapi: client gone")
 // disconnected client is noticed.
 func (o *sseOut) next(ctx context.Context, fl *jobs.Follower) (jobs.Chunk, error) {
 	for {
-		hctx, cancel := context.WithTimeout(ctx, heartbeatEvery)
-		ch, err := fl.Next(hctx)
-		cancel()
-		if err == nil || !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		if fl.Ready() {
+			return fl.Next(ctx)
+		}
+		if o.heartbeat == nil {
+			o.heartbeat = time.NewTimer(heartbeatEvery)
+		} else {
+			o.heartbeat.Reset(heartbeatEvery)
+		}
+		ch, ok, err := fl.NextOr(ctx, o.heartbeat.C)
+		if ok || err != nil {
 			return ch, err
 		}
 		if err := o.send(pingFrame); err != nil {
 			return ch, fmt.Errorf("%w: %w", errClientGone, err)
 		}
+	}
+}
+
+// stop releases the heartbeat timer.
+func (o *sseOut) stop() {
+	if o.heartbeat != nil {
+		o.heartbeat.Stop()
 	}
 }

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/jobs"
 )
 
 // wire renders answers in the format of the API a request came in on (OpenAI Chat
@@ -43,6 +44,15 @@ func (w wire) events(frames []byte, includeUsage bool) []byte {
 		return frames
 	}
 	return openaiwire.WithoutNullUsage(frames)
+}
+
+// chunkEvents is events of a live chunk; the rewrite is done once per chunk for all of its
+// followers.
+func (w wire) chunkEvents(ch jobs.Chunk, includeUsage bool) []byte {
+	if w.anthropic || includeUsage {
+		return ch.Payload
+	}
+	return ch.Shared(openaiwire.WithoutNullUsage)
 }
 
 // synthesize is the stream of a complete body: its events and (OpenAI) the usage frame.

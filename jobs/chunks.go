@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
@@ -60,6 +61,25 @@ type Chunk struct {
 	Status  int
 	Payload []byte
 	Meta    Meta
+	// shared holds the one derived form of Payload that every follower of a feed reuses.
+	shared *derived
+}
+
+type derived struct {
+	once sync.Once
+	v    []byte
+}
+
+// Shared returns derive(c.Payload), computed once per chunk for all the followers of a feed
+// (a thousand SSE clients of one execution need not each rewrite the same bytes). derive must
+// be a pure function, and the same one for every caller of a given chunk; the result is shared
+// and must not be modified.
+func (c Chunk) Shared(derive func([]byte) []byte) []byte {
+	if c.shared == nil {
+		return derive(c.Payload)
+	}
+	c.shared.once.Do(func() { c.shared.v = derive(c.Payload) })
+	return c.shared.v
 }
 
 // Terminal reports whether the chunk ends its execution's stream.

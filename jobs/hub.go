@@ -242,6 +242,7 @@ func (f *feed) deliver(h nats.Header, data []byte) {
 		f.recover()
 		return
 	}
+	c.shared = &derived{}
 	f.chunks = append(f.chunks, c)
 	terminal := c.Terminal()
 	f.wakeLocked()
@@ -313,28 +314,44 @@ var ErrEnded = errors.New("jobs: execution feed ended")
 // Next returns the next chunk, waiting for it until ctx ends. After a terminal chunk the
 // follower has nothing more; calling Next again returns ErrEnded.
 func (fl *Follower) Next(ctx context.Context) (Chunk, error) {
+	c, _, err := fl.NextOr(ctx, nil)
+	return c, err
+}
+
+// NextOr is Next that also gives up, with ok false and no error, when alarm fires first (a
+// reusable timer for heartbeats, cheaper per chunk than a context with a timeout).
+func (fl *Follower) NextOr(ctx context.Context, alarm <-chan time.Time) (c Chunk, ok bool, err error) {
 	for {
 		fl.f.mu.Lock()
 		if fl.pos < len(fl.f.chunks) {
 			c := fl.f.chunks[fl.pos]
 			fl.pos++
 			fl.f.mu.Unlock()
-			return c, nil
+			return c, true, nil
 		}
 		done, err := fl.f.done, fl.f.err
 		fl.f.mu.Unlock()
 		if done {
 			if err != nil {
-				return Chunk{}, err
+				return Chunk{}, false, err
 			}
-			return Chunk{}, ErrEnded
+			return Chunk{}, false, ErrEnded
 		}
 		select {
 		case <-fl.wake:
+		case <-alarm:
+			return Chunk{}, false, nil
 		case <-ctx.Done():
-			return Chunk{}, ctx.Err()
+			return Chunk{}, false, ctx.Err()
 		}
 	}
+}
+
+// Ready reports whether Next would return a chunk at once (the follower is behind the feed).
+func (fl *Follower) Ready() bool {
+	fl.f.mu.Lock()
+	defer fl.f.mu.Unlock()
+	return fl.pos < len(fl.f.chunks)
 }
 
 // Close detaches the follower; the last follower of an unfinished feed stops its source.

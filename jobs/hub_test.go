@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -286,5 +287,96 @@ func TestDecodeRejects(t *testing.T) {
 	}
 	if !jobs.ParseID(jobs.NewID()) || jobs.ParseID("nope") {
 		t.Fatal("ParseID")
+	}
+}
+
+// TestFollowerReady: Ready says whether Next would return at once, so a writer can batch the
+// chunks a follower is behind on.
+func TestFollowerReady(t *testing.T) {
+	srv, hub := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	job := newJob("ready")
+	pub := jobs.NewPublisher(srv.JS, job)
+	for i := 0; i < 3; i++ {
+		if err := pub.Publish(ctx, jobs.KindData, 0, []byte("p"+strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fl, err := hub.Join(ctx, job.Subject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	for i := 0; i < 3; i++ {
+		c, err := fl.Next(ctx)
+		if err != nil || c.Idx != i {
+			t.Fatalf("chunk %d: %+v %v", i, c, err)
+		}
+	}
+	if fl.Ready() {
+		t.Fatal("Ready with every published chunk read")
+	}
+	if err := pub.Publish(ctx, jobs.KindDone, 200, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !fl.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("the terminal chunk never became ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if c, err := fl.Next(ctx); err != nil || !c.Terminal() {
+		t.Fatalf("after Ready: %+v %v", c, err)
+	}
+	if fl.Ready() {
+		t.Fatal("Ready after the terminal chunk")
+	}
+}
+
+// TestSharedDerivedOncePerChunk: the followers of one feed share a chunk's derived payload;
+// a chunk that did not come through a feed derives on every call.
+func TestSharedDerivedOncePerChunk(t *testing.T) {
+	srv, hub := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	job := newJob("shared")
+	pub := jobs.NewPublisher(srv.JS, job)
+	if err := pub.Publish(ctx, jobs.KindData, 0, []byte("payload")); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	derive := func(b []byte) []byte { calls.Add(1); return append([]byte("derived:"), b...) }
+	var followers []*jobs.Follower
+	for i := 0; i < 5; i++ {
+		fl, err := hub.Join(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fl.Close()
+		followers = append(followers, fl)
+	}
+	var wg sync.WaitGroup
+	for _, fl := range followers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := fl.Next(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if got := string(c.Shared(derive)); got != "derived:payload" {
+				t.Errorf("Shared = %q", got)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("derive ran %d times for one chunk of one feed, want 1", n)
+	}
+	if got := string((jobs.Chunk{Payload: []byte("x")}).Shared(derive)); got != "derived:x" || calls.Load() != 2 {
+		t.Fatalf("a chunk outside a feed: %q after %d calls", got, calls.Load())
 	}
 }
