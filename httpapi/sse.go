@@ -21,6 +21,10 @@ type sseOut struct {
 	conn      net.Conn
 	timeout   time.Duration
 	heartbeat *time.Timer // reused for every wait (created on the first)
+	// deadlineSet is when the write deadline was last moved; it moves at most every
+	// timeout/8 (a syscall per chunk per client otherwise), so a stalled client is still
+	// dropped between 7/8 and 1 timeout after its last successful write.
+	deadlineSet time.Time
 }
 
 // newSSE prepares the SSE headers; call it in the handler, use the result in the writer.
@@ -43,7 +47,10 @@ func (o *sseOut) sendBatched(fl *jobs.Follower, parts ...[]byte) error {
 
 func (o *sseOut) write(flush bool, parts ...[]byte) error {
 	if o.conn != nil && o.timeout > 0 {
-		_ = o.conn.SetWriteDeadline(time.Now().Add(o.timeout))
+		if now := time.Now(); now.Sub(o.deadlineSet) >= o.timeout/8 {
+			_ = o.conn.SetWriteDeadline(now.Add(o.timeout))
+			o.deadlineSet = now
+		}
 	}
 	for _, p := range parts {
 		if _, err := o.w.Write(p); err != nil {
