@@ -271,7 +271,13 @@ type Ledger struct {
 	st     jetstream.Stream
 	chains map[string]*chain // by tenant
 	recon  *reconState
+	// unpriced are the models already warned about (at most maxUnpricedWarnings).
+	unpriced map[string]bool
 }
+
+// maxUnpricedWarnings bounds the models an unpriced-model warning is given for (model names
+// come from requests when a catch-all backend serves them).
+const maxUnpricedWarnings = 1024
 
 // New returns a Ledger on js pricing charges from prices in currency (DefaultCurrency if
 // empty). The prices map is read, never written; do not change it afterwards.
@@ -446,11 +452,27 @@ func (l *Ledger) Continuation(ctx context.Context, chargeID string, c ChargeInpu
 	return out, err
 }
 
+// warnUnpriced warns once per model per process that it is charged 0 (a warning per request
+// would flood the log of a gateway serving the unpriced built-in mock); repeats go to debug.
 func (l *Ledger) warnUnpriced(e *Entry) {
-	if _, ok := l.prices.Lookup(e.Model); !ok {
-		l.log.Warn().Str(fieldEntryID, e.ID).Str(fieldTenant, e.Tenant).Str(fieldModel, e.Model).
-			Msg("model has no price: charged 0; add it to the price table")
+	if _, ok := l.prices.Lookup(e.Model); ok {
+		return
 	}
+	l.mu.Lock()
+	first := !l.unpriced[e.Model] && len(l.unpriced) < maxUnpricedWarnings
+	if first {
+		if l.unpriced == nil {
+			l.unpriced = map[string]bool{}
+		}
+		l.unpriced[e.Model] = true
+	}
+	l.mu.Unlock()
+	ev := l.log.Debug()
+	if first {
+		ev = l.log.Warn()
+	}
+	ev.Str(fieldEntryID, e.ID).Str(fieldTenant, e.Tenant).Str(fieldModel, e.Model).
+		Msg("model has no price: charged 0; add it to the price table")
 }
 
 // Reverse appends the reversal of a charge or continuation. It is idempotent (one reversal per

@@ -1,6 +1,7 @@
 package ledger_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/internal/natstest"
 	"github.com/oncegate/oncegate/ledger"
@@ -623,5 +625,23 @@ func TestDedupHorizon(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestUnpricedWarnedOncePerModel: charging an unpriced model warns once per model per process,
+// not once per request.
+func TestUnpricedWarnedOncePerModel(t *testing.T) {
+	srv := start(t)
+	ctx := ctxT(t)
+	var logs bytes.Buffer
+	l := ledger.New(srv.JS, testPrices, "USD", ledger.WithLogger(zerolog.New(&logs).Level(zerolog.WarnLevel)))
+	for i, model := range []string{"unpriced-a", "unpriced-a", "unpriced-b", "unpriced-a", "gpt-4o-mini"} {
+		job := fmt.Sprintf("01J00000000000000000000%03d", i)
+		if _, err := l.Charge(ctx, ledger.ChargeInput{Tenant: "acme", KeyHash: k1, JobID: job, Epoch: 1, Attempt: 1, Model: model, InputTokens: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(logs.String(), "model has no price"); n != 2 {
+		t.Fatalf("%d unpriced-model warnings for 2 unpriced models, want 2:\n%s", n, logs.String())
 	}
 }
