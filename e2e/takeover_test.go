@@ -35,6 +35,7 @@ import (
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/lease"
 	"github.com/oncegate/oncegate/internal/mockllm"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -131,17 +132,18 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	if msg == nil {
 		t.Fatalf("zombie: no job delivered: %v", batch.Error())
 	}
-	job, err := jobs.Decode(msg.Data())
+	wire, err := jobs.Decode(msg.Headers(), msg.Data())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, rev, err := zstore.Get(ctx, job.Key)
+	rec, rev, err := zstore.Get(ctx, wire.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if job.Epoch != 1 || rec.Epoch != 1 || rec.State != kv.Pending || rec.JobID != job.ID {
-		t.Fatalf("zombie: job epoch %d, record %s epoch %d job %s; want a PENDING epoch 1 of job %s", job.Epoch, rec.State, rec.Epoch, rec.JobID, job.ID)
+	if wire.Epoch != 1 || rec.Epoch != 1 || rec.State != kv.Pending || rec.JobID != wire.ID {
+		t.Fatalf("zombie: job epoch %d, record %s epoch %d job %s; want a PENDING epoch 1 of job %s", wire.Epoch, rec.State, rec.Epoch, rec.JobID, wire.ID)
 	}
+	job := lease.JobOf(wire.Key, rec)
 	pub := jobs.NewPublisher(zjs, job)
 	var zframes []byte
 	for i := range zombieChunks {

@@ -324,7 +324,12 @@ func (s *Server) create(ctx context.Context, g *generation, key, jobID, outcome 
 		return nil, err
 	}
 	rec := s.newRecord(g, jobID, 1)
-	rev, err := s.store.Claim(ctx, key, rec)
+	data, err := kv.Encode(rec) // written by the claim, and the body of the job message
+	if err != nil {
+		settle(0)
+		return nil, fmt.Errorf("httpapi: claim: %w", err)
+	}
+	rev, err := s.store.ClaimEncoded(ctx, key, rec, data)
 	if err != nil {
 		settle(0)
 		if errors.Is(err, kv.ErrExists) {
@@ -332,12 +337,12 @@ func (s *Server) create(ctx context.Context, g *generation, key, jobID, outcome 
 		}
 		return nil, fmt.Errorf("httpapi: claim: %w", err)
 	}
-	return s.launchSettled(ctx, g, key, rec, rev, outcome, true, settle)
+	return s.launchSettled(ctx, g, key, rec, rev, data, outcome, true, settle)
 }
 
 // launchSettled launches a new execution holding a budget reservation.
-func (s *Server) launchSettled(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, outcome string, newJob bool, settle func(int64)) (*admission, error) {
-	adm, err := s.launch(ctx, g, key, rec, rev, outcome, newJob)
+func (s *Server) launchSettled(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, data []byte, outcome string, newJob bool, settle func(int64)) (*admission, error) {
+	adm, err := s.launch(ctx, g, key, rec, rev, data, outcome, newJob)
 	if err != nil {
 		settle(0)
 		return nil, err
@@ -348,9 +353,16 @@ func (s *Server) launchSettled(ctx context.Context, g *generation, key string, r
 }
 
 // launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
-// can be missed), and indexes the job id.
-func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, outcome string, newJob bool) (*admission, error) {
-	job := lease.JobOf(key, rec)
+// can be missed), and indexes the job id. data is rec as stored at rev (nil: encode it here).
+func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.Record, rev uint64, data []byte, outcome string, newJob bool) (*admission, error) {
+	if data == nil {
+		var err error
+		if data, err = kv.Encode(rec); err != nil {
+			s.release(key, rec, rev)
+			return nil, fmt.Errorf("httpapi: %w", err)
+		}
+	}
+	job := lease.JobEncoded(key, rec, rev, data)
 	fl, err := s.hub.Open(ctx, job.Subject())
 	if err != nil {
 		s.release(key, rec, rev)
@@ -425,7 +437,7 @@ func (s *Server) attach(ctx context.Context, g *generation, held *kv.ExistsError
 				return nil, err
 			}
 			s.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).Msg("lease expired; execution re-driven by a client request")
-			return s.launch(ctx, g, g.recKey, nrec, nrev, outcomeJoined, false)
+			return s.launch(ctx, g, g.recKey, nrec, nrev, job.Record, outcomeJoined, false)
 		}
 		fl, err := s.hub.Join(ctx, jobs.ChunkSubject(g.recKey, rec.Epoch))
 		if err != nil {
@@ -476,7 +488,7 @@ func (s *Server) reclaim(ctx context.Context, g *generation, old *kv.Record, rev
 		settle(0)
 		return nil, err
 	}
-	return s.launchSettled(ctx, g, g.recKey, rec, nrev, outcomeCreated, jobID != old.JobID, settle)
+	return s.launchSettled(ctx, g, g.recKey, rec, nrev, nil, outcomeCreated, jobID != old.JobID, settle)
 }
 
 // Log field names.

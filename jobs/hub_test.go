@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
@@ -272,15 +273,35 @@ func TestHubCloseWakesFollowers(t *testing.T) {
 }
 
 func TestDecodeRejects(t *testing.T) {
-	cases := map[string]string{
-		"not json":      "{",
-		"wrong version": `{"v":9,"id":"x","key":"k","epoch":1}`,
-		"no key":        `{"v":1,"id":"x","epoch":1}`,
-		"epoch zero":    `{"v":1,"id":"x","key":"k","epoch":0}`,
+	valid := func() nats.Header {
+		return nats.Header{"Og-Job-V": {"2"}, "Og-Job-Id": {"x"}, "Og-Key": {"k"}, "Og-Epoch": {"1"}, "Og-Rev": {"3"}}
 	}
-	for name, in := range cases {
+	if _, err := jobs.Decode(valid(), []byte(`{}`)); err != nil {
+		t.Fatalf("valid job rejected: %v", err)
+	}
+	cases := map[string]struct {
+		drop, set, value string
+		data             string
+	}{
+		"wrong version": {set: "Og-Job-V", value: "9", data: `{}`},
+		"no version":    {drop: "Og-Job-V", data: `{}`},
+		"no key":        {drop: "Og-Key", data: `{}`},
+		"no id":         {drop: "Og-Job-Id", data: `{}`},
+		"epoch zero":    {set: "Og-Epoch", value: "0", data: `{}`},
+		"epoch text":    {set: "Og-Epoch", value: "one", data: `{}`},
+		"no revision":   {drop: "Og-Rev", data: `{}`},
+		"no record":     {data: ""},
+	}
+	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			if _, err := jobs.Decode([]byte(in)); !errors.Is(err, jobs.ErrInvalidJob) {
+			h := valid()
+			if tc.drop != "" {
+				h.Del(tc.drop)
+			}
+			if tc.set != "" {
+				h.Set(tc.set, tc.value)
+			}
+			if _, err := jobs.Decode(h, []byte(tc.data)); !errors.Is(err, jobs.ErrInvalidJob) {
 				t.Fatalf("err = %v", err)
 			}
 		})

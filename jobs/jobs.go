@@ -13,8 +13,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 )
@@ -27,8 +29,17 @@ const (
 	jobsPrefix   = "jobs.run."
 	ChunksStream = "CHUNKS"
 	chunksPrefix = "chunks."
-	// WireVersion is the version of the Job and chunk wire formats.
-	WireVersion = 1
+	// WireVersion is the version of the job wire format (Og-Job-V).
+	WireVersion = 2
+)
+
+// Job message headers; the message body is the idempotency record as claimed.
+const (
+	hdrJobVersion = "Og-Job-V"
+	hdrJobID      = "Og-Job-Id"
+	hdrJobKey     = "Og-Key"
+	hdrJobEpoch   = "Og-Epoch"
+	hdrJobRev     = "Og-Rev"
 )
 
 // ErrInvalidJob is returned when a job message cannot be decoded.
@@ -36,26 +47,35 @@ var ErrInvalidJob = errors.New("jobs: invalid job message")
 
 // Job is one execution request: what a worker needs to run it, and the fencing facts (key and
 // epoch) it must check against the idempotency record before it writes anything.
+//
+// On the wire (JOBS) a job is its identity in headers (id, key, epoch, and the revision of the
+// record at submission) and, as the body, the idempotency record exactly as it was written
+// (Record, opaque here): a worker that gets a fresh job need not read the record again, and the
+// job can never say something the record does not. The other fields are the worker's view,
+// filled from that record.
 type Job struct {
-	V      int    `json:"v"`
-	ID     string `json:"id"`
-	Key    string `json:"key"` // record key (a hash, never client text)
-	Epoch  int    `json:"epoch"`
-	Tenant string `json:"tenant"`
-	Model  string `json:"model"`
-	Stream bool   `json:"stream"`
+	ID    string
+	Key   string // record key (a hash, never client text)
+	Epoch int
+	// Rev is the record's revision when the job was submitted; Record its stored bytes.
+	Rev    uint64
+	Record []byte
+
+	Tenant string
+	Model  string
+	Stream bool
 	// API is the request's wire format ("openai" or "anthropic").
-	API string `json:"api,omitempty"`
+	API string
 	// Backends is the route's fallback chain, in order.
-	Backends []string `json:"backends"`
+	Backends []string
 	// Degraded is the route's answer when no backend is healthy (nil: 503).
-	DegradedMessage    string `json:"degraded_message,omitempty"`
-	DegradedRetryAfter int    `json:"degraded_retry_after,omitempty"`
+	DegradedMessage    string
+	DegradedRetryAfter int
 	// Body is the request as the backend receives it; Header holds passed-through headers.
-	Body   json.RawMessage     `json:"body"`
-	Header map[string][]string `json:"header,omitempty"`
+	Body   json.RawMessage
+	Header map[string][]string
 	// Deadline is the client's overall deadline, if it sent one.
-	Deadline time.Time `json:"deadline,omitempty"`
+	Deadline time.Time
 }
 
 // Subject is the CHUNKS subject of this job's execution.
@@ -121,27 +141,33 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 // Submit publishes a job to JOBS. The message id is key+epoch, so a re-published job inside
 // the duplicate window is dropped by JetStream (the record is the real gate).
 func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
-	job.V = WireVersion
-	data, err := json.Marshal(job)
-	if err != nil {
-		return fmt.Errorf("jobs: encode job %s: %w", job.ID, err)
+	if len(job.Record) == 0 || job.Rev == 0 {
+		return fmt.Errorf("%w: job %s has no record", ErrInvalidJob, job.ID)
 	}
-	if _, err := js.Publish(ctx, jobsPrefix+job.Key, data, jetstream.WithMsgID(fmt.Sprintf("%s.%d", job.Key, job.Epoch))); err != nil {
+	m := nats.NewMsg(jobsPrefix + job.Key)
+	m.Header.Set(hdrJobVersion, strconv.Itoa(WireVersion))
+	m.Header.Set(hdrJobID, job.ID)
+	m.Header.Set(hdrJobKey, job.Key)
+	m.Header.Set(hdrJobEpoch, strconv.Itoa(job.Epoch))
+	m.Header.Set(hdrJobRev, strconv.FormatUint(job.Rev, 10))
+	m.Data = job.Record
+	if _, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(job.Key+"."+strconv.Itoa(job.Epoch))); err != nil {
 		return fmt.Errorf("jobs: submit %s: %w", job.ID, err)
 	}
 	return nil
 }
 
-// Decode parses a job message.
-func Decode(data []byte) (*Job, error) {
-	var j Job
-	if err := json.Unmarshal(data, &j); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidJob, err)
+// Decode parses a job message into its identity and record bytes; the caller decodes the
+// record and fills the rest of the view.
+func Decode(h nats.Header, data []byte) (*Job, error) {
+	v, _ := strconv.Atoi(h.Get(hdrJobVersion))
+	epoch, _ := strconv.Atoi(h.Get(hdrJobEpoch))
+	rev, _ := strconv.ParseUint(h.Get(hdrJobRev), 10, 64)
+	j := &Job{ID: h.Get(hdrJobID), Key: h.Get(hdrJobKey), Epoch: epoch, Rev: rev, Record: data}
+	if v != WireVersion || j.Key == "" || j.Epoch < 1 || j.ID == "" || j.Rev == 0 || len(data) == 0 {
+		return nil, fmt.Errorf("%w: version %d key %q epoch %d rev %d, %d record bytes", ErrInvalidJob, v, j.Key, j.Epoch, j.Rev, len(data))
 	}
-	if j.V != WireVersion || j.Key == "" || j.Epoch < 1 || j.ID == "" {
-		return nil, fmt.Errorf("%w: version %d key %q epoch %d", ErrInvalidJob, j.V, j.Key, j.Epoch)
-	}
-	return &j, nil
+	return j, nil
 }
 
 // Queued reports whether JOBS still holds a job of record key (waiting, or delivered and not

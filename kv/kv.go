@@ -216,14 +216,38 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	return &Store{kv: kvs, idx: idx, js: js}, nil
 }
 
-// Claim creates the record for key; ErrExists if there is one. A retried create whose first
-// try succeeded is recognised by the owner nonce and reported as success.
-func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, error) {
+// Encode is the stored form of rec (the bytes Claim and Update write).
+func Encode(rec *Record) ([]byte, error) {
 	rec.V = 1
 	data, err := json.Marshal(rec)
 	if err != nil {
-		return 0, fmt.Errorf("kv: encode %s: %w", key, err)
+		return nil, fmt.Errorf("kv: encode: %w", err)
 	}
+	return data, nil
+}
+
+// Decode parses a stored record (as Encode wrote it).
+func Decode(data []byte) (*Record, error) {
+	var rec Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return nil, fmt.Errorf("kv: decode: %w", err)
+	}
+	return &rec, nil
+}
+
+// Claim creates the record for key; ErrExists if there is one. A retried create whose first
+// try succeeded is recognised by the owner nonce and reported as success.
+func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, error) {
+	data, err := Encode(rec)
+	if err != nil {
+		return 0, err
+	}
+	return s.ClaimEncoded(ctx, key, rec, data)
+}
+
+// ClaimEncoded is Claim of rec already encoded as data (Encode(rec)), for a caller that also
+// sends those bytes elsewhere.
+func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data []byte) (uint64, error) {
 	rev, err := s.write(ctx, key, rec, data, 0)
 	if err == nil {
 		return rev, nil
@@ -262,19 +286,18 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
 		}
 		return nil, 0, fmt.Errorf("kv: get %s: %w", key, err)
 	}
-	var rec Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return nil, 0, fmt.Errorf("kv: decode %s: %w", key, err)
+	rec, err := Decode(e.Value())
+	if err != nil {
+		return nil, 0, fmt.Errorf("kv: get %s: %w", key, err)
 	}
-	return &rec, e.Revision(), nil
+	return rec, e.Revision(), nil
 }
 
 // Update writes rec if the record is still at rev; ErrConflict otherwise.
 func (s *Store) Update(ctx context.Context, key string, rec *Record, rev uint64) (uint64, error) {
-	rec.V = 1
-	data, err := json.Marshal(rec)
+	data, err := Encode(rec)
 	if err != nil {
-		return 0, fmt.Errorf("kv: encode %s: %w", key, err)
+		return 0, err
 	}
 	nrev, err := s.write(ctx, key, rec, data, rev)
 	if err != nil {

@@ -199,37 +199,61 @@ func (p *Pool) Run(ctx context.Context) error {
 	return nil
 }
 
+// freshJob is how young a first delivery must be for its worker to trust the record the job
+// carries instead of reading it (see trustSent).
+const freshJob = time.Second
+
+// trustSent reports whether the record a job carries can stand for the stored one, saving a
+// read on the path of every new intent. It can when the job is a first delivery younger than
+// freshJob whose record's lease still runs (with a second to spare for clocks): no takeover can
+// have moved the key to another epoch, since a takeover needs an expired lease. A cancel in
+// that second is still caught, by the completion's compare-and-set (and the lease renewals),
+// after the backend call instead of before it.
+func trustSent(md *jetstream.MsgMetadata, sent *kv.Record, now time.Time) bool {
+	return md != nil && md.NumDelivered == 1 && now.Sub(md.Timestamp) < freshJob &&
+		sent.State == kv.Pending && now.Add(time.Second).Before(sent.LeaseUntil)
+}
+
 // handle runs one delivered job message.
 func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
-	job, err := jobs.Decode(m.Data())
+	wire, err := jobs.Decode(m.Headers(), m.Data())
+	var sent *kv.Record // the record as the job was submitted (it carries the request)
+	if err == nil {
+		sent, err = kv.Decode(wire.Record)
+	}
 	if err != nil {
 		p.opts.Log.Error().Err(err).Msg("terminating undecodable job")
 		_ = m.Term()
 		return
 	}
-	log := p.opts.Log.With().Str(fieldJobID, job.ID).Str(fieldKey, job.Key).Int(fieldEpoch, job.Epoch).Logger()
-	rec, rev, err := p.store.Get(ctx, job.Key)
-	switch {
-	case errors.Is(err, kv.ErrNotFound):
-		log.Info().Msg("record gone; dropping job")
-		_ = m.Ack()
-		return
-	case err != nil:
-		log.Warn().Err(err).Msg("reading record; will retry")
-		_ = m.NakWithDelay(time.Second)
-		return
+	log := p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, wire.Epoch).Logger()
+	rec, rev := sent, wire.Rev
+	md, mdErr := m.Metadata()
+	if mdErr != nil || !trustSent(md, sent, time.Now()) {
+		rec, rev, err = p.store.Get(ctx, wire.Key)
+		switch {
+		case errors.Is(err, kv.ErrNotFound):
+			log.Info().Msg("record gone; dropping job")
+			_ = m.Ack()
+			return
+		case err != nil:
+			log.Warn().Err(err).Msg("reading record; will retry")
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
 	}
-	if rec.JobID != job.ID || rec.Epoch != job.Epoch || rec.State != kv.Pending || rec.Cancelled {
-		if rec.JobID == job.ID && rec.Epoch == job.Epoch && rec.State != kv.Pending {
+	if rec.JobID != wire.ID || rec.Epoch != wire.Epoch || rec.State != kv.Pending || rec.Cancelled {
+		if rec.JobID == wire.ID && rec.Epoch == wire.Epoch && rec.State != kv.Pending {
 			// Finished, but not acked: its worker may have died before charging. Charging is
 			// idempotent, so make sure.
-			p.charge(ctx, job.Key, rec, rev, job.Body)
+			p.charge(ctx, wire.Key, rec, rev, sent.Request)
 		}
 		log.Debug().Str("state", string(rec.State)).Int("record_epoch", rec.Epoch).Msg("stale job; dropping")
 		_ = m.Ack()
 		return
 	}
-	if md, err := m.Metadata(); err == nil && md.NumDelivered > 1 {
+	job := lease.JobOf(wire.Key, rec)
+	if mdErr == nil && md.NumDelivered > 1 {
 		// A redelivery: the previous holder stopped acking. Take over only once its lease ran out.
 		now := p.opts.Now()
 		if !rec.LeaseExpired(now) {

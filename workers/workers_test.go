@@ -115,7 +115,7 @@ func TestOutcomes(t *testing.T) {
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "k" + string(rune('a'+i))
-			rec, _ := r.claim(t, key, tc.body, tc.stream)
+			rec, rev := r.claim(t, key, tc.body, tc.stream)
 			hub := jobs.NewHub(r.srv.NC, r.srv.JS, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true})
 			defer hub.Close()
 			fl, err := hub.Open(context.Background(), jobs.ChunkSubject(key, 1))
@@ -123,7 +123,7 @@ func TestOutcomes(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer fl.Close()
-			if err := jobs.Submit(context.Background(), r.srv.JS, lease.JobOf(key, rec)); err != nil {
+			if err := jobs.Submit(context.Background(), r.srv.JS, mustJob(t, key, rec, rev)); err != nil {
 				t.Fatal(err)
 			}
 			got := r.waitFinal(t, key)
@@ -165,7 +165,7 @@ func TestStaleJobIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := lease.JobOf("stale", cur)
+	old := mustJob(t, "stale", cur, curRev)
 	if _, _, _, err := lease.TakeOver(context.Background(), r.srv.JS, r.store, "stale", cur, curRev, time.Now(), time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -220,10 +220,11 @@ func TestSweepLeavesQueuedJobs(t *testing.T) {
 	r := &rig{srv: srv, store: store}
 	rec, rev := r.claim(t, "queued", `{"model":"oncegate-mock","messages":[{"role":"user","content":"q"}]}`, false)
 	rec.LeaseUntil = time.Now().Add(-time.Second)
-	if _, err := store.Update(ctx, "queued", rec, rev); err != nil {
+	rev, err = store.Update(ctx, "queued", rec, rev)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := jobs.Submit(ctx, srv.JS, lease.JobOf("queued", rec)); err != nil {
+	if err := jobs.Submit(ctx, srv.JS, mustJob(t, "queued", rec, rev)); err != nil {
 		t.Fatal(err)
 	}
 	pool := workers.New(srv.JS, store, workers.Options{ID: "w", Lease: time.Second, RenewEvery: 100 * time.Millisecond, Log: zerolog.Nop()})
@@ -235,4 +236,14 @@ func TestSweepLeavesQueuedJobs(t *testing.T) {
 	if err != nil || cur.Epoch != 1 {
 		t.Fatalf("record changed: epoch %d err %v", cur.Epoch, err)
 	}
+}
+
+// mustJob is the submittable job of rec stored at rev.
+func mustJob(t *testing.T, key string, rec *kv.Record, rev uint64) *jobs.Job {
+	t.Helper()
+	job, err := lease.Job(key, rec, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job
 }

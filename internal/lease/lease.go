@@ -40,10 +40,32 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	if err := jobs.Fence(ctx, js, key, old); err != nil {
 		return nil, nil, 0, err
 	}
-	return JobOf(key, &next), &next, nrev, nil
+	job, err := Job(key, &next, nrev)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return job, &next, nrev, nil
 }
 
-// JobOf is the job that executes the current epoch of rec.
+// Job is the submittable job of the current epoch of rec, stored at revision rev: the view of
+// JobOf plus the record's stored bytes.
+func Job(key string, rec *kv.Record, rev uint64) (*jobs.Job, error) {
+	data, err := kv.Encode(rec)
+	if err != nil {
+		return nil, fmt.Errorf("lease: job of %s: %w", key, err)
+	}
+	return JobEncoded(key, rec, rev, data), nil
+}
+
+// JobEncoded is Job for a record already encoded as data.
+func JobEncoded(key string, rec *kv.Record, rev uint64, data []byte) *jobs.Job {
+	j := JobOf(key, rec)
+	j.Rev, j.Record = rev, data
+	return j
+}
+
+// JobOf is the worker's view of the job that executes the current epoch of rec (what a job
+// message carries, decoded).
 func JobOf(key string, rec *kv.Record) *jobs.Job {
 	j := &jobs.Job{ID: rec.JobID, Key: key, Epoch: rec.Epoch, Tenant: rec.Tenant, Backends: rec.Backends,
 		Model: rec.Model, Stream: rec.Stream, API: rec.API, Body: rec.Request, Header: rec.Header, Deadline: rec.Deadline}
