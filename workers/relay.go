@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
@@ -63,9 +64,11 @@ type sseEvent struct {
 
 // run relays one backend stream; it reports whether the stream ended properly. A reader
 // goroutine keeps reading the socket while a chunk is being published, and everything read
-// meanwhile goes out in the next chunk (group commit): no latency is added to an event that
-// finds the publisher idle, and under a fast stream the chunk rate is bounded by the publish
-// round trip instead of growing with every token. run closes body before it returns.
+// meanwhile goes out in the next chunk (group commit): under a fast stream the chunk rate is
+// bounded by the publish round trip instead of growing with every token. With a linger
+// (workers.chunk_linger), a chunk also waits until linger has passed since the previous one,
+// gathering what arrives meanwhile, so the rate is at most one chunk per linger; the first
+// chunk and the end of the stream never wait. run closes body before it returns.
 func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) bool {
 	events := make(chan sseEvent, 256)
 	stop := make(chan struct{})
@@ -93,6 +96,14 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 	}()
 
 	first := true
+	linger := r.ex.pool.opts.ChunkLinger
+	var lastFlush time.Time
+	var lingerTimer *time.Timer
+	if linger > 0 {
+		lingerTimer = time.NewTimer(linger)
+		lingerTimer.Stop()
+		defer lingerTimer.Stop()
+	}
 	for {
 		ev := <-events // one event: publish it as soon as it comes…
 		for {
@@ -130,7 +141,21 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 				continue
 			default:
 			}
+			// …and, with a linger, whatever arrives until linger has passed since the last chunk.
+			if wait := linger - time.Since(lastFlush); lingerTimer != nil && !lastFlush.IsZero() && wait > 0 && len(r.pending) > 0 {
+				lingerTimer.Reset(wait)
+				select {
+				case ev = <-events:
+					lingerTimer.Stop()
+					continue
+				case <-lingerTimer.C:
+				case <-ctx.Done():
+				}
+			}
 			break
+		}
+		if len(r.pending) > 0 {
+			lastFlush = time.Now()
 		}
 		if err := r.flush(ctx); err != nil {
 			r.broke = err

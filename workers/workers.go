@@ -59,6 +59,9 @@ type Options struct {
 	// terminal chunk (later copies answer from the record); 0 keeps them for the stream's
 	// retention.
 	DiscardChunksAfter time.Duration
+	// ChunkLinger is the least time between two data chunks of one stream (0: none); what
+	// arrives meanwhile is coalesced. The first chunk and the stream's end never wait.
+	ChunkLinger time.Duration
 }
 
 // Pool runs jobs.

@@ -1,9 +1,11 @@
 package workers_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 
@@ -28,7 +30,7 @@ type rig struct {
 }
 
 // start runs a real pool against a real embedded server and the in-process mock backend.
-func start(t *testing.T, sweepEvery time.Duration) *rig {
+func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options)) *rig {
 	t.Helper()
 	srv := natstest.Start(t, time.Second)
 	ctx := context.Background()
@@ -46,9 +48,13 @@ func start(t *testing.T, sweepEvery time.Duration) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool := workers.New(srv.JS, store, workers.Options{ID: "w1", Concurrency: 4, Lease: 2 * time.Second,
+	opts := workers.Options{ID: "w1", Concurrency: 4, Lease: 2 * time.Second,
 		RenewEvery: 200 * time.Millisecond, Backends: map[string]workers.Backend{"mock": mock},
-		Log: zerolog.Nop(), SweepEvery: sweepEvery})
+		Log: zerolog.Nop(), SweepEvery: sweepEvery}
+	for _, mod := range mods {
+		mod(&opts)
+	}
+	pool := workers.New(srv.JS, store, opts)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -246,4 +252,35 @@ func mustJob(t *testing.T, key string, rec *kv.Record, rev uint64) *jobs.Job {
 		t.Fatal(err)
 	}
 	return job
+}
+
+// TestChunkLinger: with a linger longer than the whole stream, the first token goes out alone
+// and the rest is coalesced until the end, where nothing waits; the stored stream is the same
+// as without a linger, which publishes about a chunk per token.
+func TestChunkLinger(t *testing.T) {
+	const body = `{"model":"oncegate-mock","stream":true,"messages":[{"role":"user","content":"linger"}],"mock":{"tokens":20,"inter_token_ms":10}}`
+	final := map[time.Duration]*kv.Record{}
+	for _, linger := range []time.Duration{0, 5 * time.Second} {
+		r := start(t, -1, func(o *workers.Options) { o.ChunkLinger = linger })
+		rec, rev := r.claim(t, "linger", body, true)
+		if err := jobs.Submit(context.Background(), r.srv.JS, mustJob(t, "linger", rec, rev)); err != nil {
+			t.Fatal(err)
+		}
+		final[linger] = r.waitFinal(t, "linger")
+		if final[linger].State != kv.Completed {
+			t.Fatalf("linger %s: %s %+v", linger, final[linger].State, final[linger].Result)
+		}
+	}
+	off, on := final[0], final[5*time.Second]
+	t.Logf("chunks: %d without a linger, %d with one", off.Chunks, on.Chunks)
+	// Without a linger: the role chunk, 20 tokens, the finish chunk, the usage, give or take
+	// what arrived during a publish. With it: the first event, then everything else at the end.
+	if on.Chunks > 3 || on.Chunks >= off.Chunks {
+		t.Fatalf("chunks with a linger: %d, without: %d; want at most 3 and fewer", on.Chunks, off.Chunks)
+	}
+	frames := func(rec *kv.Record) int { return bytes.Count(rec.Result.Events, []byte("\n\n")) }
+	if frames(on) != frames(off) || frames(on) < 20 || !reflect.DeepEqual(on.Result.Usage, off.Result.Usage) {
+		t.Fatalf("stored streams differ: %d frames and usage %+v with a linger, %d and %+v without",
+			frames(on), on.Result.Usage, frames(off), off.Result.Usage)
+	}
 }

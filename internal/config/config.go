@@ -104,6 +104,10 @@ type Workers struct {
 	// stream after its terminal chunk (later copies answer from the record); 0 keeps them for
 	// the stream's whole retention (15 min).
 	DiscardChunksAfter Duration `yaml:"discard_chunks_after"`
+	// ChunkLinger is the least time between two data chunks of one stream: tokens arriving
+	// faster are coalesced, bounding the chunk message rate (and the writes to every SSE
+	// client) at one per linger. The first chunk and the end never wait. 0 turns it off.
+	ChunkLinger Duration `yaml:"chunk_linger"`
 }
 
 // Idempotency configures deduplication.

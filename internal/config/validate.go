@@ -95,6 +95,7 @@ const (
 	maxNATSPayload = 64 * mib
 	maxBodyBytes   = 64 * mib
 	maxReplayCache = 4096 * mib
+	maxChunkLinger = time.Second
 
 	maxConcurrency = 100000
 	maxMockTokens  = 100000
@@ -205,6 +206,9 @@ func (v *validator) workers(w *Workers) {
 	}
 	if w.SweepEvery.D() < time.Second {
 		v.add("workers.sweep_every", "must be at least 1s, got %s", w.SweepEvery)
+	}
+	if w.ChunkLinger < 0 || w.ChunkLinger.D() > maxChunkLinger {
+		v.add("workers.chunk_linger", "must be between 0 (off) and %s, got %s", maxChunkLinger, w.ChunkLinger)
 	}
 	if w.DiscardChunksAfter < 0 {
 		v.add("workers.discard_chunks_after", "must be >= 0 (0 keeps chunks for the CHUNKS retention), got %s", w.DiscardChunksAfter)

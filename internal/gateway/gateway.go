@@ -189,9 +189,9 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
-		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(),
-		Ledger:             led,
-		Log:                g.log.With().Str("component", "workers").Logger(),
+		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
+		Ledger: led,
+		Log:    g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
