@@ -401,3 +401,27 @@ func TestSharedDerivedOncePerChunk(t *testing.T) {
 		t.Fatalf("a chunk outside a feed: %q after %d calls", got, calls.Load())
 	}
 }
+
+// FuzzDecode: any job message either decodes to a job with a usable identity or is rejected
+// with ErrInvalidJob; it never panics.
+func FuzzDecode(f *testing.F) {
+	f.Add("2", "01J0000000000000000000000A", "k", "1", "3", []byte(`{}`))
+	f.Add("2", "x", "", "1", "1", []byte(`{}`))
+	f.Add("1", "x", "k", "-1", "18446744073709551616", []byte(nil))
+	f.Fuzz(func(t *testing.T, v, id, key, epoch, rev string, data []byte) {
+		h := nats.Header{}
+		for name, val := range map[string]string{"Og-Job-V": v, "Og-Job-Id": id, "Og-Key": key, "Og-Epoch": epoch, "Og-Rev": rev} {
+			h.Set(name, val)
+		}
+		job, err := jobs.Decode(h, data)
+		if err != nil {
+			if !errors.Is(err, jobs.ErrInvalidJob) {
+				t.Fatalf("error %v does not match ErrInvalidJob", err)
+			}
+			return
+		}
+		if job.ID == "" || job.Key == "" || job.Epoch < 1 || job.Rev == 0 || len(job.Record) == 0 {
+			t.Fatalf("accepted a job without a usable identity: %+v", job)
+		}
+	})
+}
