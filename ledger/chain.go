@@ -128,6 +128,36 @@ type chain struct {
 	lastSeq  uint64 // stream sequence of the tenant's last entry (0: none)
 	lastHash string
 	ids      map[idDigest]uint64
+	// With a dedup horizon, byTime lists the ids in the order they were added, with their
+	// entries' times, so that ids older than the horizon are forgotten as newer ones come (a
+	// fresh process never loads them either): the index stays the size of one horizon of
+	// entries instead of growing for the life of the process.
+	horizon time.Duration
+	byTime  []idAt
+}
+
+type idAt struct {
+	d  idDigest
+	at time.Time
+}
+
+// remember indexes an entry's id at seq, and forgets the ids that fell out of the horizon.
+func (c *chain) remember(d idDigest, seq uint64, at time.Time) {
+	c.ids[d] = seq
+	if c.horizon <= 0 {
+		return
+	}
+	c.byTime = append(c.byTime, idAt{d: d, at: at})
+	cutoff := at.Add(-c.horizon)
+	n := 0
+	for n < len(c.byTime) && c.byTime[n].at.Before(cutoff) {
+		delete(c.ids, c.byTime[n].d)
+		n++
+	}
+	if n > 0 {
+		c.byTime = c.byTime[n:]
+		c.partial = true // older ids are looked up in the stream
+	}
 }
 
 // chanMutex is a mutex whose Lock can give up when a context ends.
@@ -150,7 +180,7 @@ func (l *Ledger) chain(tenant string) *chain {
 	c := l.chains[tenant]
 	if c == nil {
 		tenant = strings.Clone(tenant) // kept: never a caller's borrowed bytes (a Fiber handler's)
-		c = &chain{mu: make(chanMutex, 1), tenant: tenant, subject: Subject(tenant)}
+		c = &chain{mu: make(chanMutex, 1), tenant: tenant, subject: Subject(tenant), horizon: l.horizon}
 		l.chains[tenant] = c
 	}
 	return c
@@ -161,7 +191,7 @@ func (c *chain) add(e *Entry) error {
 	if e.Tenant != c.tenant {
 		return fmt.Errorf("%w: seq %d on the subject of another tenant", ErrCorrupt, e.Seq)
 	}
-	c.ids[digest(e.ID)] = e.Seq
+	c.remember(digest(e.ID), e.Seq, e.Time)
 	c.lastSeq, c.lastHash = e.Seq, e.Hash
 	return nil
 }
@@ -172,7 +202,7 @@ func (c *chain) sync(ctx context.Context, l *Ledger) error {
 	if c.loaded {
 		return l.follow(ctx, c.subject, c.lastSeq+1, c.add)
 	}
-	c.ids = map[idDigest]uint64{}
+	c.ids, c.byTime = map[idDigest]uint64{}, nil
 	c.lastSeq, c.lastHash = 0, ""
 	if l.horizon <= 0 {
 		if err := l.scan(ctx, c.subject, span{}, c.add); err != nil {
@@ -282,7 +312,7 @@ func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Contex
 		switch {
 		case err == nil && !ack.Duplicate:
 			e.Seq = ack.Sequence
-			c.ids[digest(e.ID)] = e.Seq
+			c.remember(digest(e.ID), e.Seq, e.Time)
 			c.lastSeq, c.lastHash = e.Seq, e.Hash
 			l.log.Debug().Str(fieldEntryID, e.ID).Str(fieldKind, e.Kind).Str(fieldTenant, e.Tenant).
 				Uint64(fieldSeq, e.Seq).Int64(fieldCost, e.CostMicros).Msg("ledger entry appended")
@@ -297,7 +327,7 @@ func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Contex
 			if prev.ID != e.ID || prev.Tenant != e.Tenant {
 				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: the id is taken by seq %d of another tenant", e.ID, ErrInvalid, ack.Sequence)
 			}
-			c.ids[digest(e.ID)] = prev.Seq
+			c.remember(digest(e.ID), prev.Seq, prev.Time)
 			return prev, false, nil
 		case wrongLast(err):
 			if serr := c.sync(ctx, l); serr != nil {
