@@ -323,7 +323,7 @@ func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
 	// A charge is re-published only while its record exists (the idempotency TTL); past that
 	// horizon the id index need not look, so a worker's first charge does not read a tenant's
 	// whole history.
-	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log.With().Str("component", "ledger").Logger()),
+	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log),
 		ledger.WithDedupHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour))
 }
 
