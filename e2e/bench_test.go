@@ -6,10 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/mockllm"
@@ -69,23 +71,9 @@ func runDirect(b *testing.B, extra string) {
 			defer srv.Close()
 			c := benchClient(b)
 			url := srv.URL + chatPath
-			b.ReportAllocs()
-			b.ResetTimer()
-			if mode == "serial" {
-				for i := 0; i < b.N; i++ {
-					if ok, _ := benchPost(b, c, url, body, ""); !ok {
-						return
-					}
-				}
-				return
-			}
-			b.SetParallelism(benchParallelism)
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if ok, _ := benchPost(b, c, url, body, ""); !ok {
-						return
-					}
-				}
+			drive(b, mode, func() bool {
+				ok, _ := benchPost(b, c, url, body, "")
+				return ok
 			})
 		})
 	}
@@ -124,33 +112,14 @@ func runGatewaySync(b *testing.B, extra string, replay bool, sync string) {
 				return prefix + strconv.FormatInt(seq.Add(1), 10)
 			}
 			before := mock.Stats().Requests
-			one := func() bool {
+			drive(b, mode, func() bool {
 				ok, outcome := benchPost(b, c, url, body, key())
 				if ok && outcome != wantOutcome {
 					b.Errorf("Oncegate-Idempotency = %q, want %q", outcome, wantOutcome)
 					return false
 				}
 				return ok
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			if mode == "serial" {
-				for i := 0; i < b.N; i++ {
-					if !one() {
-						break
-					}
-				}
-			} else {
-				b.SetParallelism(benchParallelism)
-				b.RunParallel(func(pb *testing.PB) {
-					for pb.Next() {
-						if !one() {
-							return
-						}
-					}
-				})
-			}
-			b.StopTimer()
+			})
 			execs := mock.Stats().Requests - before
 			b.ReportMetric(float64(execs)/float64(b.N), "execs/op")
 			if want := int64(b.N); !replay && execs != want {
@@ -181,3 +150,50 @@ func BenchmarkGatewayStream(b *testing.B) { runGateway(b, `"stream":true`, false
 
 // BenchmarkGatewayReplay: every request repeats one completed key (served from the record).
 func BenchmarkGatewayReplay(b *testing.B) { runGateway(b, "", true) }
+
+// drive runs one b.N times, serially or from parallel goroutines (mode), and reports the p50
+// and p99 of its latencies, which the ns/op mean hides. It stops at the first failure.
+func drive(b *testing.B, mode string, one func() bool) {
+	lat := make([]time.Duration, b.N)
+	var done atomic.Int64
+	timed := func() bool {
+		start := time.Now()
+		ok := one()
+		if i := done.Add(1) - 1; i < int64(len(lat)) {
+			lat[i] = time.Since(start)
+		}
+		return ok
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	if mode == "serial" {
+		for i := 0; i < b.N; i++ {
+			if !timed() {
+				break
+			}
+		}
+	} else {
+		b.SetParallelism(benchParallelism)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if !timed() {
+					return
+				}
+			}
+		})
+	}
+	b.StopTimer()
+	reportPercentiles(b, lat[:min(done.Load(), int64(len(lat)))])
+}
+
+// reportPercentiles adds the p50 and p99 of the requests' latencies to the benchmark's output
+// (a report, never a threshold).
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	at := func(q float64) float64 { return float64(lat[int(q*float64(len(lat)-1))].Microseconds()) }
+	b.ReportMetric(at(0.50), "p50-µs")
+	b.ReportMetric(at(0.99), "p99-µs")
+}
