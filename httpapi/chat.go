@@ -284,6 +284,9 @@ func (s *Server) admit(ctx context.Context, g *generation) (*admission, error) {
 		}
 		s.finished.forget(g.recKey)
 	}
+	if adm, ok := s.joinLocal(g); ok {
+		return adm, nil
+	}
 	for attempt := 0; attempt < 5; attempt++ {
 		adm, err := s.create(ctx, g, g.recKey, jobs.NewID(), outcomeCreated)
 		if !errors.Is(err, kv.ErrExists) {
@@ -378,6 +381,7 @@ func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.
 			s.log.Warn().Err(err).Str(fieldJobID, job.ID).Msg("indexing job id")
 		}
 	}
+	s.remember(key, rec)
 	return &admission{outcome: outcome, key: key, rec: rec, fl: fl, jobID: job.ID}, nil
 }
 
@@ -443,6 +447,7 @@ func (s *Server) attach(ctx context.Context, g *generation, held *kv.ExistsError
 		if err != nil {
 			return nil, fmt.Errorf("httpapi: join: %w", err)
 		}
+		s.remember(g.recKey, rec)
 		return &admission{outcome: outcomeJoined, key: g.recKey, rec: rec, fl: fl, jobID: rec.JobID}, nil
 	case kv.Failed:
 		if rec.Result != nil && rec.Result.Retryable && !rec.Cancelled {

@@ -82,6 +82,7 @@ type Server struct {
 	adminKeys        [][]byte
 	idem             config.Idempotency
 	finished         *finishedCache // nil: off
+	live             *liveKeys
 	log              zerolog.Logger
 	now              func() time.Time
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
@@ -103,6 +104,7 @@ func New(d Deps) *Server {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	s.live = newLiveKeys()
 	if d.Idem.ReplayCacheBytes > 0 {
 		s.finished = newFinishedCache(d.Idem.ReplayCacheBytes)
 	}

@@ -101,6 +101,39 @@ func (h *Hub) attach(ctx context.Context, subject string, core bool) (*Follower,
 	return fl, nil
 }
 
+// JoinLive attaches a follower to subject only if this hub already follows it (its feed is
+// open and has not ended), without any JetStream call; ok is false otherwise. The follower
+// replays the feed's chunks from index 0, as Join's does.
+func (h *Hub) JoinLive(subject string) (*Follower, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f, ok := h.feeds[subject]
+	if !ok || h.closed {
+		return nil, false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.done {
+		return nil, false
+	}
+	fl := &Follower{f: f, wake: make(chan struct{}, 1)}
+	f.followers[fl] = struct{}{}
+	return fl, true
+}
+
+// Following reports whether this hub follows subject now.
+func (h *Hub) Following(subject string) bool {
+	h.mu.Lock()
+	f, ok := h.feeds[subject]
+	h.mu.Unlock()
+	if !ok {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.done
+}
+
 // Close stops every source and wakes every follower with ErrHubClosed.
 func (h *Hub) Close() {
 	h.mu.Lock()
