@@ -362,10 +362,10 @@ type eventWriter struct {
 func (e *eventWriter) frames(frames [][]byte) error {
 	buf := appendEvents(nil, frames, e.next, e.after)
 	e.next += len(frames)
-	if e.fl != nil && e.fl.Ready() {
-		return e.out.write(false, buf)
+	if e.fl != nil {
+		return e.out.sendBatched(e.fl, buf)
 	}
-	return e.out.write(true, buf)
+	return e.out.send(buf)
 }
 
 // jobStatus maps a record to the jobs API status.

@@ -29,8 +29,9 @@ type rig struct {
 	mock  *backend.Client
 }
 
-// start runs a real pool against a real embedded server and the in-process mock backend.
-func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options)) *rig {
+// resources starts an embedded server with the JOBS and CHUNKS streams and the IDEM bucket;
+// the rig has no pool and no mock.
+func resources(t *testing.T) *rig {
 	t.Helper()
 	srv := natstest.Start(t, time.Second)
 	ctx := context.Background()
@@ -41,6 +42,14 @@ func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &rig{srv: srv, store: store}
+}
+
+// start runs a real pool against a real embedded server and the in-process mock backend.
+func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options)) *rig {
+	t.Helper()
+	r := resources(t)
+	srv, store, ctx := r.srv, r.store, context.Background()
 	mock, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
 		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8},
 		RetryBase: config.Duration(time.Millisecond), RetryCap: config.Duration(5 * time.Millisecond),
@@ -214,19 +223,11 @@ func TestSweepRedrivesLostJob(t *testing.T) {
 // TestSweepLeavesQueuedJobs: an expired lease whose job is still in JOBS is not re-driven
 // (the job will run or be redelivered), so a backed-up queue never doubles an execution.
 func TestSweepLeavesQueuedJobs(t *testing.T) {
-	srv := natstest.Start(t, time.Second)
-	ctx := context.Background()
-	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	store, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rig{srv: srv, store: store}
+	r := resources(t)
+	srv, store, ctx := r.srv, r.store, context.Background()
 	rec, rev := r.claim(t, "queued", `{"model":"oncegate-mock","messages":[{"role":"user","content":"q"}]}`, false)
 	rec.LeaseUntil = time.Now().Add(-time.Second)
-	rev, err = store.Update(ctx, "queued", rec, rev)
+	rev, err := store.Update(ctx, "queued", rec, rev)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -208,12 +208,19 @@ func (c *Client) setHeaders(req *http.Request, call *Call) {
 func (c *Client) watchFirstByte(ctx context.Context, cancel context.CancelCauseFunc, firstByte <-chan struct{}, call *Call) {
 	t := time.NewTimer(c.cfg.FirstByteTimeout.D())
 	defer t.Stop()
-	select {
-	case <-firstByte:
+	// stillSilent waits for the timer; false once the first byte came or the attempt ended.
+	stillSilent := func() bool {
+		select {
+		case <-firstByte:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	if !stillSilent() {
 		return
-	case <-ctx.Done():
-		return
-	case <-t.C:
 	}
 	switch {
 	case c.cfg.HonorsIdempotencyKey && call.IdemKey != "":
@@ -227,12 +234,8 @@ func (c *Client) watchFirstByte(ctx context.Context, cancel context.CancelCauseF
 			}
 			// Running (or unknown): keep waiting, and ask again later.
 			t.Reset(c.cfg.FirstByteTimeout.D())
-			select {
-			case <-firstByte:
+			if !stillSilent() {
 				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
 			}
 		}
 	}
@@ -284,16 +287,31 @@ func (c *Client) classify(err error, written bool, actx context.Context) error {
 // and for a stream stream_options.include_usage (the gateway bills from usage); a non-stream
 // request carries no stream_options (vLLM rejects them). Other fields are kept as sent; the
 // body is returned unchanged when it already fits.
-func PrepareBody(body []byte, stream bool) ([]byte, error) {
+func PrepareBody(body []byte, stream bool) ([]byte, error) { return prepareStream(body, stream, true) }
+
+// PrepareAnthropicBody sets "stream" for the execution's mode (Anthropic reports usage in
+// message_start and message_delta on its own, so nothing else is added).
+func PrepareAnthropicBody(body []byte, stream bool) ([]byte, error) {
+	return prepareStream(body, stream, false)
+}
+
+// prepareStream sets "stream", and with openAI also stream_options as PrepareBody says.
+func prepareStream(body []byte, stream, openAI bool) ([]byte, error) {
 	var probe struct {
-		Stream        *bool                      `json:"stream"`
-		StreamOptions map[string]json.RawMessage `json:"stream_options"`
+		Stream        *bool           `json:"stream"`
+		StreamOptions json.RawMessage `json:"stream_options"`
 	}
 	if err := decodeObject(body, &probe); err != nil {
 		return nil, err
 	}
+	var options map[string]json.RawMessage // OpenAI's stream_options
+	if openAI && len(probe.StreamOptions) > 0 {
+		if err := json.Unmarshal(probe.StreamOptions, &options); err != nil {
+			return nil, fmt.Errorf("backend: request body: stream_options: %w", err)
+		}
+	}
 	streamOK := (probe.Stream != nil && *probe.Stream == stream) || (probe.Stream == nil && !stream)
-	usageOK := (stream && string(probe.StreamOptions["include_usage"]) == "true") || (!stream && probe.StreamOptions == nil)
+	usageOK := !openAI || (stream && string(options["include_usage"]) == "true") || (!stream && options == nil)
 	if streamOK && usageOK {
 		return body, nil
 	}
@@ -301,17 +319,21 @@ func PrepareBody(body []byte, stream bool) ([]byte, error) {
 	if err := decodeObject(body, &full); err != nil {
 		return nil, err
 	}
-	if stream {
+	switch {
+	case stream:
 		full["stream"] = json.RawMessage("true")
-		so := probe.StreamOptions
-		if so == nil {
-			so = map[string]json.RawMessage{}
+		if openAI {
+			if options == nil {
+				options = map[string]json.RawMessage{}
+			}
+			options["include_usage"] = json.RawMessage("true")
+			full["stream_options"], _ = json.Marshal(options)
 		}
-		so["include_usage"] = json.RawMessage("true")
-		full["stream_options"], _ = json.Marshal(so)
-	} else {
+	default:
 		delete(full, "stream")
-		delete(full, "stream_options")
+		if openAI {
+			delete(full, "stream_options")
+		}
 	}
 	return json.Marshal(full)
 }
