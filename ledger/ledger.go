@@ -45,7 +45,8 @@
 // Entries, Bill and Scan read a tenant's subject (or the whole stream) with one ordered
 // consumer and filter on Entry.Time, the appender's clock: their cost grows with the ledger,
 // not with the period asked for. Reconcile keeps a compact summary of what it read (about 100
-// bytes per intent) and reads only new entries on its next run.
+// bytes per intent; with a dedup horizon, of one horizon of intents) and reads only new entries
+// on its next run.
 //
 // Fencing: a charge records the idempotency record revision its writer held (Fence), and
 // ChargeInput.Expect, when set, is called before every publish attempt so the writer can

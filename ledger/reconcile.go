@@ -6,12 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // ReconcileReport is what one Reconcile found and did.
 type ReconcileReport struct {
 	Entries int `json:"entries"` // entries read by this run
-	Intents int `json:"intents"` // intents with at least one charge, in the whole ledger
+	Intents int `json:"intents"` // intents with at least one charge in the summary (the whole ledger, or one dedup horizon)
 	// Duplicates are the intents found charged more than once (not yet reversed).
 	Duplicates []Duplicate `json:"duplicates"`
 	// Appended are the reversals this run wrote; AlreadyThere counts planned reversals another
@@ -40,8 +41,9 @@ type PlannedReversal struct {
 	Reason string `json:"reason"`
 }
 
-// reconState is what Reconcile keeps between runs: a compact summary of every entry read so far
-// (about 100 bytes per intent) and the sequence it reached.
+// reconState is what Reconcile keeps between runs: a compact summary of the entries read so far
+// (about 100 bytes per intent; with a dedup horizon, only of the intents that can still be
+// charged again) and the sequence it reached.
 type reconState struct {
 	mu      chanMutex
 	p       *planner
@@ -57,7 +59,12 @@ type reconState struct {
 //
 // The first run in a process reads the whole ledger; later runs of the same Ledger read only
 // the entries appended since (the summary of the older ones is kept in memory), so a periodic
-// Reconcile costs what was appended, not the ledger's size. Runs of one Ledger are serialized.
+// Reconcile costs what was appended, not the ledger's size. With a dedup horizon the summary
+// forgets intents charged once whose charge is older than the horizon: the charges of one
+// intent all come from the epochs of one job, while its idempotency record exists, so a
+// second charge cannot come that late, and the summary stays the size of one horizon instead
+// of growing for the life of the process. A Ledger without a horizon (the `oncegate ledger
+// reconcile` command) keeps every intent. Runs of one Ledger are serialized.
 func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	rs := l.reconState()
 	if err := rs.mu.LockCtx(ctx); err != nil {
@@ -65,7 +72,7 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	defer rs.mu.Unlock()
 	if rs.p == nil {
-		rs.p, rs.lastSeq = newPlanner(), 0
+		rs.p, rs.lastSeq = newPlanner(l.horizon), 0
 	}
 	var rep ReconcileReport
 	// Entries read are kept even if the scan fails half way: the summary stays exact up to lastSeq.
@@ -118,7 +125,7 @@ func (l *Ledger) reconState() *reconState {
 // PlanReconcile is what Reconcile would append given these entries (a complete export in
 // stream order), and the duplicates it found.
 func PlanReconcile(entries []Entry) ([]PlannedReversal, []Duplicate, error) {
-	p := newPlanner()
+	p := newPlanner(0)
 	bySeq := make(map[uint64]int, len(entries))
 	for i := range entries {
 		e := entries[i]
@@ -152,11 +159,17 @@ type planner struct {
 	reversed map[idDigest]bool     // reversed id -> reversed as a duplicate
 	dirty    map[idDigest]struct{} // intents with entries added since the last plan
 	repeated []string              // ids seen again since the last report
+	// horizon > 0: intents charged once are forgotten once their charge is older than it
+	// (forgetOld, run every horizon/8 of entry time).
+	horizon time.Duration
+	newest  time.Time // the latest entry time added
+	swept   time.Time // newest at the last forgetOld
 }
 
 type chargeRef struct {
 	seq       uint64
 	id        idDigest
+	at        int64 // the entry's time, unix seconds
 	completed bool
 }
 
@@ -165,9 +178,9 @@ type contRef struct {
 	id  idDigest
 }
 
-func newPlanner() *planner {
+func newPlanner(horizon time.Duration) *planner {
 	return &planner{intents: map[idDigest]chargeRef{}, more: map[idDigest][]chargeRef{}, conts: map[idDigest][]contRef{}, reversed: map[idDigest]bool{},
-		dirty: map[idDigest]struct{}{}}
+		dirty: map[idDigest]struct{}{}, horizon: horizon}
 }
 
 func intentOf(e *Entry) idDigest { return digest(e.Tenant + "\x00" + e.KeyHash + "\x00" + e.JobID) }
@@ -176,7 +189,7 @@ func (p *planner) add(e *Entry) error {
 	switch e.Kind {
 	case KindCharge:
 		k, d := intentOf(e), digest(e.ID)
-		ref := chargeRef{seq: e.Seq, id: d, completed: e.Completed}
+		ref := chargeRef{seq: e.Seq, id: d, at: e.Time.Unix(), completed: e.Completed}
 		first, seen := p.intents[k]
 		switch {
 		case !seen:
@@ -200,6 +213,9 @@ func (p *planner) add(e *Entry) error {
 		return fmt.Errorf("%w: seq %d: kind %q", ErrCorrupt, e.Seq, e.Kind)
 	}
 	p.dirty[intentOf(e)] = struct{}{}
+	if e.Time.After(p.newest) {
+		p.newest = e.Time
+	}
 	return nil
 }
 
@@ -294,5 +310,30 @@ func (p *planner) plan(get func(uint64) (Entry, error)) ([]PlannedReversal, []Du
 	return out, dups, nil
 }
 
-// clean forgets which intents were added to: their reversals are appended.
-func (p *planner) clean() { p.dirty = map[idDigest]struct{}{} } // a new map: clear keeps the capacity
+// clean forgets which intents were added to (their reversals are appended) and, with a
+// horizon, the intents that can no longer be charged again.
+func (p *planner) clean() {
+	p.dirty = map[idDigest]struct{}{} // a new map: clear keeps the capacity
+	if p.horizon > 0 && p.newest.Sub(p.swept) >= p.horizon/8 {
+		p.forgetOld(p.newest.Add(-p.horizon))
+		p.swept = p.newest
+	}
+}
+
+// forgetOld drops the intents charged once whose charge is older than cutoff, with their
+// continuations and reversal marks. Intents charged more than once are kept: they are rare,
+// and what they hold decides later reversals.
+func (p *planner) forgetOld(cutoff time.Time) {
+	before := cutoff.Unix()
+	for k, first := range p.intents {
+		if first.at >= before || len(p.more[k]) > 0 {
+			continue
+		}
+		for _, c := range p.conts[first.id] {
+			delete(p.reversed, c.id)
+		}
+		delete(p.conts, first.id)
+		delete(p.reversed, first.id)
+		delete(p.intents, k)
+	}
+}

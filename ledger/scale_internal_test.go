@@ -50,7 +50,7 @@ func measurePlanner(t *testing.T, n int) {
 		return int64(ms.HeapInuse)
 	}
 	before := heap()
-	p := newPlanner()
+	p := newPlanner(0)
 	for i := 0; i < n; i++ {
 		e := Entry{Kind: KindCharge, Tenant: "tenant-" + strconv.Itoa(i%100), KeyHash: fmt.Sprintf("%032x", i), JobID: "J" + strconv.Itoa(i), Epoch: 1, Seq: uint64(i + 1)}
 		e.ID = ChargeID(e.KeyHash, e.JobID, 1, 1)
