@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -185,6 +184,7 @@ type Store struct {
 	kv  jetstream.KeyValue
 	idx jetstream.Stream
 	js  jetstream.JetStream
+	ttl time.Duration // the bucket's record TTL
 }
 
 // Open creates or updates the bucket (file storage: records must survive a crash).
@@ -213,7 +213,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("kv: open index %s: %w", IndexStream, err)
 	}
-	return &Store{kv: kvs, idx: idx, js: js}, nil
+	return &Store{kv: kvs, idx: idx, js: js, ttl: cfg.TTL}, nil
 }
 
 // Encode is the stored form of rec (the bytes Claim and Update write).
@@ -341,50 +341,11 @@ type Expired struct {
 	LeaseUntil time.Time
 }
 
-// ExpiredLeases lists the keys whose latest record is PENDING with a lease before now. It
-// reads headers only (one ordered consumer over the last message of every key).
+// ExpiredLeases lists the keys whose latest record is PENDING with a lease before now, reading
+// the last record of every key (headers only). A caller that asks again and again should keep
+// a LeaseWatch, which reads only what was written since its last call.
 func (s *Store) ExpiredLeases(ctx context.Context, now time.Time) ([]Expired, error) {
-	cons, err := s.js.OrderedConsumer(ctx, "KV_"+Bucket, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subjectPrefix + ">"},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-		HeadersOnly:    true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("kv: scan: %w", err)
-	}
-	var out []Expired
-	for {
-		batch, err := cons.FetchNoWait(1024)
-		if err != nil {
-			return nil, fmt.Errorf("kv: scan: %w", err)
-		}
-		n := 0
-		var pending uint64
-		for m := range batch.Messages() {
-			n++
-			if md, err := m.Metadata(); err == nil {
-				pending = md.NumPending
-			}
-			h := m.Headers()
-			if h.Get(hdrState) != string(Pending) {
-				continue
-			}
-			ms, err := strconv.ParseInt(h.Get(hdrLease), 10, 64)
-			if err != nil || !now.After(time.UnixMilli(ms)) {
-				continue
-			}
-			out = append(out, Expired{Key: strings.TrimPrefix(m.Subject(), subjectPrefix), LeaseUntil: time.UnixMilli(ms)})
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return nil, fmt.Errorf("kv: scan: %w", err)
-		}
-		if n == 0 || pending == 0 {
-			return out, nil
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-	}
+	return s.WatchLeases().Expired(ctx, now)
 }
 
 // jobIndexKey is where a job id points at its record key (same bucket, same TTL).

@@ -72,6 +72,9 @@ type Pool struct {
 	guards map[string]*guard // per backend; built once, read concurrently
 	// discard removes finished executions' chunks; nil when DiscardChunksAfter is 0.
 	discard *jobs.Discarder
+	// leases finds expired leases for Sweep, reading only the records written since its last
+	// sweep.
+	leases *kv.LeaseWatch
 }
 
 // New makes a Pool.
@@ -88,7 +91,7 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 	if opts.SweepEvery == 0 {
 		opts.SweepEvery = time.Minute
 	}
-	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}}
+	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases()}
 	if opts.DiscardChunksAfter > 0 {
 		p.discard = jobs.NewDiscarder(js, opts.DiscardChunksAfter, opts.Log)
 	}
@@ -327,11 +330,12 @@ func (p *Pool) sweepLoop(ctx context.Context) {
 
 // Sweep takes over every PENDING record whose lease ran out and whose job is no longer in JOBS,
 // and publishes its job again, so an execution whose job message was lost (JOBS is a memory
-// stream) still completes. Only one
-// taker wins each record (compare-and-set); it returns how many this call re-drove.
+// stream) still completes. Only one taker wins each record (compare-and-set); it returns how
+// many this call re-drove. The pool's first sweep reads the last record of every key, later
+// ones only the records written since (kv.LeaseWatch).
 func (p *Pool) Sweep(ctx context.Context) (int, error) {
 	now := p.opts.Now()
-	expired, err := p.store.ExpiredLeases(ctx, now)
+	expired, err := p.leases.Expired(ctx, now)
 	if err != nil {
 		return 0, err
 	}

@@ -203,20 +203,24 @@ func TestStaleJobIsDropped(t *testing.T) {
 }
 
 // TestSweepRedrivesLostJob: a PENDING record whose job message is gone (as after a NATS
-// restart, JOBS being a memory stream) is taken over and completed by the sweeper.
+// restart, JOBS being a memory stream) is taken over and completed by the sweeper: one lost
+// before the pool's first sweep (which reads every key), one lost after it (found by a later
+// sweep, which reads only the records written since).
 func TestSweepRedrivesLostJob(t *testing.T) {
 	r := start(t, 100*time.Millisecond)
-	rec, rev := r.claim(t, "lost", `{"model":"oncegate-mock","messages":[{"role":"user","content":"l"}]}`, false)
-	rec.LeaseUntil = time.Now().Add(-time.Second) // its owner is gone, and no job was ever published
-	if _, err := r.store.Update(context.Background(), "lost", rec, rev); err != nil {
-		t.Fatal(err)
-	}
-	got := r.waitFinal(t, "lost")
-	if got.State != kv.Completed || got.Epoch != 2 || got.Result.Status != http.StatusOK {
-		t.Fatalf("after sweep: state %s epoch %d", got.State, got.Epoch)
-	}
-	if n := r.mock.Mock().Stats().Requests; n != 1 {
-		t.Fatalf("backend executions = %d, want 1", n)
+	for i, key := range []string{"lost-before-first-sweep", "lost-after-it"} {
+		rec, rev := r.claim(t, key, `{"model":"oncegate-mock","messages":[{"role":"user","content":"`+key+`"}]}`, false)
+		rec.LeaseUntil = time.Now().Add(-time.Second) // its owner is gone, and no job was ever published
+		if _, err := r.store.Update(context.Background(), key, rec, rev); err != nil {
+			t.Fatal(err)
+		}
+		got := r.waitFinal(t, key)
+		if got.State != kv.Completed || got.Epoch != 2 || got.Result.Status != http.StatusOK {
+			t.Fatalf("%s after sweep: state %s epoch %d", key, got.State, got.Epoch)
+		}
+		if n := r.mock.Mock().Stats().Requests; n != int64(i+1) {
+			t.Fatalf("%s: backend executions = %d, want %d", key, n, i+1)
+		}
 	}
 }
 

@@ -1,0 +1,129 @@
+package kv
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LeaseWatch finds the PENDING records whose lease ran out without reading the whole bucket
+// each time. Its first Expired reads the last record of every key; later calls read only the
+// records written since (headers only, from the stream sequence it reached) and keep the
+// PENDING keys and their leases in memory. A sweep every minute then costs what was written in
+// that minute, not one read of every key of the last TTL (which, at 1,000 requests a second
+// and a 24 h TTL, is tens of millions of records, with their blocks loaded into the server's
+// cache). Safe for concurrent use; calls are serialized.
+type LeaseWatch struct {
+	s *Store
+
+	mu        sync.Mutex
+	started   bool                 // the first full read completed
+	lastSeq   uint64               // the stream sequence read up to
+	pending   map[string]pendingAt // PENDING keys: their lease, and when the record was written
+	readCount int                  // records read by the last call (tests)
+}
+
+type pendingAt struct{ lease, written time.Time }
+
+// WatchLeases returns a LeaseWatch on the bucket.
+func (s *Store) WatchLeases() *LeaseWatch {
+	return &LeaseWatch{s: s, pending: map[string]pendingAt{}}
+}
+
+// kvOperation is the header a KV delete or purge marker carries.
+const kvOperation = "KV-Operation"
+
+// Expired lists the keys whose latest record is PENDING with a lease before now, oldest lease
+// first.
+func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjectPrefix + ">"}, HeadersOnly: true}
+	if w.started {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, w.lastSeq+1
+	} else {
+		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+	}
+	if err := w.read(ctx, cfg); err != nil {
+		return nil, err
+	}
+	w.started = true
+	var out []Expired
+	for key, p := range w.pending {
+		switch {
+		case w.s.ttl > 0 && now.After(p.written.Add(w.s.ttl)):
+			delete(w.pending, key) // past the bucket's TTL: dropped by the server, unseen here
+		case now.After(p.lease):
+			out = append(out, Expired{Key: key, LeaseUntil: p.lease})
+		}
+	}
+	slices.SortFunc(out, func(a, b Expired) int {
+		return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), strings.Compare(a.Key, b.Key))
+	})
+	return out, nil
+}
+
+// read applies the records the consumer delivers, up to the end of the stream, to w.pending.
+// In both delivery policies the sequences arrive in increasing order, so w.lastSeq is exact
+// even when a read fails half way: a key's later record is past it and read next time.
+func (w *LeaseWatch) read(ctx context.Context, cfg jetstream.OrderedConsumerConfig) error {
+	cons, err := w.s.js.OrderedConsumer(ctx, "KV_"+Bucket, cfg)
+	if err != nil {
+		return fmt.Errorf("kv: lease scan: %w", err)
+	}
+	w.readCount = 0
+	for {
+		batch, err := cons.FetchNoWait(1024)
+		if err != nil {
+			return fmt.Errorf("kv: lease scan: %w", err)
+		}
+		n := 0
+		var pending uint64
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			pending = md.NumPending
+			if md.Sequence.Stream > w.lastSeq {
+				w.lastSeq = md.Sequence.Stream
+			}
+			w.apply(strings.TrimPrefix(m.Subject(), subjectPrefix), m.Headers(), md.Timestamp)
+		}
+		w.readCount += n
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return fmt.Errorf("kv: lease scan: %w", err)
+		}
+		if n == 0 || pending == 0 {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// apply records a key's latest record: PENDING with its lease, or anything else (a final
+// state, a delete or purge marker, a job index entry) as not pending.
+func (w *LeaseWatch) apply(key string, h nats.Header, written time.Time) {
+	if h.Get(kvOperation) != "" || h.Get(hdrState) != string(Pending) {
+		delete(w.pending, key)
+		return
+	}
+	ms, err := strconv.ParseInt(h.Get(hdrLease), 10, 64)
+	if err != nil {
+		delete(w.pending, key)
+		return
+	}
+	w.pending[key] = pendingAt{lease: time.UnixMilli(ms), written: written}
+}
