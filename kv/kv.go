@@ -26,15 +26,19 @@ const Bucket = "IDEM"
 
 // IndexStream maps the job ids of synchronous requests to their record keys (one message per
 // id on jobidx.<id>). It is a memory stream: those clients already hold their answer, so the
-// index is worth no fsync on the request path; it keeps an id for an hour within 64 MiB,
-// dropping the oldest first (after that, or after a NATS restart, their ids answer 404; their
-// keys still work). Jobs answered 202 are indexed in IDEM itself, synced.
+// index is worth no fsync on the request path; it keeps the last indexMaxIDs ids of the last
+// hour, dropping the oldest first (after that, or after a NATS restart, their ids answer 404;
+// their keys still work). Jobs answered 202 are indexed in IDEM itself, synced.
+//
+// The cap counts ids, not bytes: a memory stream holds ~350 B per id (the message, and the
+// subject's entry in the stream's subject tree, which a byte cap does not count), so the old
+// 64 MiB byte cap let the index grow to ~200 MB under load.
 const IndexStream = "JOBIDX"
 
 const (
-	indexPrefix   = "jobidx."
-	indexTTL      = time.Hour
-	indexMaxBytes = 64 << 20
+	indexPrefix = "jobidx."
+	indexTTL    = time.Hour
+	indexMaxIDs = 100_000
 )
 
 // Sentinel errors.
@@ -204,7 +208,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 		Subjects:          []string{indexPrefix + ">"},
 		Storage:           jetstream.MemoryStorage,
 		MaxAge:            indexTTL,
-		MaxBytes:          indexMaxBytes,
+		MaxMsgs:           indexMaxIDs,
 		Discard:           jetstream.DiscardOld,
 		MaxMsgsPerSubject: 1,
 		Replicas:          cfg.Replicas,

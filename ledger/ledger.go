@@ -7,7 +7,7 @@
 //
 // LEDGER is a file stream (the embedded server syncs every write) that refuses message
 // deletes, purges and rollups, discards new messages when full (it never evicts), keeps no
-// age limit and deduplicates Nats-Msg-Id for an hour. Each tenant has one subject,
+// age limit and deduplicates Nats-Msg-Id for DuplicateWindow. Each tenant has one subject,
 // ledger.<hash of the tenant id> (client text never becomes a subject). DenyDelete and
 // DenyPurge do not stop UpdateStream or DeleteStream: deny those API subjects to everyone but an
 // admin, and mirror the stream (see shared/notes, D6).
@@ -38,7 +38,7 @@
 // loaded from the stream on first use: the whole history, or the entries stored within
 // WithDedupHorizon): an entry that exists is returned, never written twice. JetStream checks
 // the expected sequence before the duplicate window, so this check, not Nats-Msg-Id, is what
-// makes a re-published charge harmless; the message id (one hour) is the second net.
+// makes a re-published charge harmless; the message id (DuplicateWindow) is the second net.
 //
 // # Reading
 //
@@ -84,8 +84,13 @@ const (
 	allSubjects   = "ledger.>"
 )
 
-// DuplicateWindow is the stream's Nats-Msg-Id window.
-const DuplicateWindow = time.Hour
+// DuplicateWindow is the stream's Nats-Msg-Id window. It is short on purpose: the server keeps
+// every id of the window in memory (at 1,000 charges a second, an hour was ~3.6 M ids, hundreds
+// of MB), and the window adds no protection beyond a few minutes. JetStream checks the
+// expected last sequence before it, so it only acts on a publish whose head was current, and
+// then the in-memory id index, which spans the dedup horizon (days), has seen every entry
+// the window could name. It covers a re-publish while an append's outcome is unknown.
+const DuplicateWindow = 2 * time.Minute
 
 // Entry kinds.
 const (

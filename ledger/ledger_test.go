@@ -113,7 +113,7 @@ func TestStreamProtections(t *testing.T) {
 	}
 	c := info.Config
 	if !c.DenyDelete || !c.DenyPurge || c.AllowRollup || c.Discard != jetstream.DiscardNew || c.MaxAge != 0 ||
-		c.Storage != jetstream.FileStorage || c.Duplicates != time.Hour || c.MaxMsgs != -1 || c.MaxBytes != -1 {
+		c.Storage != jetstream.FileStorage || c.Duplicates != ledger.DuplicateWindow || c.MaxMsgs != -1 || c.MaxBytes != -1 {
 		t.Fatalf("stream config %+v lacks a protection", c)
 	}
 }
@@ -125,7 +125,7 @@ func TestEnsureStreamRepairs(t *testing.T) {
 		wantErr error
 	}{
 		{"weakened", jetstream.StreamConfig{Name: ledger.StreamName, Subjects: []string{"ledger.>"}, Storage: jetstream.FileStorage,
-			MaxAge: time.Hour, Discard: jetstream.DiscardOld, MaxMsgsPerSubject: 10, Duplicates: time.Minute, AllowRollup: true}, nil},
+			MaxAge: time.Hour, Discard: jetstream.DiscardOld, MaxMsgsPerSubject: 10, Duplicates: time.Second, AllowRollup: true}, nil},
 		{"stricter kept", jetstream.StreamConfig{Name: ledger.StreamName, Subjects: []string{"ledger.>"}, Storage: jetstream.FileStorage,
 			Discard: jetstream.DiscardNew, DenyDelete: true, DenyPurge: true, Duplicates: 24 * time.Hour, MaxMsgs: 1_000_000}, nil},
 		{"memory", jetstream.StreamConfig{Name: ledger.StreamName, Subjects: []string{"ledger.>"}, Storage: jetstream.MemoryStorage}, ledger.ErrStreamConfig},
@@ -152,7 +152,7 @@ func TestEnsureStreamRepairs(t *testing.T) {
 			if !c.DenyDelete || !c.DenyPurge || c.AllowRollup || c.Discard != jetstream.DiscardNew || c.MaxAge != 0 || c.MaxMsgsPerSubject != -1 {
 				t.Fatalf("not repaired: %+v", c)
 			}
-			if c.Duplicates < tt.cfg.Duplicates || c.Duplicates < time.Hour {
+			if c.Duplicates < tt.cfg.Duplicates || c.Duplicates < ledger.DuplicateWindow {
 				t.Fatalf("duplicate window %v lowered (was %v)", c.Duplicates, tt.cfg.Duplicates)
 			}
 			if tt.cfg.MaxMsgs > 0 && c.MaxMsgs != tt.cfg.MaxMsgs {
@@ -598,7 +598,7 @@ func TestDedupHorizon(t *testing.T) {
 				}
 			}
 			// Within the horizon the id index finds it; beyond, the stream's Nats-Msg-Id window
-			// (one hour) still does.
+			// (DuplicateWindow) still does.
 			again, err := fresh().Charge(ctx, in)
 			if err != nil || again.Seq != c.Seq {
 				t.Fatalf("charge again: %+v, %v; want the first (seq %d)", again, err, c.Seq)
