@@ -53,7 +53,7 @@ type Options struct {
 	Ledger Ledger
 	// SweepEvery is how often the pool looks for PENDING records whose lease ran out with no
 	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them; 0
-	// means one minute, negative disables the sweeper.
+	// means five seconds, negative disables the sweeper.
 	SweepEvery time.Duration
 	// DiscardChunksAfter is how long a finished execution's chunks stay in CHUNKS after its
 	// terminal chunk (later copies answer from the record); 0 keeps them for the stream's
@@ -89,7 +89,7 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 		opts.ShutdownGrace = 10 * time.Second
 	}
 	if opts.SweepEvery == 0 {
-		opts.SweepEvery = time.Minute
+		opts.SweepEvery = 5 * time.Second
 	}
 	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases()}
 	if opts.DiscardChunksAfter > 0 {

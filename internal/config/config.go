@@ -98,7 +98,9 @@ type HTTP struct {
 type Workers struct {
 	Concurrency int `yaml:"concurrency"` // concurrent backend calls per worker process
 	// SweepEvery is how often a worker looks for PENDING records whose lease ran out with no
-	// job left to redeliver (e.g. after a NATS restart) and re-drives them.
+	// job left to redeliver (e.g. after a NATS restart) and re-drives them. Each sweep reads
+	// the records written since the last one: at a few seconds they are still in the server's
+	// block cache (kept 10 s), at a minute the sweep loads a minute of blocks back from disk.
 	SweepEvery Duration `yaml:"sweep_every"`
 	// DiscardChunksAfter is how long a finished execution's chunks stay in the CHUNKS memory
 	// stream after its terminal chunk (later copies answer from the record); 0 keeps them for
@@ -381,7 +383,7 @@ func Default() *Config {
 			IdleTimeout:   Duration(120 * time.Second),
 			ShutdownGrace: Duration(10 * time.Second),
 		},
-		Workers: Workers{Concurrency: 256, SweepEvery: Duration(time.Minute), DiscardChunksAfter: Duration(10 * time.Second)},
+		Workers: Workers{Concurrency: 256, SweepEvery: Duration(5 * time.Second), DiscardChunksAfter: Duration(10 * time.Second)},
 		Idempotency: Idempotency{
 			TTL:        Duration(24 * time.Hour),
 			AutoWindow: Duration(3 * time.Second),
