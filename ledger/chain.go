@@ -238,9 +238,14 @@ func (c *chain) sync(ctx context.Context, l *Ledger) error {
 	return nil
 }
 
+// clockMargin widens a time-bounded read for the difference between the appender's clock and
+// the server's.
+const clockMargin = time.Minute
+
 // lookup finds id in the tenant's entries, syncing first if it is not known yet (and, with a
-// dedup horizon, reading the tenant's older entries).
-func (c *chain) lookup(ctx context.Context, l *Ledger, id string) (uint64, bool, error) {
+// dedup horizon, reading the tenant's older entries: those stored since after, less
+// clockMargin, or all of them when after is zero).
+func (c *chain) lookup(ctx context.Context, l *Ledger, id string, after time.Time) (uint64, bool, error) {
 	d := digest(id)
 	if c.loaded {
 		if seq, ok := c.ids[d]; ok {
@@ -255,7 +260,11 @@ func (c *chain) lookup(ctx context.Context, l *Ledger, id string) (uint64, bool,
 	}
 	var seq uint64
 	errFound := errors.New("found")
-	err := l.scan(ctx, c.subject, span{end: c.lastSeq}, func(e *Entry) error {
+	sp := span{end: c.lastSeq}
+	if !after.IsZero() {
+		sp.since = after.Add(-clockMargin)
+	}
+	err := l.scan(ctx, c.subject, sp, func(e *Entry) error {
 		if e.ID == id {
 			seq = e.Seq
 			return errFound
@@ -273,7 +282,7 @@ const maxAppendTries = 1000
 
 // append writes e at the head of its tenant's chain, or returns the stored entry with e's id;
 // created reports whether e was written now. expect, when set, is called before each publish.
-func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Context) error) (Entry, bool, error) {
+func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Context) error, after time.Time) (Entry, bool, error) {
 	c := l.chain(e.Tenant)
 	if err := c.mu.LockCtx(ctx); err != nil {
 		return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
@@ -284,8 +293,18 @@ func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Contex
 			return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
 		}
 	}
+	d := digest(e.ID)
 	for try := 0; try < maxAppendTries; try++ {
-		if seq, ok := c.ids[digest(e.ID)]; ok {
+		seq, ok := c.ids[d]
+		if !ok && !after.IsZero() {
+			// A possible repeat of an entry older than the index: read the stream from after.
+			var err error
+			if seq, ok, err = c.lookup(ctx, l, e.ID, after); err != nil {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
+			}
+			after = time.Time{} // once: later tries only follow new entries
+		}
+		if ok {
 			prev, err := l.entryAt(ctx, seq)
 			if err != nil {
 				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
@@ -312,7 +331,7 @@ func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Contex
 		switch {
 		case err == nil && !ack.Duplicate:
 			e.Seq = ack.Sequence
-			c.remember(digest(e.ID), e.Seq, e.Time)
+			c.remember(d, e.Seq, e.Time)
 			c.lastSeq, c.lastHash = e.Seq, e.Hash
 			l.log.Debug().Str(fieldEntryID, e.ID).Str(fieldKind, e.Kind).Str(fieldTenant, e.Tenant).
 				Uint64(fieldSeq, e.Seq).Int64(fieldCost, e.CostMicros).Msg("ledger entry appended")
@@ -327,7 +346,7 @@ func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Contex
 			if prev.ID != e.ID || prev.Tenant != e.Tenant {
 				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: the id is taken by seq %d of another tenant", e.ID, ErrInvalid, ack.Sequence)
 			}
-			c.remember(digest(e.ID), prev.Seq, prev.Time)
+			c.remember(d, prev.Seq, prev.Time)
 			return prev, false, nil
 		case wrongLast(err):
 			if serr := c.sync(ctx, l); serr != nil {

@@ -36,7 +36,9 @@
 // a tenant's chain never forks, across goroutines, connections and processes. Before each
 // publish it looks the id up in the tenant's entries (an index of ids it keeps in memory,
 // loaded from the stream on first use: the whole history, or the entries stored within
-// WithDedupHorizon): an entry that exists is returned, never written twice. JetStream checks
+// WithDedupHorizon), and an append that may repeat an older entry (ChargeInput.After) also
+// reads the tenant's entries stored since that time: an entry that exists is returned, never
+// written twice. JetStream checks
 // the expected sequence before the duplicate window, so this check, not Nats-Msg-Id, is what
 // makes a re-published charge harmless; the message id (DuplicateWindow) is the second net.
 //
@@ -45,8 +47,8 @@
 // Entries, Bill and Scan read a tenant's subject (or the whole stream) with one ordered
 // consumer and filter on Entry.Time, the appender's clock: their cost grows with the ledger,
 // not with the period asked for. Reconcile keeps a compact summary of what it read (about 100
-// bytes per intent; with a dedup horizon, of one horizon of intents) and reads only new entries
-// on its next run.
+// bytes per intent; with WithReconcileHorizon, of one horizon of intents) and reads only new
+// entries on its next run.
 //
 // Fencing: a charge records the idempotency record revision its writer held (Fence), and
 // ChargeInput.Expect, when set, is called before every publish attempt so the writer can
@@ -88,8 +90,9 @@ const (
 // every id of the window in memory (at 1,000 charges a second, an hour was ~3.6 M ids, hundreds
 // of MB), and the window adds no protection beyond a few minutes. JetStream checks the
 // expected last sequence before it, so it only acts on a publish whose head was current, and
-// then the in-memory id index, which spans the dedup horizon (days), has seen every entry
-// the window could name. It covers a re-publish while an append's outcome is unknown.
+// then the in-memory id index has seen every entry the window could name, as long as the
+// dedup horizon is at least the window (the gateway's is 10 minutes). It covers a re-publish
+// while an append's outcome is unknown.
 const DuplicateWindow = 2 * time.Minute
 
 // Entry kinds.
@@ -252,14 +255,23 @@ func WithLogger(log zerolog.Logger) Option {
 	return func(l *Ledger) { l.log = log.With().Str("component", "ledger").Logger() }
 }
 
-// WithDedupHorizon bounds how far back an append looks for an entry with its id (default 0:
-// the tenant's whole history). Set it to at least the idempotency record TTL plus a margin:
-// a charge can only be published again while its record exists (a redelivered job, a sweep
-// of COMPLETED records), and with a horizon a process's first append to a tenant reads only
-// the entries stored within it instead of the tenant's whole history (which, tenants being
-// interleaved in the stream, costs a read of the whole stream). Reversals stay idempotent at
-// any age: Reverse and Reconcile look older entries up.
+// WithDedupHorizon bounds the in-memory index of entry ids an append checks first (default 0:
+// the tenant's whole history, loaded on first use). With a horizon a process's first append
+// to a tenant reads only the entries stored within it instead of the tenant's whole history
+// (which, tenants being interleaved in the stream, costs a read of the whole stream), and the
+// index holds one horizon of ids (~90 B each). An append that may repeat an older entry says
+// so with ChargeInput.After, and is then looked up in the stream from that time: the horizon
+// can be minutes. Reversals stay idempotent at any age: Reverse and Reconcile look older
+// entries up.
 func WithDedupHorizon(d time.Duration) Option { return func(l *Ledger) { l.horizon = d } }
+
+// WithReconcileHorizon bounds Reconcile's in-memory summary (default 0: every intent read):
+// an intent charged once is forgotten once its charge is older than d. Set it to at least the
+// idempotency record TTL: the charges of one intent all come from the epochs of one job,
+// while its record exists.
+func WithReconcileHorizon(d time.Duration) Option {
+	return func(l *Ledger) { l.reconcileHorizon = d }
+}
 
 // WithClock sets the clock that stamps entries (default time.Now).
 func WithClock(now func() time.Time) Option { return func(l *Ledger) { l.now = now } }
@@ -272,6 +284,8 @@ type Ledger struct {
 	log      zerolog.Logger
 	now      func() time.Time
 	horizon  time.Duration
+	// reconcileHorizon bounds Reconcile's summary (WithReconcileHorizon).
+	reconcileHorizon time.Duration
 
 	mu     sync.Mutex
 	st     jetstream.Stream
@@ -347,6 +361,12 @@ type ChargeInput struct {
 	// Expect, when set, re-checks the writer's fencing token before every publish attempt; an
 	// error stops the append with ErrFenced.
 	Expect func(ctx context.Context) error
+	// After, when set, says this charge may repeat one appended before (a redelivered job
+	// whose outcome was stored, and maybe charged, by a worker that then vanished), and that
+	// such an entry was stored after After (say, when the outcome was stored). An id that is
+	// not in the in-memory index is then looked up among the tenant's entries stored since
+	// After (less a minute for clocks) before anything is published, however old they are.
+	After time.Time
 }
 
 // token reports whether s is a plain id token: 1-128 of [A-Za-z0-9_-].
@@ -415,7 +435,7 @@ func (l *Ledger) Charge(ctx context.Context, c ChargeInput) (Entry, error) {
 	}
 	e := l.entryFrom(KindCharge, ChargeID(c.KeyHash, c.JobID, c.Epoch, c.Attempt), &c)
 	l.warnUnpriced(&e)
-	out, _, err := l.append(ctx, e, c.Expect)
+	out, _, err := l.append(ctx, e, c.Expect, c.After)
 	return out, err
 }
 
@@ -423,7 +443,7 @@ func (l *Ledger) Charge(ctx context.Context, c ChargeInput) (Entry, error) {
 // numbers the continuation). Tenant, KeyHash, JobID and Epoch may be left empty: they are taken
 // from the charge; given, they must match it. Idempotent like Charge.
 func (l *Ledger) Continuation(ctx context.Context, chargeID string, c ChargeInput) (Entry, error) {
-	ch, err := l.find(ctx, c.Tenant, chargeID)
+	ch, err := l.find(ctx, c.Tenant, chargeID, c.After)
 	if err != nil {
 		return Entry{}, fmt.Errorf("ledger: continuation of %s: %w", chargeID, err)
 	}
@@ -454,7 +474,7 @@ func (l *Ledger) Continuation(ctx context.Context, chargeID string, c ChargeInpu
 	e := l.entryFrom(KindContinuation, ContinuationID(c.KeyHash, c.JobID, c.Epoch, c.Attempt), &c)
 	e.Refers = chargeID
 	l.warnUnpriced(&e)
-	out, _, err := l.append(ctx, e, c.Expect)
+	out, _, err := l.append(ctx, e, c.Expect, c.After)
 	return out, err
 }
 
@@ -484,7 +504,7 @@ func (l *Ledger) warnUnpriced(e *Entry) {
 // Reverse appends the reversal of a charge or continuation. It is idempotent (one reversal per
 // entry, id ReversalID(id)): reversing twice returns the first reversal.
 func (l *Ledger) Reverse(ctx context.Context, id, reason string) (Entry, error) {
-	e, err := l.find(ctx, "", id)
+	e, err := l.find(ctx, "", id, time.Time{})
 	if err != nil {
 		return Entry{}, fmt.Errorf("ledger: reverse %s: %w", id, err)
 	}
@@ -504,14 +524,14 @@ func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string, unseen bo
 	r.Time, r.Fence, r.Completed = l.now().UTC(), 0, false
 	r.PrevHash, r.Hash, r.Seq = "", "", 0
 	if unseen {
-		return l.append(ctx, r, nil)
+		return l.append(ctx, r, nil, time.Time{})
 	}
 	// A reversal may come long after the charge: look beyond the dedup horizon for it.
 	c := l.chain(r.Tenant)
 	if err := c.mu.LockCtx(ctx); err != nil {
 		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w", e.ID, err)
 	}
-	seq, found, err := c.lookup(ctx, l, r.ID)
+	seq, found, err := c.lookup(ctx, l, r.ID, time.Time{})
 	c.mu.Unlock()
 	if err != nil {
 		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w", e.ID, err)
@@ -520,16 +540,17 @@ func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string, unseen bo
 		prev, err := l.entryAt(ctx, seq)
 		return prev, false, err
 	}
-	return l.append(ctx, r, nil)
+	return l.append(ctx, r, nil, time.Time{})
 }
 
 // find returns the entry id; tenant narrows the search ("" searches every tenant: the chains
-// this process holds, then the whole stream).
-func (l *Ledger) find(ctx context.Context, tenant, id string) (Entry, error) {
+// this process holds, then the whole stream). A non-zero after says the entry was stored after
+// it, so a tenant's entries are read from there rather than from the start.
+func (l *Ledger) find(ctx context.Context, tenant, id string, after time.Time) (Entry, error) {
 	if tenant != "" {
 		c := l.chain(tenant)
 		c.mu.Lock()
-		seq, ok, err := c.lookup(ctx, l, id)
+		seq, ok, err := c.lookup(ctx, l, id, after)
 		c.mu.Unlock()
 		if err != nil {
 			return Entry{}, err

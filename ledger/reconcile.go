@@ -12,7 +12,7 @@ import (
 // ReconcileReport is what one Reconcile found and did.
 type ReconcileReport struct {
 	Entries int `json:"entries"` // entries read by this run
-	Intents int `json:"intents"` // intents with at least one charge in the summary (the whole ledger, or one dedup horizon)
+	Intents int `json:"intents"` // intents with at least one charge in the summary (the whole ledger, or one reconcile horizon)
 	// Duplicates are the intents found charged more than once (not yet reversed).
 	Duplicates []Duplicate `json:"duplicates"`
 	// Appended are the reversals this run wrote; AlreadyThere counts planned reversals another
@@ -21,8 +21,8 @@ type ReconcileReport struct {
 	AlreadyThere   int     `json:"already_there"`
 	ReversedMicros int64   `json:"reversed_micros"` // cost of the reversals appended
 	// RepeatedIDs are entry ids found more than once (only possible when a charge was published
-	// again after the dedup horizon): Reconcile counts the first and leaves the others for an
-	// operator; Verify reports them.
+	// again past the dedup horizon without ChargeInput.After): Reconcile counts the first and
+	// leaves the others for an operator; Verify reports them.
 	RepeatedIDs []string `json:"repeated_ids,omitempty"`
 }
 
@@ -42,8 +42,8 @@ type PlannedReversal struct {
 }
 
 // reconState is what Reconcile keeps between runs: a compact summary of the entries read so far
-// (about 100 bytes per intent; with a dedup horizon, only of the intents that can still be
-// charged again) and the sequence it reached.
+// (about 100 bytes per intent; with a reconcile horizon, only of the intents that can still
+// be charged again) and the sequence it reached.
 type reconState struct {
 	mu      chanMutex
 	p       *planner
@@ -59,7 +59,7 @@ type reconState struct {
 //
 // The first run in a process reads the whole ledger; later runs of the same Ledger read only
 // the entries appended since (the summary of the older ones is kept in memory), so a periodic
-// Reconcile costs what was appended, not the ledger's size. With a dedup horizon the summary
+// Reconcile costs what was appended, not the ledger's size. With WithReconcileHorizon the summary
 // forgets intents charged once whose charge is older than the horizon: the charges of one
 // intent all come from the epochs of one job, while its idempotency record exists, so a
 // second charge cannot come that late, and the summary stays the size of one horizon instead
@@ -72,7 +72,7 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	defer rs.mu.Unlock()
 	if rs.p == nil {
-		rs.p, rs.lastSeq = newPlanner(l.horizon), 0
+		rs.p, rs.lastSeq = newPlanner(l.reconcileHorizon), 0
 	}
 	var rep ReconcileReport
 	// Entries read are kept even if the scan fails half way: the summary stays exact up to lastSeq.

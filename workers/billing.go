@@ -17,9 +17,10 @@ type Ledger interface {
 // charge writes the ledger entries of an execution whose outcome this worker stored (its
 // compare-and-set on the record succeeded: a fenced worker never gets here). It runs after
 // the client was answered and before the job is acked, so a crash in between is repaired by
-// the redelivery (chargeRecord), and entry ids are deterministic: a charge written twice is
-// one charge.
-func (p *Pool) charge(ctx context.Context, key string, rec *kv.Record, rev uint64, request []byte) {
+// the redelivery (handle charges a finished record again), and entry ids are deterministic: a
+// charge written twice is one charge. repeat marks that redelivery: the charge may already be
+// in the ledger, written after the outcome was stored, however long ago that was.
+func (p *Pool) charge(ctx context.Context, key string, rec *kv.Record, rev uint64, request []byte, repeat bool) {
 	if p.opts.Ledger == nil || rec.Result == nil || rec.Result.Attempts == 0 {
 		return
 	}
@@ -29,6 +30,9 @@ func (p *Pool) charge(ctx context.Context, key string, rec *kv.Record, rev uint6
 	}
 	in := ledger.ChargeInput{Tenant: rec.Tenant, KeyHash: key, JobID: rec.JobID, Epoch: rec.Epoch, Attempt: res.Attempts,
 		Model: rec.Model, Backend: res.Backend, Completed: rec.State == kv.Completed, Fence: rev}
+	if repeat {
+		in.After = res.Finished
+	}
 	switch u := res.Usage; {
 	case u != nil && len(res.ContinuationUsage) == 0:
 		in.InputTokens, in.OutputTokens = u.PromptTokens, u.CompletionTokens

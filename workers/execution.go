@@ -195,7 +195,7 @@ func (ex *execution) chargeFinal() {
 	rec, rev := ex.rec, ex.rev
 	ex.mu.Unlock()
 	if rec != nil {
-		ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body)
+		ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body, false)
 	}
 }
 

@@ -252,7 +252,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		if rec.JobID == wire.ID && rec.Epoch == wire.Epoch && rec.State != kv.Pending {
 			// Finished, but not acked: its worker may have died before charging. Charging is
 			// idempotent, so make sure.
-			p.charge(ctx, wire.Key, rec, rev, sent.Request)
+			p.charge(ctx, wire.Key, rec, rev, sent.Request, true)
 		}
 		log.Debug().Str("state", string(rec.State)).Int("record_epoch", rec.Epoch).Msg("stale job; dropping")
 		_ = m.Ack()

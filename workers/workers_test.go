@@ -49,7 +49,7 @@ func resources(t *testing.T) *rig {
 func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options)) *rig {
 	t.Helper()
 	r := resources(t)
-	srv, store, ctx := r.srv, r.store, context.Background()
+	srv, store := r.srv, r.store
 	mock, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
 		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8},
 		RetryBase: config.Duration(time.Millisecond), RetryCap: config.Duration(5 * time.Millisecond),
@@ -63,8 +63,14 @@ func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options
 	for _, mod := range mods {
 		mod(&opts)
 	}
-	pool := workers.New(srv.JS, store, opts)
-	runCtx, cancel := context.WithCancel(ctx)
+	run(t, workers.New(srv.JS, store, opts))
+	return &rig{srv: srv, store: store, mock: mock}
+}
+
+// run runs pool until the test ends.
+func run(t *testing.T, pool *workers.Pool) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -73,7 +79,6 @@ func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
-	return &rig{srv: srv, store: store, mock: mock}
 }
 
 // claim creates a PENDING record for body and returns its key, record and revision.

@@ -318,13 +318,18 @@ func (g *Gateway) Connect(name string) (*nats.Conn, error) {
 	return natsrv.ConnectURL(g.cfg.NATS.URL, name)
 }
 
+// dedupHorizon is how long the ledger's in-memory id index keeps an id: at least the stream's
+// Nats-Msg-Id window (see ledger.DuplicateWindow).
+const dedupHorizon = 10 * time.Minute
+
 // newLedger is the billing ledger on js, priced from the configuration.
 func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
-	// A charge is re-published only while its record exists (the idempotency TTL); past that
-	// horizon the id index need not look, so a worker's first charge does not read a tenant's
-	// whole history.
+	// The id index spans minutes: a worker's charge is new by construction, and a redelivered
+	// job that charges again says since when the earlier charge could exist (ChargeInput.After),
+	// which is then looked up in the stream. Reconcile keeps its summary for the idempotency
+	// TTL plus a day: the charges of one intent come while its record exists.
 	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log),
-		ledger.WithDedupHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour))
+		ledger.WithDedupHorizon(dedupHorizon), ledger.WithReconcileHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour))
 }
 
 func prices(l config.Ledger) ledger.Prices {

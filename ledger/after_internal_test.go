@@ -1,0 +1,58 @@
+package ledger
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/natstest"
+)
+
+// TestRepeatFoundFromAfter: a charge repeated after the id index forgot it and past the stream's
+// Nats-Msg-Id window is still found, in the stream, when the append says since when it could
+// exist (ChargeInput.After); so is a continuation of it. The control at the end shows that
+// without After nothing else would have caught the repeat here.
+func TestRepeatFoundFromAfter(t *testing.T) {
+	srv := natstest.Start(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := StreamConfig()
+	cfg.Duplicates = 100 * time.Millisecond // shorter than the test's pause: the window cannot catch the repeat
+	if _, err := srv.JS.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	// A nanosecond horizon: each append forgets the ids before it.
+	l := New(srv.JS, Prices{"m": {InputPerMillion: 1_000_000}}, "USD", WithDedupHorizon(time.Nanosecond))
+	in := ChargeInput{Tenant: "acme", KeyHash: "0123456789abcdef0123456789abcdef", JobID: "01J00000000000000000000001", Epoch: 1, Attempt: 1, Model: "m", InputTokens: 10}
+	stored := time.Now() // the outcome is stored, then charged
+	first, err := l.Charge(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := in
+	other.JobID = "01J00000000000000000000002"
+	if _, err := l.Charge(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // past the Nats-Msg-Id window
+	before := msgs(ctx, t, l)
+
+	repeat := in
+	repeat.After = stored
+	again, err := l.Charge(ctx, repeat)
+	if err != nil || again.Seq != first.Seq || msgs(ctx, t, l) != before {
+		t.Fatalf("repeat with After: seq %d (first %d), err %v, %d entries (before %d)", again.Seq, first.Seq, err, msgs(ctx, t, l), before)
+	}
+	cont := ChargeInput{Tenant: "acme", Attempt: 1, InputTokens: 5, After: stored}
+	if _, err := l.Continuation(ctx, first.ID, cont); err != nil {
+		t.Fatalf("continuation of a charge the index forgot: %v", err)
+	}
+
+	// Control: the same repeat without After, from a fresh process, is written a second time.
+	fresh := New(srv.JS, Prices{"m": {InputPerMillion: 1_000_000}}, "USD", WithDedupHorizon(time.Nanosecond))
+	n := msgs(ctx, t, l)
+	dup, err := fresh.Charge(ctx, in)
+	if err != nil || dup.Seq == first.Seq || msgs(ctx, t, l) != n+1 {
+		t.Fatalf("control without After: seq %d (first %d), err %v, %d entries (before %d); the test no longer isolates After", dup.Seq, first.Seq, err, msgs(ctx, t, l), n)
+	}
+}
