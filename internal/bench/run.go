@@ -33,6 +33,9 @@ const (
 	MaxRequestsCap = 10_000_000
 )
 
+// MaxPromptBytes bounds --prompt-bytes.
+const MaxPromptBytes = 1 << 20
+
 // ErrConfig is returned by [Config.Validate] (and [Run]) for an invalid configuration.
 var ErrConfig = errors.New("bench: invalid configuration")
 
@@ -69,6 +72,9 @@ type Config struct {
 
 	Model string
 	Mock  MockKnobs
+	// PromptBytes pads each intent's prompt to at least this many bytes (0: a one-line
+	// prompt), to measure how the cost grows with the request's size.
+	PromptBytes int
 
 	Copies        int           // duplicates: copies per intent
 	Keys          *bool         // send Idempotency-Key; nil: the scenario's default
@@ -147,6 +153,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Model == "" {
 		bad("--model is required")
+	}
+	if c.PromptBytes < 0 || c.PromptBytes > MaxPromptBytes {
+		bad("--prompt-bytes %d: want 0..%d", c.PromptBytes, MaxPromptBytes)
 	}
 	if c.Mock.Tokens != nil && (*c.Mock.Tokens < 0 || *c.Mock.Tokens > 1<<20) {
 		bad("--mock-tokens %d: want 0..%d", *c.Mock.Tokens, 1<<20)

@@ -303,6 +303,7 @@ func TestConfigRefusals(t *testing.T) {
 		{"too many", func(c *Config) { c.MaxRequests = MaxRequestsCap + 1 }, ErrConfig, "--allow-long"},
 		{"unknown scenario", func(c *Config) { c.Scenario = "chaos" }, ErrConfig, "--scenario"},
 		{"zero concurrency", func(c *Config) { c.Concurrency = 0 }, ErrConfig, "--concurrency"},
+		{"huge prompt", func(c *Config) { c.PromptBytes = MaxPromptBytes + 1 }, ErrConfig, "--prompt-bytes"},
 		{"client timeout above timeout", func(c *Config) {
 			c.Scenario, c.ClientTimeout, c.Timeout = ScenarioRetryStorm, time.Minute, time.Second
 		}, ErrConfig, "--client-timeout"},
