@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/jsonscan"
 	"github.com/oncegate/oncegate/internal/mockllm"
 )
 
@@ -297,11 +298,8 @@ func PrepareAnthropicBody(body []byte, stream bool) ([]byte, error) {
 
 // prepareStream sets "stream", and with openAI also stream_options as PrepareBody says.
 func prepareStream(body []byte, stream, openAI bool) ([]byte, error) {
-	var probe struct {
-		Stream        *bool           `json:"stream"`
-		StreamOptions json.RawMessage `json:"stream_options"`
-	}
-	if err := decodeObject(body, &probe); err != nil {
+	probe, err := probeStream(body)
+	if err != nil {
 		return nil, err
 	}
 	var options map[string]json.RawMessage // OpenAI's stream_options
@@ -336,6 +334,48 @@ func prepareStream(body []byte, stream, openAI bool) ([]byte, error) {
 		}
 	}
 	return json.Marshal(full)
+}
+
+// streamProbe is what prepareStream needs to know of a body.
+type streamProbe struct {
+	Stream        *bool
+	StreamOptions json.RawMessage
+}
+
+// probeStream reads "stream" and "stream_options" from body as json.Unmarshal into
+// streamProbe's fields tagged with those names would (keys matched case-insensitively, the
+// last match wins), but crosses the rest of the body, a prompt of up to megabytes, with
+// jsonscan: one fast pass instead of encoding/json's validation and decoding passes.
+func probeStream(body []byte) (streamProbe, error) {
+	var p streamProbe
+	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+		return p, ErrBodyNotObject
+	}
+	members, err := jsonscan.Object(body)
+	if err != nil {
+		return p, fmt.Errorf("backend: request body: %w", err)
+	}
+	for _, m := range members {
+		key := m.Key[1 : len(m.Key)-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			var k string
+			if err := json.Unmarshal(m.Key, &k); err != nil {
+				return p, fmt.Errorf("backend: request body: %w", err)
+			}
+			key = []byte(k)
+		}
+		switch {
+		case bytes.EqualFold(key, []byte("stream")):
+			var b *bool
+			if err := json.Unmarshal(m.Value, &b); err != nil {
+				return p, fmt.Errorf("backend: request body: stream: %w", err)
+			}
+			p.Stream = b
+		case bytes.EqualFold(key, []byte("stream_options")):
+			p.StreamOptions = m.Value
+		}
+	}
+	return p, nil
 }
 
 // ErrBodyNotObject is returned for a request body that is valid JSON but not an object

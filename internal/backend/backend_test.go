@@ -83,3 +83,30 @@ func FuzzPrepareBody(f *testing.F) {
 		}
 	})
 }
+
+// FuzzProbeStream: probeStream reads what json.Unmarshal into a struct with the same two tagged
+// fields reads (the reference it replaced), and fails exactly where that fails.
+func FuzzProbeStream(f *testing.F) {
+	for _, s := range []string{`{"model":"m","stream":true}`, `{"STREAM":false,"stream":null}`, `{"str\u0065am":true}`,
+		`{"stream":"yes"}`, `{"stream_options":{"include_usage":true},"Stream_Options":null}`, `[1]`, ` {"a":1} x`, `{"ſtream":true}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := probeStream(body)
+		var want struct {
+			Stream        *bool           `json:"stream"`
+			StreamOptions json.RawMessage `json:"stream_options"`
+		}
+		werr := decodeObject(body, &want)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("probeStream error %v, encoding/json %v", err, werr)
+		}
+		if err != nil {
+			return
+		}
+		if (got.Stream == nil) != (want.Stream == nil) || (got.Stream != nil && *got.Stream != *want.Stream) ||
+			string(got.StreamOptions) != string(want.StreamOptions) {
+			t.Fatalf("probeStream = %v %q, encoding/json %v %q", got.Stream, got.StreamOptions, want.Stream, want.StreamOptions)
+		}
+	})
+}
