@@ -82,38 +82,37 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 		return nil, err
 	}
 	g := &generation{tenant: tenant, body: bytes.Clone(c.Body())}
-	fp, obj, err := canonicalFingerprint(g.body)
+	fp, fields, err := canonicalFingerprint(g.body)
 	if err != nil {
 		return nil, badRequest("invalid_json", "", "request body is not a valid JSON object: "+err.Error())
 	}
-	model, ok := obj["model"].(string)
+	model, ok := fields.str("model")
 	if !ok || model == "" {
 		return nil, badRequest("missing_required_parameter", "model", "you must provide a model parameter")
 	}
-	if msgs, ok := obj["messages"].([]any); !ok || len(msgs) == 0 {
+	if !fields.nonEmptyArray("messages") {
 		return nil, badRequest("missing_required_parameter", "messages", "messages must be a non-empty array")
 	}
 	if api == apiAnthropic {
-		if n, ok := obj["max_tokens"].(json.Number); !ok || !positiveInt(n) {
+		if n, ok := fields.number("max_tokens"); !ok || !positiveInt(n) {
 			return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
 		}
 	}
 	for _, f := range []string{"max_completion_tokens", "max_tokens"} {
-		if n, ok := obj[f].(json.Number); ok {
+		if n, ok := fields.number(f); ok {
 			if v, err := n.Int64(); err == nil && v > 0 {
 				g.maxTokens = int(v)
 				break
 			}
 		}
 	}
-	if v, present := obj["stream"]; present && v != nil {
-		b, ok := v.(bool)
-		if !ok {
+	if v, present := fields["stream"]; present && string(v) != "null" {
+		if string(v) != "true" && string(v) != "false" {
 			return nil, badRequest("invalid_type", "stream", "stream must be a boolean")
 		}
-		g.stream = b
+		g.stream = string(v) == "true"
 	}
-	if so, ok := obj["stream_options"].(map[string]any); ok {
+	if so, ok := fields.object("stream_options"); ok {
 		g.includeUsage, _ = so["include_usage"].(bool)
 	}
 	rt, ok := s.router.Resolve(model)

@@ -7,8 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
+
+	"github.com/oncegate/oncegate/internal/jsonscan"
 )
 
 // MaxKeyLength is the longest Idempotency-Key accepted.
@@ -108,37 +109,64 @@ func isHex32(s string) bool {
 	return true
 }
 
-// transportFields are left out of the fingerprint: a streamed and a non-streamed copy of one
-// intent are the same intent.
-var transportFields = []string{"stream", "stream_options"}
+// isTransportField reports the fields left out of the fingerprint ("stream",
+// "stream_options"): a streamed and a non-streamed copy of one intent are the same intent.
+func isTransportField(key string) bool { return key == "stream" || key == "stream_options" }
 
 // canonicalFingerprint is the SHA-256 (hex) of the body as canonical JSON: object keys sorted,
-// insignificant whitespace removed, numbers kept as written, transport fields dropped. The
-// body must be a JSON object.
-func canonicalFingerprint(body []byte) (string, map[string]any, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var obj map[string]any
-	if err := dec.Decode(&obj); err != nil {
-		return "", nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", nil, errors.New("trailing data after the JSON object")
-	}
-	if obj == nil {
+// insignificant whitespace removed, numbers kept as written, transport fields dropped — the
+// bytes encoding/json gives for the body decoded into a map (with UseNumber), computed by
+// jsonscan in one pass. The body must be a JSON object; fields are its top-level members.
+func canonicalFingerprint(body []byte) (string, bodyFields, error) {
+	canon, fields, err := jsonscan.Canonical(make([]byte, 0, len(body)), body, isTransportField)
+	switch {
+	case errors.Is(err, jsonscan.ErrNotObject):
 		return "", nil, errors.New("body must be a JSON object")
-	}
-	fp := make(map[string]any, len(obj))
-	for k, v := range obj {
-		fp[k] = v
-	}
-	for _, f := range transportFields {
-		delete(fp, f)
-	}
-	canon, err := json.Marshal(fp) // encoding/json sorts map keys
-	if err != nil {
+	case err != nil:
 		return "", nil, err
 	}
 	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:]), obj, nil
+	return hex.EncodeToString(sum[:]), fields, nil
+}
+
+// bodyFields are a request body's top-level members (the last of duplicate keys), raw.
+type bodyFields map[string]json.RawMessage
+
+// str is field k if it is a JSON string.
+func (f bodyFields) str(k string) (string, bool) {
+	raw := f[k]
+	if len(raw) == 0 || raw[0] != '"' {
+		return "", false
+	}
+	var s string
+	return s, json.Unmarshal(raw, &s) == nil
+}
+
+// number is field k if it is a JSON number, as written.
+func (f bodyFields) number(k string) (json.Number, bool) {
+	raw := f[k]
+	if len(raw) == 0 || raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
+		return "", false
+	}
+	return json.Number(raw), true
+}
+
+// nonEmptyArray reports whether field k is an array with at least one element.
+func (f bodyFields) nonEmptyArray(k string) bool {
+	raw := f[k]
+	if len(raw) == 0 || raw[0] != '[' {
+		return false
+	}
+	rest := bytes.TrimLeft(raw[1:], " \t\r\n")
+	return len(rest) > 0 && rest[0] != ']'
+}
+
+// object is field k decoded, if it is a JSON object.
+func (f bodyFields) object(k string) (map[string]any, bool) {
+	raw := f[k]
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil, false
+	}
+	var m map[string]any
+	return m, json.Unmarshal(raw, &m) == nil
 }

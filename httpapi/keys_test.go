@@ -2,9 +2,11 @@ package httpapi
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"sort"
 	"strings"
 	"testing"
@@ -263,7 +265,67 @@ func mutateLeaf(v any) (any, bool) {
 	return v, false
 }
 
-// FuzzCanonicalFingerprint: never panics; the fingerprint ignores key order, whitespace and
+// checkFields: what parseGeneration reads from fields is what it read from the decoded body.
+func checkFields(t *testing.T, fields bodyFields, obj map[string]any) {
+	t.Helper()
+	model, ok := fields.str("model")
+	if wm, wok := obj["model"].(string); ok != wok || model != wm {
+		t.Fatalf("model %q %v; decoded %q %v", model, ok, wm, wok)
+	}
+	msgs, _ := obj["messages"].([]any)
+	if fields.nonEmptyArray("messages") != (len(msgs) > 0) {
+		t.Fatalf("messages non-empty %v; decoded %v", fields.nonEmptyArray("messages"), msgs)
+	}
+	for _, k := range []string{"max_tokens", "max_completion_tokens"} {
+		n, ok := fields.number(k)
+		if wn, wok := obj[k].(json.Number); ok != wok || n != wn {
+			t.Fatalf("%s %q %v; decoded %q %v", k, n, ok, wn, wok)
+		}
+	}
+	v, present := fields["stream"]
+	if wv, wpresent := obj["stream"]; present != wpresent || (string(v) == "null") != (wv == nil && wpresent) {
+		t.Fatalf("stream %q %v; decoded %v %v", v, present, wv, wpresent)
+	}
+	so, ok := fields.object("stream_options")
+	wso, wok := obj["stream_options"].(map[string]any)
+	usage, _ := so["include_usage"].(bool)
+	wusage, _ := wso["include_usage"].(bool)
+	if ok != wok || usage != wusage {
+		t.Fatalf("stream_options %v %v; decoded %v %v", so, ok, wso, wok)
+	}
+}
+
+// referenceFingerprint is the fingerprint as encoding/json computes it (the implementation
+// jsonscan.Canonical replaced): the body decoded into a map with UseNumber, the transport
+// fields deleted, encoded again, hashed. It also returns the decoded body.
+func referenceFingerprint(body []byte) (string, map[string]any, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var obj map[string]any
+	if err := dec.Decode(&obj); err != nil {
+		return "", nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return "", nil, errors.New("trailing data after the JSON object")
+	}
+	if obj == nil {
+		return "", nil, errors.New("body must be a JSON object")
+	}
+	fp := make(map[string]any, len(obj))
+	for k, v := range obj {
+		if !isTransportField(k) {
+			fp[k] = v
+		}
+	}
+	canon, err := json.Marshal(fp)
+	if err != nil {
+		return "", nil, err
+	}
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:]), obj, nil
+}
+
+// FuzzCanonicalFingerprint: never panics; equals the encoding/json reference; the fingerprint ignores key order, whitespace and
 // the transport fields (stream, stream_options: added, changed or removed); any other change
 // of the document changes it.
 func FuzzCanonicalFingerprint(f *testing.F) {
@@ -272,14 +334,20 @@ func FuzzCanonicalFingerprint(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}`,
 		`{"a":{"z":[1,2.50,-3e7,{"b":null,"c":true}],"y":"\u00e9\ud83d\ude00<>&"},"n":0}`,
 		`{}`, `{"stream":true}`, `{"a":1}}`, `[1]`, `null`, `{"a":"\xff"}`, `{"a":1,"a":2}`,
+		`{"model":"m","messages":[ ],"max_tokens":-1,"stream":null,"stream_options":{"include_usage":{"x":1}}}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		fp, obj, err := canonicalFingerprint(body)
+		fp, fields, err := canonicalFingerprint(body)
+		want, obj, werr := referenceFingerprint(body)
+		if (err == nil) != (werr == nil) || fp != want {
+			t.Fatalf("fingerprint %q (error %v); encoding/json's %q (error %v)", fp, err, want, werr)
+		}
 		if err != nil {
 			return
 		}
+		checkFields(t, fields, obj)
 		if _, herr := hex.DecodeString(fp); herr != nil || len(fp) != 64 {
 			t.Fatalf("fingerprint %q is not 64 hex characters", fp)
 		}

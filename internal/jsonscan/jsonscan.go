@@ -67,6 +67,8 @@ func firstNonSpace(data []byte) int {
 type scanner struct {
 	data []byte
 	pos  int
+	// escaped and high describe the last string token str scanned.
+	escaped, high bool
 }
 
 func (s *scanner) fail(what string) error {
@@ -187,17 +189,47 @@ func (s *scanner) next(closing byte) (done bool, err error) {
 	return false, s.fail(fmt.Sprintf("looking for ',' or %q", closing))
 }
 
+// Byte classes inside a string (strClass).
+const (
+	plainByte   = iota // copied as it is by encoding/json too
+	quoteByte          // '"': the end
+	escapeByte         // '\\'
+	controlByte        // below 0x20: invalid
+	htmlByte           // '<', '>', '&': escaped by encoding/json
+	highByte           // 0x80 and above: part of a UTF-8 sequence (or not)
+)
+
+var strClass = func() (t [256]uint8) {
+	for c := range 0x20 {
+		t[c] = controlByte
+	}
+	t['"'], t['\\'] = quoteByte, escapeByte
+	t['<'], t['>'], t['&'] = htmlByte, htmlByte, htmlByte
+	for c := 0x80; c < 0x100; c++ {
+		t[c] = highByte
+	}
+	return t
+}()
+
 // str scans a string token: any byte from 0x20 up except '"' and '\', or an escape (as
-// encoding/json, which does not check UTF-8 here either).
+// encoding/json, which does not check UTF-8 here either). It records in s.escaped whether the
+// token has an escape or a byte encoding/json escapes for HTML, and in s.high whether it has a
+// byte from 0x80 up.
 func (s *scanner) str() error {
+	s.escaped, s.high = false, false
 	i := s.pos + 1
 	for i < len(s.data) {
-		c := s.data[i]
-		switch {
-		case c == '"':
+		c := strClass[s.data[i]]
+		if c == plainByte {
+			i++
+			continue
+		}
+		switch c {
+		case quoteByte:
 			s.pos = i + 1
 			return nil
-		case c == '\\':
+		case escapeByte:
+			s.escaped = true
 			if i+1 >= len(s.data) {
 				s.pos = i
 				return s.fail("unexpected end of input in a string escape")
@@ -221,10 +253,14 @@ func (s *scanner) str() error {
 				s.pos = i
 				return s.fail("invalid escape")
 			}
-		case c < 0x20:
+		case controlByte:
 			s.pos = i
 			return s.fail("control character in a string")
-		default:
+		case htmlByte:
+			s.escaped = true
+			i++
+		default: // highByte
+			s.high = true
 			i++
 		}
 	}
