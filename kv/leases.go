@@ -18,10 +18,11 @@ import (
 // LeaseWatch finds the PENDING records whose lease ran out without reading the whole bucket
 // each time. Its first Expired reads the last record of every key; later calls read only the
 // records written since (headers only, from the stream sequence it reached) and keep the
-// PENDING keys and their leases in memory. A sweep every minute then costs what was written in
-// that minute, not one read of every key of the last TTL (which, at 1,000 requests a second
-// and a 24 h TTL, is tens of millions of records, with their blocks loaded into the server's
-// cache). Safe for concurrent use; calls are serialized.
+// PENDING keys and their leases in memory. A sweep then costs what was written since the last
+// one, not one read of every key of the last TTL (which, at 1,000 requests a second and a 24 h
+// TTL, is tens of millions of records, with their blocks loaded into the server's cache). If the
+// stream is found behind the sequence reached (the bucket was recreated), the next call reads
+// every key again. Safe for concurrent use; calls are serialized.
 type LeaseWatch struct {
 	s *Store
 
@@ -47,13 +48,21 @@ const kvOperation = "KV-Operation"
 func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjectPrefix + ">"}, HeadersOnly: true}
+	st, err := w.s.js.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("kv: lease scan: %w", err)
+	}
+	if last := st.CachedInfo().State.LastSeq; last < w.lastSeq {
+		w.started, w.lastSeq, w.pending = false, 0, map[string]pendingAt{}
+	}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjectPrefix + ">"}, HeadersOnly: true,
+		InactiveThreshold: 30 * time.Second}
 	if w.started {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, w.lastSeq+1
 	} else {
 		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
 	}
-	if err := w.read(ctx, cfg); err != nil {
+	if err := w.read(ctx, st, cfg); err != nil {
 		return nil, err
 	}
 	w.started = true
@@ -75,11 +84,20 @@ func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, err
 // read applies the records the consumer delivers, up to the end of the stream, to w.pending.
 // In both delivery policies the sequences arrive in increasing order, so w.lastSeq is exact
 // even when a read fails half way: a key's later record is past it and read next time.
-func (w *LeaseWatch) read(ctx context.Context, cfg jetstream.OrderedConsumerConfig) error {
-	cons, err := w.s.js.OrderedConsumer(ctx, "KV_"+Bucket, cfg)
+func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedConsumerConfig) error {
+	cons, err := st.OrderedConsumer(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("kv: lease scan: %w", err)
 	}
+	defer func() {
+		// Sweeps come every few seconds: do not leave one idle consumer per sweep on the
+		// bucket until its inactivity threshold.
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			_ = st.DeleteConsumer(dctx, info.Name)
+			cancel()
+		}
+	}()
 	w.readCount = 0
 	for {
 		batch, err := cons.FetchNoWait(1024)

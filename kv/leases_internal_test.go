@@ -62,6 +62,14 @@ func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
 	check("after three writes", []string{"d", "b"}, 3)
 	check("nothing new", []string{"d", "b"}, 0)
 
+	info, err := srv.JS.Stream(ctx, "KV_"+Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.CachedInfo().State.Consumers; n != 0 {
+		t.Fatalf("%d consumers left on the bucket after the sweeps", n)
+	}
+
 	// Records past the bucket's TTL are dropped by the server unseen: the watch forgets them.
 	short := *st
 	short.ttl = time.Nanosecond
@@ -70,4 +78,17 @@ func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
 	if len(w.pending) != 0 {
 		t.Fatalf("%d keys still held after their records' TTL", len(w.pending))
 	}
+
+	// A recreated bucket starts its sequences again: the watch reads every key anew.
+	w, at = st.WatchLeases(), now
+	check("before the bucket is recreated", []string{"d", "b"}, 4)
+	if err := srv.JS.DeleteKeyValue(ctx, Bucket); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = Open(ctx, srv.JS, BucketConfig{TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	w.s, revs = st, map[string]uint64{}
+	put("e", Pending, now.Add(-time.Minute))
+	check("after the bucket was recreated", []string{"e"}, 1)
 }
