@@ -313,33 +313,62 @@ func prepareStream(body []byte, stream, openAI bool) ([]byte, error) {
 	if streamOK && usageOK {
 		return body, nil
 	}
-	var full map[string]json.RawMessage
-	if err := decodeObject(body, &full); err != nil {
-		return nil, err
+	// Rewrite: the other members as they are (the last of duplicate keys, as a decoder keeps),
+	// then the stream fields this execution needs.
+	rewritten := func(key string) bool { return key == "stream" || openAI && key == "stream_options" }
+	last := make(map[string]int, len(probe.members))
+	keys := make([]string, len(probe.members))
+	for i, m := range probe.members {
+		if keys[i], err = memberKey(m.Key); err != nil {
+			return nil, err
+		}
+		last[keys[i]] = i
 	}
-	switch {
-	case stream:
-		full["stream"] = json.RawMessage("true")
+	out := make([]byte, 0, len(body)+64)
+	out = append(out, '{')
+	for i, m := range probe.members {
+		if last[keys[i]] != i || rewritten(keys[i]) {
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(append(append(out, m.Key...), ':'), m.Value...)
+	}
+	if stream {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, `"stream":true`...)
 		if openAI {
 			if options == nil {
 				options = map[string]json.RawMessage{}
 			}
 			options["include_usage"] = json.RawMessage("true")
-			full["stream_options"], _ = json.Marshal(options)
-		}
-	default:
-		delete(full, "stream")
-		if openAI {
-			delete(full, "stream_options")
+			opts, _ := json.Marshal(options) // raw messages from a decoded object always encode
+			out = append(append(out, `,"stream_options":`...), opts...)
 		}
 	}
-	return json.Marshal(full)
+	return append(out, '}'), nil
+}
+
+// memberKey decodes an object key token.
+func memberKey(tok []byte) (string, error) {
+	if key := tok[1 : len(tok)-1]; bytes.IndexByte(key, '\\') < 0 {
+		return string(key), nil
+	}
+	var k string
+	if err := json.Unmarshal(tok, &k); err != nil {
+		return "", fmt.Errorf("backend: request body: %w", err)
+	}
+	return k, nil
 }
 
 // streamProbe is what prepareStream needs to know of a body.
 type streamProbe struct {
 	Stream        *bool
 	StreamOptions json.RawMessage
+	members       []jsonscan.Member // the body's top-level members
 }
 
 // probeStream reads "stream" and "stream_options" from body as json.Unmarshal into
@@ -355,15 +384,13 @@ func probeStream(body []byte) (streamProbe, error) {
 	if err != nil {
 		return p, fmt.Errorf("backend: request body: %w", err)
 	}
+	p.members = members
 	for _, m := range members {
-		key := m.Key[1 : len(m.Key)-1]
-		if bytes.IndexByte(key, '\\') >= 0 {
-			var k string
-			if err := json.Unmarshal(m.Key, &k); err != nil {
-				return p, fmt.Errorf("backend: request body: %w", err)
-			}
-			key = []byte(k)
+		k, err := memberKey(m.Key)
+		if err != nil {
+			return p, err
 		}
+		key := []byte(k)
 		switch {
 		case bytes.EqualFold(key, []byte("stream")):
 			var b *bool
@@ -381,14 +408,3 @@ func probeStream(body []byte) (streamProbe, error) {
 // ErrBodyNotObject is returned for a request body that is valid JSON but not an object
 // (null, an array, a number): there is no field to set on it.
 var ErrBodyNotObject = errors.New("backend: request body is not a JSON object")
-
-// decodeObject unmarshals body into v after checking that it is a JSON object.
-func decodeObject(body []byte, v any) error {
-	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
-		return ErrBodyNotObject
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		return fmt.Errorf("backend: request body: %w", err)
-	}
-	return nil
-}

@@ -1,7 +1,9 @@
 package backend
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -107,6 +109,92 @@ func FuzzProbeStream(f *testing.F) {
 		if (got.Stream == nil) != (want.Stream == nil) || (got.Stream != nil && *got.Stream != *want.Stream) ||
 			string(got.StreamOptions) != string(want.StreamOptions) {
 			t.Fatalf("probeStream = %v %q, encoding/json %v %q", got.Stream, got.StreamOptions, want.Stream, want.StreamOptions)
+		}
+	})
+}
+
+// decodeObject unmarshals body into v after checking that it is a JSON object.
+func decodeObject(body []byte, v any) error {
+	if trimmed := bytes.TrimLeft(body, " \t\r\n"); len(trimmed) == 0 || trimmed[0] != '{' {
+		return ErrBodyNotObject
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("backend: request body: %w", err)
+	}
+	return nil
+}
+
+// referencePrepare is prepareStream as it was before jsonscan: a probe and, when the body must
+// change, a decode into a map and an encode.
+func referencePrepare(body []byte, stream, openAI bool) ([]byte, error) {
+	var probe struct {
+		Stream        *bool           `json:"stream"`
+		StreamOptions json.RawMessage `json:"stream_options"`
+	}
+	if err := decodeObject(body, &probe); err != nil {
+		return nil, err
+	}
+	var options map[string]json.RawMessage
+	if openAI && len(probe.StreamOptions) > 0 {
+		if err := json.Unmarshal(probe.StreamOptions, &options); err != nil {
+			return nil, err
+		}
+	}
+	streamOK := (probe.Stream != nil && *probe.Stream == stream) || (probe.Stream == nil && !stream)
+	usageOK := !openAI || (stream && string(options["include_usage"]) == "true") || (!stream && options == nil)
+	if streamOK && usageOK {
+		return body, nil
+	}
+	var full map[string]json.RawMessage
+	if err := decodeObject(body, &full); err != nil {
+		return nil, err
+	}
+	switch {
+	case stream:
+		full["stream"] = json.RawMessage("true")
+		if openAI {
+			if options == nil {
+				options = map[string]json.RawMessage{}
+			}
+			options["include_usage"] = json.RawMessage("true")
+			full["stream_options"], _ = json.Marshal(options)
+		}
+	default:
+		delete(full, "stream")
+		if openAI {
+			delete(full, "stream_options")
+		}
+	}
+	return json.Marshal(full)
+}
+
+// FuzzPrepareMatchesReference: prepareStream gives the same JSON document as the reference
+// (member order and spacing aside), or fails where it fails.
+func FuzzPrepareMatchesReference(f *testing.F) {
+	for _, s := range []string{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, `{"model":"m","stream":true}`,
+		`{"a":1,"a":2,"stream":false,"stream_options":{"x":1}}`, `{"\u0061":1,"a":2}`, `{"stream_options":5}`, `{"Stream":true}`, `{}`} {
+		f.Add([]byte(s), true, true)
+		f.Add([]byte(s), false, true)
+		f.Add([]byte(s), true, false)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, stream, openAI bool) {
+		got, err := prepareStream(body, stream, openAI)
+		want, werr := referencePrepare(body, stream, openAI)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("error %v, reference %v", err, werr)
+		}
+		if err != nil {
+			return
+		}
+		var g, w any
+		if err := json.Unmarshal(got, &g); err != nil {
+			t.Fatalf("output not JSON: %q", got)
+		}
+		if err := json.Unmarshal(want, &w); err != nil {
+			t.Fatalf("reference output not JSON: %q", want)
+		}
+		if !reflect.DeepEqual(g, w) {
+			t.Fatalf("output %s\nreference %s", got, want)
 		}
 	})
 }
