@@ -89,7 +89,10 @@ func TestBadInput(t *testing.T) {
 		{name: "stream is a string", body: chatBody("oncegate-mock", "s", `"stream":"true"`), status: 400, code: "invalid_type"},
 		{name: "stream is a number", body: chatBody("oncegate-mock", "s", `"stream":1`), status: 400, code: "invalid_type"},
 		{name: "unknown model", body: chatBody("gpt-nonexistent", "hi", ""), status: 404, code: "model_not_found"},
-		{name: "body over the limit", body: big, status: 413},
+		// Only the headers are sent: the gateway refuses from the Content-Length, without
+		// reading the body, and closes the connection. A client still writing the body then can
+		// get a reset before it reads the 413 (seen once in CI), which is not what is tested.
+		{name: "body over the limit", raw: strings.TrimSuffix(rawChat(addr, "X-Test: over-limit", big), big), status: 413},
 		{name: "GET on chat completions", method: http.MethodGet, body: "", status: 405},
 		{name: "PUT on chat completions", method: http.MethodPut, body: valid, status: 405},
 		{name: "DELETE on chat completions", method: http.MethodDelete, body: "", status: 405},
