@@ -420,3 +420,17 @@ func TestHashPartsAndRecordKey(t *testing.T) {
 		})
 	}
 }
+
+// TestFingerprintErrorsNameNoPackage: the reason given to a client for a malformed body says
+// what and where, without internal package names.
+func TestFingerprintErrorsNameNoPackage(t *testing.T) {
+	for _, body := range []string{`{"model":`, `{"a":1} x`, `[1]`, ``} {
+		_, _, err := canonicalFingerprint([]byte(body))
+		if err == nil || strings.Contains(err.Error(), "jsonscan") {
+			t.Errorf("canonicalFingerprint(%q): %v", body, err)
+		}
+	}
+	if _, _, err := canonicalFingerprint([]byte(`{"model":`)); err == nil || !strings.Contains(err.Error(), "offset 9") {
+		t.Errorf("a truncated body: %v, want the offset where it ends", err)
+	}
+}

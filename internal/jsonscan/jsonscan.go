@@ -14,7 +14,7 @@ import (
 
 // Sentinel errors.
 var (
-	// ErrSyntax is returned for input that is not valid JSON.
+	// ErrSyntax is matched by the *SyntaxError returned for input that is not valid JSON.
 	ErrSyntax = errors.New("jsonscan: invalid JSON")
 	// ErrNotObject is returned for valid JSON whose top-level value is not an object.
 	ErrNotObject = errors.New("jsonscan: not a JSON object")
@@ -71,9 +71,21 @@ type scanner struct {
 	escaped, high bool
 }
 
-func (s *scanner) fail(what string) error {
-	return fmt.Errorf("%w: %s at offset %d", ErrSyntax, what, s.pos)
+// SyntaxError says where and why a document is not valid JSON. It matches ErrSyntax, and its
+// text names no package, so an API can pass it on to its client.
+type SyntaxError struct {
+	Offset int
+	What   string
 }
+
+func (e *SyntaxError) Error() string {
+	return fmt.Sprintf("invalid JSON: %s at offset %d", e.What, e.Offset)
+}
+
+// Is makes a SyntaxError match ErrSyntax.
+func (e *SyntaxError) Is(target error) bool { return target == ErrSyntax }
+
+func (s *scanner) fail(what string) error { return &SyntaxError{Offset: s.pos, What: what} }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
 
