@@ -319,9 +319,7 @@ func prepareStream(body []byte, stream, openAI bool) ([]byte, error) {
 	last := make(map[string]int, len(probe.members))
 	keys := make([]string, len(probe.members))
 	for i, m := range probe.members {
-		if keys[i], err = memberKey(m.Key); err != nil {
-			return nil, err
-		}
+		keys[i] = m.Name()
 		last[keys[i]] = i
 	}
 	out := make([]byte, 0, len(body)+64)
@@ -352,18 +350,6 @@ func prepareStream(body []byte, stream, openAI bool) ([]byte, error) {
 	return append(out, '}'), nil
 }
 
-// memberKey decodes an object key token.
-func memberKey(tok []byte) (string, error) {
-	if key := tok[1 : len(tok)-1]; bytes.IndexByte(key, '\\') < 0 {
-		return string(key), nil
-	}
-	var k string
-	if err := json.Unmarshal(tok, &k); err != nil {
-		return "", fmt.Errorf("backend: request body: %w", err)
-	}
-	return k, nil
-}
-
 // streamProbe is what prepareStream needs to know of a body.
 type streamProbe struct {
 	Stream        *bool
@@ -386,19 +372,14 @@ func probeStream(body []byte) (streamProbe, error) {
 	}
 	p.members = members
 	for _, m := range members {
-		k, err := memberKey(m.Key)
-		if err != nil {
-			return p, err
-		}
-		key := []byte(k)
-		switch {
-		case bytes.EqualFold(key, []byte("stream")):
+		switch key := m.Name(); {
+		case strings.EqualFold(key, "stream"):
 			var b *bool
 			if err := json.Unmarshal(m.Value, &b); err != nil {
 				return p, fmt.Errorf("backend: request body: stream: %w", err)
 			}
 			p.Stream = b
-		case bytes.EqualFold(key, []byte("stream_options")):
+		case strings.EqualFold(key, "stream_options"):
 			p.StreamOptions = m.Value
 		}
 	}

@@ -20,29 +20,13 @@ import (
 // otherwise they go through encoding/json. FuzzCanonical checks the output against
 // encoding/json's.
 func Canonical(dst, data []byte, leave func(key string) bool) ([]byte, map[string]json.RawMessage, error) {
-	s := scanner{data: data}
-	s.space()
-	if s.pos >= len(data) {
-		return dst, nil, s.fail("unexpected end of input")
-	}
-	if data[s.pos] != '{' {
-		if err := s.value(0); err != nil {
-			return dst, nil, err
-		}
-		s.space()
-		if s.pos != len(data) {
-			return dst, nil, s.fail("data after the top-level value")
-		}
-		return dst, nil, ErrNotObject
-	}
 	top := map[string]json.RawMessage{}
-	dst, err := s.canonObject(dst, 1, leave, top)
+	err := scanTop(data, func(s *scanner) (err error) {
+		dst, err = s.canonObject(dst, 1, leave, top)
+		return err
+	})
 	if err != nil {
 		return dst, nil, err
-	}
-	s.space()
-	if s.pos != len(data) {
-		return dst, nil, s.fail("data after the top-level value")
 	}
 	return dst, top, nil
 }
@@ -55,38 +39,21 @@ type canonMember struct {
 // canonObject writes the object at s.pos in canonical form; top, when not nil, gets its raw
 // members by key.
 func (s *scanner) canonObject(dst []byte, depth int, leave func(string) bool, top map[string]json.RawMessage) ([]byte, error) {
-	empty, err := s.open(depth, '}')
-	if err != nil {
-		return dst, err
-	}
 	var members []canonMember
-	for !empty {
-		if s.pos >= len(s.data) || s.data[s.pos] != '"' {
-			return dst, s.fail("looking for an object key")
-		}
-		keyStart := s.pos
-		if err := s.str(); err != nil {
-			return dst, err
-		}
-		key := decodeString(s.data[keyStart:s.pos])
-		s.space()
-		if s.pos >= len(s.data) || s.data[s.pos] != ':' {
-			return dst, s.fail("looking for ':' after an object key")
-		}
-		s.pos++
-		s.space()
-		valueStart := s.pos
+	err := s.eachMember(depth, func(keyTok []byte) error {
+		key, start := decodeString(keyTok), s.pos
 		val, err := s.canon(nil, depth)
 		if err != nil {
-			return dst, err
+			return err
 		}
 		if top != nil {
-			top[key] = s.data[valueStart:s.pos]
+			top[key] = s.data[start:s.pos]
 		}
 		members = append(members, canonMember{key: key, val: val})
-		if empty, err = s.next('}'); err != nil {
-			return dst, err
-		}
+		return nil
+	})
+	if err != nil {
+		return dst, err
 	}
 	slices.SortStableFunc(members, func(a, b canonMember) int { return strings.Compare(a.key, b.key) })
 	dst = append(dst, '{')
@@ -119,21 +86,18 @@ func (s *scanner) canon(dst []byte, depth int) ([]byte, error) {
 	case '{':
 		return s.canonObject(dst, depth+1, nil, nil)
 	case '[':
-		empty, err := s.open(depth+1, ']')
-		if err != nil {
-			return dst, err
-		}
 		dst = append(dst, '[')
-		for first := true; !empty; first = false {
+		first := true
+		err := s.eachElement(depth+1, func() (err error) {
 			if !first {
 				dst = append(dst, ',')
 			}
-			if dst, err = s.canon(dst, depth+1); err != nil {
-				return dst, err
-			}
-			if empty, err = s.next(']'); err != nil {
-				return dst, err
-			}
+			first = false
+			dst, err = s.canon(dst, depth+1)
+			return err
+		})
+		if err != nil {
+			return dst, err
 		}
 		return append(dst, ']'), nil
 	case '"':

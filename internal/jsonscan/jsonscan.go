@@ -26,42 +26,58 @@ type Member struct {
 	Key, Value []byte
 }
 
+// Name is the member's key, decoded (as encoding/json decodes it).
+func (m Member) Name() string { return decodeString(m.Key) }
+
 // maxDepth is encoding/json's nesting limit.
 const maxDepth = 10000
 
 // Object validates data as one JSON value surrounded by optional whitespace and, if it is an
 // object, returns its members in input order (duplicates included). The slices alias data.
 func Object(data []byte) ([]Member, error) {
-	s := scanner{data: data}
-	s.space()
-	if s.pos >= len(data) {
-		return nil, s.fail("unexpected end of input")
-	}
 	var members []Member
-	if data[s.pos] == '{' {
-		if err := s.object(1, &members); err != nil {
-			return nil, err
-		}
-	} else if err := s.value(0); err != nil {
+	err := scanTop(data, func(s *scanner) error {
+		return s.eachMember(1, func(key []byte) error {
+			start := s.pos
+			if err := s.value(1); err != nil {
+				return err
+			}
+			members = append(members, Member{Key: key, Value: s.data[start:s.pos]})
+			return nil
+		})
+	})
+	if err != nil {
 		return nil, err
-	}
-	s.space()
-	if s.pos != len(data) {
-		return nil, s.fail("data after the top-level value")
-	}
-	if data[firstNonSpace(data)] != '{' {
-		return nil, ErrNotObject
 	}
 	return members, nil
 }
 
-func firstNonSpace(data []byte) int {
-	for i, c := range data {
-		if !isSpace(c) {
-			return i
-		}
+// scanTop scans data as one value with optional space around it, the value through object if
+// it is an object (from its '{', at depth 1). Valid JSON that is not an object is ErrNotObject.
+func scanTop(data []byte, object func(s *scanner) error) error {
+	s := &scanner{data: data}
+	s.space()
+	if s.pos >= len(data) {
+		return s.fail("unexpected end of input")
 	}
-	return 0
+	isObject := data[s.pos] == '{'
+	var err error
+	if isObject {
+		err = object(s)
+	} else {
+		err = s.value(0)
+	}
+	if err != nil {
+		return err
+	}
+	s.space()
+	if s.pos != len(data) {
+		return s.fail("data after the top-level value")
+	}
+	if !isObject {
+		return ErrNotObject
+	}
+	return nil
 }
 
 type scanner struct {
@@ -102,9 +118,9 @@ func (s *scanner) value(depth int) error {
 	}
 	switch c := s.data[s.pos]; {
 	case c == '{':
-		return s.object(depth+1, nil)
+		return s.eachMember(depth+1, func([]byte) error { return s.value(depth + 1) })
 	case c == '[':
-		return s.array(depth + 1)
+		return s.eachElement(depth+1, func() error { return s.value(depth + 1) })
 	case c == '"':
 		return s.str()
 	case c == '-' || c >= '0' && c <= '9':
@@ -120,8 +136,9 @@ func (s *scanner) value(depth int) error {
 	}
 }
 
-// object scans an object at s.pos; members, when not nil, receives its members.
-func (s *scanner) object(depth int, members *[]Member) error {
+// eachMember scans the object at s.pos (its depth given), calling member with each key token;
+// member scans the value, which starts at s.pos.
+func (s *scanner) eachMember(depth int, member func(key []byte) error) error {
 	if empty, err := s.open(depth, '}'); err != nil || empty {
 		return err
 	}
@@ -140,12 +157,8 @@ func (s *scanner) object(depth int, members *[]Member) error {
 		}
 		s.pos++
 		s.space()
-		valueStart := s.pos
-		if err := s.value(depth); err != nil {
+		if err := member(key); err != nil {
 			return err
-		}
-		if members != nil {
-			*members = append(*members, Member{Key: key, Value: s.data[valueStart:s.pos]})
 		}
 		if done, err := s.next('}'); err != nil || done {
 			return err
@@ -153,12 +166,13 @@ func (s *scanner) object(depth int, members *[]Member) error {
 	}
 }
 
-func (s *scanner) array(depth int) error {
+// eachElement scans the array at s.pos (its depth given), calling element to scan each element.
+func (s *scanner) eachElement(depth int, element func() error) error {
 	if empty, err := s.open(depth, ']'); err != nil || empty {
 		return err
 	}
 	for {
-		if err := s.value(depth); err != nil {
+		if err := element(); err != nil {
 			return err
 		}
 		if done, err := s.next(']'); err != nil || done {
