@@ -222,12 +222,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	return &Store{kv: kvs, idx: idx, js: js, ttl: cfg.TTL}, nil
 }
 
-// Record format versions. Version 2 stores the request after the record's JSON; version 1
-// (records written before) had it inside, as the "request" member.
-const (
-	recordV1 = 1
-	recordV2 = 2
-)
+// recordV2 is the record format that stores the request after the record's JSON; version 1
+// (records written before it) had the request inside, as the "request" member.
+const recordV2 = 2
 
 // requestSeparator ends a version 2 record's JSON when a request follows. Compact JSON never
 // contains a raw newline (encoding/json escapes it inside strings), so the first one is it.
@@ -377,17 +374,10 @@ func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte,
 // subjectPrefix is the bucket's subject space.
 const subjectPrefix = "$KV." + Bucket + "."
 
-// Expired is a PENDING record whose lease ran out, found by ExpiredLeases.
+// Expired is a PENDING record whose lease ran out, found by LeaseWatch.Expired.
 type Expired struct {
 	Key        string
 	LeaseUntil time.Time
-}
-
-// ExpiredLeases lists the keys whose latest record is PENDING with a lease before now, reading
-// the last record of every key (headers only). A caller that asks again and again should keep
-// a LeaseWatch, which reads only what was written since its last call.
-func (s *Store) ExpiredLeases(ctx context.Context, now time.Time) ([]Expired, error) {
-	return s.WatchLeases().Expired(ctx, now)
 }
 
 // jobIndexKey is where a job id points at its record key (same bucket, same TTL).

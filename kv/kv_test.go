@@ -196,7 +196,7 @@ func TestExpiredLeases(t *testing.T) {
 	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9", "gone1", true); err != nil {
 		t.Fatal(err)
 	}
-	got, err := st.ExpiredLeases(ctx, now)
+	got, err := st.WatchLeases().Expired(ctx, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +211,7 @@ func TestExpiredLeases(t *testing.T) {
 
 func TestExpiredLeasesEmpty(t *testing.T) {
 	st, _ := open(t)
-	got, err := st.ExpiredLeases(context.Background(), time.Now())
+	got, err := st.WatchLeases().Expired(context.Background(), time.Now())
 	if err != nil || len(got) != 0 {
 		t.Fatalf("empty bucket: %v %v", got, err)
 	}
