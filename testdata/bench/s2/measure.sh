@@ -1,11 +1,14 @@
 #!/bin/bash
-# Interleaved measurements of two gateway binaries (base = session start cff81e9, new = HEAD).
+# Interleaved measurements of two gateway binaries (round 2: base = session start cff81e9 in
+# /tmp/bm/base, new = HEAD in /tmp/bm/new). BASE_BIN, NEW_BIN, OUT and RUN override the paths.
+BASE_BIN=${BASE_BIN:-/tmp/bm/base} NEW_BIN=${NEW_BIN:-/tmp/bm/new} OUT=${OUT:-/tmp/bm/out} RUN=${RUN:-$(dirname "$0")/run.sh}
+bin() { if [ "$1" = base ]; then echo "$BASE_BIN"; else echo "$NEW_BIN"; fi; }
 M="--mock-stats http://127.0.0.1:19590"
 CMP="--compare http://127.0.0.1:19590 $M --duration 10s --warmup 1s"
 run() { # name cfg args...
   local name=$1 cfg=$2; shift 2
   for b in base new; do
-    /tmp/bm/run.sh /tmp/bm/$b /tmp/bm/$cfg.yaml /tmp/bm/out/$name-$cfg-$b.txt -- "$@"
+    $RUN $(bin $b) /tmp/bm/$cfg.yaml $OUT/$name-$cfg-$b.txt -- "$@"
   done
 }
 for cfg in a b; do

@@ -1,25 +1,4 @@
 #!/bin/bash
-# Interleaved measurements of two gateway binaries (base = round-3 start 5cd8a55, new = 0d43c49).
-M="--mock-stats http://127.0.0.1:19590"
-bin() { if [ "$1" = base ]; then echo /tmp/bm/cur; else echo /tmp/s3/new6; fi; }
-export BENCH=/tmp/s3/new6
-CMP="--compare http://127.0.0.1:19590 $M --duration 10s --warmup 1s"
-run() { # name cfg args...
-  local name=$1 cfg=$2; shift 2
-  for b in base new; do
-    /tmp/bm/run.sh $(bin $b) /tmp/bm/$cfg.yaml /tmp/s3/out/$name-$cfg-$b.txt -- "$@"
-  done
-}
-for cfg in a b; do
-  run ov-c1 $cfg $CMP --concurrency 1
-  run ov-c64 $cfg $CMP --concurrency 64
-  run cpu-c1 $cfg $M --duration 10s --warmup 0s --concurrency 1
-  run cpu-c64 $cfg $M --duration 10s --warmup 0s --concurrency 64
-  run stream-paced-c64 $cfg $CMP --stream --concurrency 64 --mock-itl 10 --mock-tokens 16
-done
-run replay-c64 a $CMP --scenario replay --keys-pool 100 --concurrency 64
-run dup-k50 a $CMP --scenario duplicates --copies 50
-run retry-storm a $CMP --scenario retry-storm --mock-ttft 300 --client-timeout 100ms --concurrency 16
-run fanout-1000 a $M --duration 10s --warmup 1s --scenario fanout --subscribers 1000 --concurrency 1
-run rss-60s-c64 a $M --duration 60s --warmup 1s --concurrency 64
-echo ALLDONE
+# Round 3's run of every scenario: round 2's script, base = round-3 start 5cd8a55 (/tmp/bm/cur),
+# new = 0d43c49 (/tmp/s3/new6), whose bench tool ran the load.
+BASE_BIN=/tmp/bm/cur NEW_BIN=/tmp/s3/new6 BENCH=/tmp/s3/new6 OUT=/tmp/s3/out exec "$(dirname "$0")/../../s2/measure.sh"
