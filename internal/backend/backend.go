@@ -316,11 +316,10 @@ func prepareStream(body []byte, stream, openAI bool) ([]byte, error) {
 	// Rewrite: the other members as they are (the last of duplicate keys, as a decoder keeps),
 	// then the stream fields this execution needs.
 	rewritten := func(key string) bool { return key == "stream" || openAI && key == "stream_options" }
-	last := make(map[string]int, len(probe.members))
-	keys := make([]string, len(probe.members))
-	for i, m := range probe.members {
-		keys[i] = m.Name()
-		last[keys[i]] = i
+	keys := probe.names
+	last := make(map[string]int, len(keys))
+	for i, k := range keys {
+		last[k] = i
 	}
 	out := make([]byte, 0, len(body)+64)
 	out = append(out, '{')
@@ -355,6 +354,7 @@ type streamProbe struct {
 	Stream        *bool
 	StreamOptions json.RawMessage
 	members       []jsonscan.Member // the body's top-level members
+	names         []string          // their decoded keys
 }
 
 // probeStream reads "stream" and "stream_options" from body as json.Unmarshal into
@@ -370,9 +370,11 @@ func probeStream(body []byte) (streamProbe, error) {
 	if err != nil {
 		return p, fmt.Errorf("backend: request body: %w", err)
 	}
-	p.members = members
-	for _, m := range members {
-		switch key := m.Name(); {
+	p.members, p.names = members, make([]string, len(members))
+	for i, m := range members {
+		key := m.Name()
+		p.names[i] = key
+		switch {
 		case strings.EqualFold(key, "stream"):
 			var b *bool
 			if err := json.Unmarshal(m.Value, &b); err != nil {
