@@ -189,8 +189,10 @@ const (
 type Store struct {
 	kv  jetstream.KeyValue
 	idx jetstream.Stream
-	js  jetstream.JetStream
-	ttl time.Duration // the bucket's record TTL
+	// prog is the progress stream (see ProgressStream).
+	prog jetstream.Stream
+	js   jetstream.JetStream
+	ttl  time.Duration // the bucket's record TTL
 }
 
 // Open creates or updates the bucket (file storage: records must survive a crash).
@@ -205,21 +207,15 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
-	idx, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:              IndexStream,
-		Subjects:          []string{indexPrefix + ">"},
-		Storage:           jetstream.MemoryStorage,
-		MaxAge:            indexTTL,
-		MaxMsgs:           indexMaxIDs,
-		Discard:           jetstream.DiscardOld,
-		MaxMsgsPerSubject: 1,
-		Replicas:          cfg.Replicas,
-		AllowDirect:       true,
-	})
+	idx, err := js.CreateOrUpdateStream(ctx, lastValueStream(IndexStream, indexPrefix, indexTTL, indexMaxIDs, cfg.Replicas))
 	if err != nil {
 		return nil, fmt.Errorf("kv: open index %s: %w", IndexStream, err)
 	}
-	return &Store{kv: kvs, idx: idx, js: js, ttl: cfg.TTL}, nil
+	prog, err := openProgress(ctx, js, cfg.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{kv: kvs, idx: idx, prog: prog, js: js, ttl: cfg.TTL}, nil
 }
 
 // recordV2 is the record format that stores the request after the record's JSON; version 1

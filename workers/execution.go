@@ -39,6 +39,8 @@ type execution struct {
 	rev uint64
 	// tokens counts output events published (≈ tokens), for progress in the record.
 	tokens atomic.Int64
+	// progress is what the status API reads while the execution runs (progress.go).
+	progress progress
 
 	backend   string // the backend that answered
 	attempts  int    // backend attempts made (retries, fallbacks, continuations)
@@ -59,6 +61,8 @@ func (ex *execution) run(ctx context.Context) {
 		cancel()
 		<-renewDone
 	}()
+	stopProgress := ex.startProgress(ctx)
+	defer stopProgress()
 
 	ans, fail := ex.dispatch(ctx, ex.job.Body)
 	if fail != nil {
