@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/gwtest"
 )
 
@@ -108,5 +109,82 @@ func TestStatusOfPartialStreamFailure(t *testing.T) {
 	errObj, _ := m["error"].(map[string]any)
 	if m["state"] != "FAILED" || m["status"] != float64(http.StatusBadGateway) || m["partial"] != true || errObj["code"] != "stream_interrupted" {
 		t.Fatalf("status of a partial stream failure = %v; want FAILED, status 502, partial, error stream_interrupted", m)
+	}
+}
+
+// TestCancelledRunningJobIsCountedAndCharged: DELETE /v1/jobs/{id} while the backend runs the
+// job. The provider bills the attempt whatever the gateway does next, so the record counts it
+// (attempts 1, before: 0) and the ledger has exactly one entry for the job, estimated (before:
+// none, the cancel fenced the worker before it could charge anything).
+func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
+	cfg := gwtest.Config(t)
+	cfg.Ledger.Prices = map[string]config.Price{"*": {InputPerMillion: 1_000_000, OutputPerMillion: 1_000_000}}
+	cfg.Admin.APIKeysSHA256 = []string{sha("admin-key")}
+	gw := gwtest.Start(t, cfg)
+	c := xoClient(t)
+	const key = "cancel-running-1"
+	// 16 tokens at 250 ms each: about 4 s, past the first lease renewal that notices the cancel.
+	body := xoChatBody(xoSlowModel, "cancel me while I run", false, `"mock":{"inter_token_ms":250}`)
+	r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": key})
+	if r.Status != http.StatusAccepted {
+		t.Fatalf("POST /v1/jobs: %d %s", r.Status, r.Body)
+	}
+	var created struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(r.Body, &created); err != nil || created.ID == "" {
+		t.Fatalf("POST /v1/jobs body: %s", r.Body)
+	}
+	if !xoPoll(30e9, func() bool {
+		j, _ := xoGetJob(t, c, gw.URL, created.ID)
+		return j.Status == "running"
+	}) {
+		t.Fatal("the job never read running")
+	}
+	if r := xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+created.ID, "", nil); r.Status != http.StatusOK {
+		t.Fatalf("DELETE: %d %s", r.Status, r.Body)
+	}
+	m := xoIdem(t, c, gw.URL, key, nil)
+	if m["cancelled"] != true || m["attempts"] != float64(1) {
+		t.Fatalf("status after the cancel = %v; want cancelled, attempts 1", m)
+	}
+	if j, jr := xoGetJob(t, c, gw.URL, created.ID); j.Status != "cancelled" || j.Attempts != 1 {
+		t.Fatalf("job after the cancel: %s; want cancelled, attempts 1", jr.Body)
+	}
+
+	admin := map[string]string{"Authorization": "Bearer admin-key"}
+	type entry struct {
+		Kind      string `json:"kind"`
+		JobID     string `json:"job_id"`
+		Estimated bool   `json:"estimated"`
+		Completed bool   `json:"completed"`
+	}
+	ofJob := func() []entry {
+		r := xoDo(c, http.MethodGet, gw.URL+"/v1/admin/ledger", "", admin)
+		var list struct {
+			Data []entry `json:"data"`
+		}
+		if r.Status != http.StatusOK || json.Unmarshal(r.Body, &list) != nil {
+			t.Fatalf("admin ledger: %d %s", r.Status, r.Body)
+		}
+		var out []entry
+		for _, e := range list.Data {
+			if e.JobID == created.ID {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	if !xoPoll(30e9, func() bool { return len(ofJob()) > 0 }) {
+		t.Fatal("the cancelled job's attempt was never charged")
+	}
+	// The worker that was running it stops at its next renewal: wait for the backend call
+	// to end, then the charge must still be the only one.
+	mock := gw.Mock(t, "slowmock")
+	if !xoPoll(30e9, func() bool { return mock.Stats().InFlight == 0 }) {
+		t.Fatal("the cancelled backend call never ended")
+	}
+	if es := ofJob(); len(es) != 1 || es[0].Kind != "charge" || !es[0].Estimated || es[0].Completed {
+		t.Fatalf("ledger entries of the cancelled job = %+v; want one estimated, not completed charge", es)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -176,6 +177,13 @@ func (s *Server) cancelJob(c *fiber.Ctx) error {
 		}
 		body := wireOf(rec.API).errorBody(http.StatusConflict, "invalid_request_error", "job_cancelled", "the job was cancelled")
 		next := *rec
+		// An attempt already sent keeps running at the backend until the worker sees the
+		// cancel: it is counted, and charged (estimated) from the record, never hidden.
+		next.Unfinished = slices.Clone(rec.Unfinished)
+		if p, err := s.store.Progress(ctx, key); err == nil && p.Epoch == rec.Epoch {
+			next.AddUnfinished(p, true)
+		}
+		next.RequestBytes = len(rec.Request)
 		next.State, next.Cancelled, next.Request = kv.Failed, true, nil
 		next.Result = &kv.Result{Status: http.StatusConflict, Body: body, Finished: s.now()}
 		if _, err := s.store.Update(ctx, key, &next, rev); err != nil {

@@ -94,6 +94,13 @@ type Record struct {
 	// Takeovers counts epochs whose owner vanished (their attempts may have reached the backend).
 	Takeovers int  `json:"takeovers,omitempty"`
 	Cancelled bool `json:"cancelled,omitempty"`
+	// Unfinished are the epochs whose attempts were sent to a backend and ended with no
+	// outcome stored: taken over after their worker vanished, or cancelled. The backend may
+	// have billed them; they are charged (estimated) with the record's outcome.
+	Unfinished []Unfinished `json:"unfinished,omitempty"`
+	// RequestBytes is the size of the request, kept when the request is dropped from a
+	// finished record, for the input estimate of a charge without usage.
+	RequestBytes int `json:"request_bytes,omitempty"`
 
 	Model string `json:"model"`
 	// API is the wire format of the request: "openai" or "anthropic".
@@ -183,6 +190,7 @@ type BucketConfig struct {
 const (
 	hdrState = "Og-State"
 	hdrLease = "Og-Lease" // unix milliseconds; PENDING only
+	hdrBill  = "Og-Bill"  // "1" on a finished record that has something to charge (Billable)
 )
 
 // Store is the IDEM bucket.
@@ -354,6 +362,9 @@ func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte,
 	m.Header.Set(hdrState, string(rec.State))
 	if rec.State == Pending && !rec.LeaseUntil.IsZero() {
 		m.Header.Set(hdrLease, strconv.FormatInt(rec.LeaseUntil.UnixMilli(), 10))
+	}
+	if rec.Billable() {
+		m.Header.Set(hdrBill, "1")
 	}
 	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
 	if err != nil {
