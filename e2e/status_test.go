@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/gwtest"
@@ -39,7 +40,7 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 	}
 
 	var seen map[string]any
-	if !xoPoll(30e9, func() bool {
+	if !xoPoll(30*time.Second, func() bool {
 		if answered() {
 			return true
 		}
@@ -135,7 +136,7 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 	if err := json.Unmarshal(r.Body, &created); err != nil || created.ID == "" {
 		t.Fatalf("POST /v1/jobs body: %s", r.Body)
 	}
-	if !xoPoll(30e9, func() bool {
+	if !xoPoll(30*time.Second, func() bool {
 		j, _ := xoGetJob(t, c, gw.URL, created.ID)
 		return j.Status == "running"
 	}) {
@@ -175,13 +176,13 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 		}
 		return out
 	}
-	if !xoPoll(30e9, func() bool { return len(ofJob()) > 0 }) {
+	if !xoPoll(30*time.Second, func() bool { return len(ofJob()) > 0 }) {
 		t.Fatal("the cancelled job's attempt was never charged")
 	}
 	// The worker that was running it stops at its next renewal: wait for the backend call
 	// to end, then the charge must still be the only one.
 	mock := gw.Mock(t, "slowmock")
-	if !xoPoll(30e9, func() bool { return mock.Stats().InFlight == 0 }) {
+	if !xoPoll(30*time.Second, func() bool { return mock.Stats().InFlight == 0 }) {
 		t.Fatal("the cancelled backend call never ended")
 	}
 	if es := ofJob(); len(es) != 1 || es[0].Kind != "charge" || !es[0].Estimated || es[0].Completed {
