@@ -101,7 +101,7 @@ func TestJobsAPI(t *testing.T) {
 				return j.Status == "running" && j.Tokens > 0
 			}, "the job is running with tokens so far")
 			during := xoIdem(t, c, gw.URL, key, nil)
-			if during["state"] != "PENDING" || during["job_id"] != id || during["epoch"] != 1.0 || during["attempts"] != 0.0 ||
+			if during["state"] != "PENDING" || during["job_id"] != id || during["epoch"] != 1.0 || during["attempts"] != 1.0 ||
 				during["tokens_so_far"].(float64) <= 0 {
 				t.Errorf("key status while running: %v", during)
 			}

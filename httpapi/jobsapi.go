@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -93,12 +94,13 @@ type jobView struct {
 }
 
 func (s *Server) getJob(c *fiber.Ctx) error {
-	_, _, rec, _, err := s.loadJob(c)
+	_, key, rec, _, err := s.loadJob(c)
 	if err != nil {
 		return err
 	}
+	rec, _ = s.withProgress(c.UserContext(), key, rec)
 	v := jobView{ID: rec.JobID, Object: "job", Status: jobStatus(rec), Model: rec.Model, CreatedAt: rec.Created.Unix(),
-		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: rec.Tokens}
+		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: tokensOut(rec)}
 	if res := rec.Result; res != nil {
 		v.Usage = res.Usage
 		switch {
@@ -115,6 +117,37 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 		}
 	}
 	return c.JSON(v)
+}
+
+// withProgress is a PENDING record as its worker's progress shows it (running from the send
+// of its attempt, with the attempts, backend and tokens so far; see kv.ProgressStream), and
+// that progress; a finished record, or one whose execution has not sent anything, is returned
+// as it is, with a nil progress.
+func (s *Server) withProgress(ctx context.Context, key string, rec *kv.Record) (*kv.Record, *kv.Progress) {
+	if rec.State != kv.Pending {
+		return rec, nil
+	}
+	p, err := s.store.Progress(ctx, key)
+	if err != nil {
+		if !errors.Is(err, kv.ErrNotFound) {
+			s.log.Debug().Err(err).Str(fieldKey, key).Msg("reading progress")
+		}
+		return rec, nil
+	}
+	out := rec.WithProgress(p)
+	if out == rec {
+		return rec, nil
+	}
+	return out, p
+}
+
+// tokensOut is the output tokens of a record: the backend's usage once there is one (a
+// non-stream execution counts no events), else the events seen so far.
+func tokensOut(rec *kv.Record) int {
+	if res := rec.Result; res != nil && res.Usage != nil && res.Usage.CompletionTokens > 0 {
+		return res.Usage.CompletionTokens
+	}
+	return rec.Tokens
 }
 
 // errorObject extracts {"message",...} from an OpenAI error body (or wraps a foreign one).
@@ -144,6 +177,13 @@ func (s *Server) cancelJob(c *fiber.Ctx) error {
 		}
 		body := wireOf(rec.API).errorBody(http.StatusConflict, "invalid_request_error", "job_cancelled", "the job was cancelled")
 		next := *rec
+		// An attempt already sent keeps running at the backend until the worker sees the
+		// cancel: it is counted, and charged (estimated) from the record, never hidden.
+		next.Unfinished = slices.Clone(rec.Unfinished)
+		if p, err := s.store.Progress(ctx, key); err == nil && p.Epoch == rec.Epoch {
+			next.AddUnfinished(p, true)
+		}
+		next.RequestBytes = len(rec.Request)
 		next.State, next.Cancelled, next.Request = kv.Failed, true, nil
 		next.Result = &kv.Result{Status: http.StatusConflict, Body: body, Finished: s.now()}
 		if _, err := s.store.Update(ctx, key, &next, rev); err != nil {
@@ -175,23 +215,36 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	if err != nil {
 		return badRequest("invalid_idempotency_key", "", err.Error())
 	}
-	rec, _, err := s.store.Get(c.UserContext(), lookupKey(tenant, key))
+	recKey := lookupKey(tenant, key)
+	rec, _, err := s.store.Get(c.UserContext(), recKey)
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
 		return errNotFound("no record for this Idempotency-Key")
 	}
 	if err != nil {
 		return err
 	}
+	rec, prog := s.withProgress(c.UserContext(), recKey, rec)
 	out := fiber.Map{"key": key, "state": rec.State, "job_id": rec.JobID, "epoch": rec.Epoch,
 		"created": rec.Created.UTC().Format(time.RFC3339Nano), "started": rec.EpochStarted.UTC().Format(time.RFC3339Nano),
-		"attempts": rec.Attempts, "takeovers": rec.Takeovers, "progress": rec.Progress, "tokens_so_far": rec.Tokens, "stream": rec.Stream,
-		"model": rec.Model, "backend": rec.Backend}
+		"attempts": rec.Attempts, "takeovers": rec.Takeovers, "progress": rec.Progress, "job_status": jobStatus(rec),
+		"tokens_so_far": tokensOut(rec), "stream": rec.Stream, "model": rec.Model, "backend": rec.Backend}
 	if rec.State == kv.Pending {
 		out["lease_until"] = rec.LeaseUntil.UTC().Format(time.RFC3339Nano)
 	}
-	if rec.Result != nil {
-		out["status"] = rec.Result.Status
-		out["finished"] = rec.Result.Finished.UTC().Format(time.RFC3339Nano)
+	if prog != nil {
+		out["sent"] = prog.Sent.UTC().Format(time.RFC3339Nano) // when the current attempt was sent
+	}
+	if res := rec.Result; res != nil {
+		out["status"] = res.Status
+		if rec.State == kv.Failed && res.Partial {
+			// The clients got 200 and part of the stream, then an error event: the outcome
+			// is the backend's broken stream, not a success.
+			out["status"], out["partial"] = http.StatusBadGateway, true
+		}
+		if rec.State == kv.Failed && len(res.Body) > 0 {
+			out["error"] = errorObject(res.Body)
+		}
+		out["finished"] = res.Finished.UTC().Format(time.RFC3339Nano)
 	}
 	if rec.Cancelled {
 		out["cancelled"] = true

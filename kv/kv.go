@@ -94,6 +94,13 @@ type Record struct {
 	// Takeovers counts epochs whose owner vanished (their attempts may have reached the backend).
 	Takeovers int  `json:"takeovers,omitempty"`
 	Cancelled bool `json:"cancelled,omitempty"`
+	// Unfinished are the epochs whose attempts were sent to a backend and ended with no
+	// outcome stored: taken over after their worker vanished, or cancelled. The backend may
+	// have billed them; they are charged (estimated) with the record's outcome.
+	Unfinished []Unfinished `json:"unfinished,omitempty"`
+	// RequestBytes is the size of the request, kept when the request is dropped from a
+	// finished record, for the input estimate of a charge without usage.
+	RequestBytes int `json:"request_bytes,omitempty"`
 
 	Model string `json:"model"`
 	// API is the wire format of the request: "openai" or "anthropic".
@@ -183,14 +190,17 @@ type BucketConfig struct {
 const (
 	hdrState = "Og-State"
 	hdrLease = "Og-Lease" // unix milliseconds; PENDING only
+	hdrBill  = "Og-Bill"  // "1" on a finished record that has something to charge (Billable)
 )
 
 // Store is the IDEM bucket.
 type Store struct {
 	kv  jetstream.KeyValue
 	idx jetstream.Stream
-	js  jetstream.JetStream
-	ttl time.Duration // the bucket's record TTL
+	// prog is the progress stream (see ProgressStream).
+	prog jetstream.Stream
+	js   jetstream.JetStream
+	ttl  time.Duration // the bucket's record TTL
 }
 
 // Open creates or updates the bucket (file storage: records must survive a crash).
@@ -205,21 +215,15 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
-	idx, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:              IndexStream,
-		Subjects:          []string{indexPrefix + ">"},
-		Storage:           jetstream.MemoryStorage,
-		MaxAge:            indexTTL,
-		MaxMsgs:           indexMaxIDs,
-		Discard:           jetstream.DiscardOld,
-		MaxMsgsPerSubject: 1,
-		Replicas:          cfg.Replicas,
-		AllowDirect:       true,
-	})
+	idx, err := js.CreateOrUpdateStream(ctx, lastValueStream(IndexStream, indexPrefix, indexTTL, indexMaxIDs, cfg.Replicas))
 	if err != nil {
 		return nil, fmt.Errorf("kv: open index %s: %w", IndexStream, err)
 	}
-	return &Store{kv: kvs, idx: idx, js: js, ttl: cfg.TTL}, nil
+	prog, err := openProgress(ctx, js, cfg.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{kv: kvs, idx: idx, prog: prog, js: js, ttl: cfg.TTL}, nil
 }
 
 // recordV2 is the record format that stores the request after the record's JSON; version 1
@@ -358,6 +362,9 @@ func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte,
 	m.Header.Set(hdrState, string(rec.State))
 	if rec.State == Pending && !rec.LeaseUntil.IsZero() {
 		m.Header.Set(hdrLease, strconv.FormatInt(rec.LeaseUntil.UnixMilli(), 10))
+	}
+	if rec.Billable() {
+		m.Header.Set(hdrBill, "1")
 	}
 	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
 	if err != nil {

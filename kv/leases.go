@@ -31,13 +31,19 @@ type LeaseWatch struct {
 	lastSeq   uint64               // the stream sequence read up to
 	pending   map[string]pendingAt // PENDING keys: their lease, and when the record was written
 	readCount int                  // records read by the last call (tests)
+	// billable are the finished records with something to charge seen since the last
+	// Billable call took them (see Billable); billSince bounds the first read's.
+	billable  map[string]Finished
+	billSince time.Time
+	// billDropped counts billable records not kept because billable was full.
+	billDropped int
 }
 
 type pendingAt struct{ lease, written time.Time }
 
 // WatchLeases returns a LeaseWatch on the bucket.
 func (s *Store) WatchLeases() *LeaseWatch {
-	return &LeaseWatch{s: s, pending: map[string]pendingAt{}}
+	return &LeaseWatch{s: s, pending: map[string]pendingAt{}, billable: map[string]Finished{}}
 }
 
 // kvOperation is the header a KV delete or purge marker carries.
@@ -54,6 +60,9 @@ func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, err
 	}
 	if last := st.CachedInfo().State.LastSeq; last < w.lastSeq {
 		w.started, w.lastSeq, w.pending = false, 0, map[string]pendingAt{}
+	}
+	if !w.started {
+		w.billSince = now.Add(-BillableWindow)
 	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjectPrefix + ">"}, HeadersOnly: true,
 		InactiveThreshold: 30 * time.Second}
@@ -116,7 +125,7 @@ func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream, cfg jetstrea
 			if md.Sequence.Stream > w.lastSeq {
 				w.lastSeq = md.Sequence.Stream
 			}
-			w.apply(strings.TrimPrefix(m.Subject(), subjectPrefix), m.Headers(), md.Timestamp)
+			w.apply(strings.TrimPrefix(m.Subject(), subjectPrefix), m.Headers(), md.Timestamp, md.Sequence.Stream)
 		}
 		w.readCount += n
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
@@ -133,7 +142,10 @@ func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream, cfg jetstrea
 
 // apply records a key's latest record: PENDING with its lease, or anything else (a final
 // state, a delete or purge marker, a job index entry) as not pending.
-func (w *LeaseWatch) apply(key string, h nats.Header, written time.Time) {
+func (w *LeaseWatch) apply(key string, h nats.Header, written time.Time, rev uint64) {
+	if h.Get(hdrBill) != "" && h.Get(kvOperation) == "" {
+		w.noteBillable(key, written, rev)
+	}
 	if h.Get(kvOperation) != "" || h.Get(hdrState) != string(Pending) {
 		delete(w.pending, key)
 		return

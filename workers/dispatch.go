@@ -97,6 +97,7 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				break
 			}
 			ex.attempts++
+			ex.noteSent(name, ex.attempts)
 			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
 				Header: ex.job.Header, Deadline: ex.job.Deadline})
 			if err != nil {

@@ -39,6 +39,8 @@ type execution struct {
 	rev uint64
 	// tokens counts output events published (≈ tokens), for progress in the record.
 	tokens atomic.Int64
+	// progress is what the status API reads while the execution runs (progress.go).
+	progress progress
 
 	backend   string // the backend that answered
 	attempts  int    // backend attempts made (retries, fallbacks, continuations)
@@ -59,6 +61,8 @@ func (ex *execution) run(ctx context.Context) {
 		cancel()
 		<-renewDone
 	}()
+	stopProgress := ex.startProgress(ctx)
+	defer stopProgress()
 
 	ans, fail := ex.dispatch(ctx, ex.job.Body)
 	if fail != nil {
@@ -139,6 +143,9 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 		ex.log.Warn().Err(err).Msg("publishing terminal chunk; followers will read the record")
 	}
 	ex.discardChunks()
+	if h := ex.pool.testHookBeforeCharge; h != nil && h() {
+		return // the test's worker dies here: outcome stored and announced, no charge, no ack
+	}
 	ex.chargeFinal()
 	_ = ex.msg.Ack()
 }
@@ -194,8 +201,8 @@ func (ex *execution) chargeFinal() {
 	ex.mu.Lock()
 	rec, rev := ex.rec, ex.rev
 	ex.mu.Unlock()
-	if rec != nil {
-		ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body, false)
+	if rec != nil && ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body, false) {
+		ex.pool.noteCharged(ex.job.Key, rev)
 	}
 }
 
@@ -204,6 +211,7 @@ func (ex *execution) chargeFinal() {
 func (ex *execution) abandon(err error) {
 	if errors.Is(err, kv.ErrConflict) || errors.Is(err, jobs.ErrFenced) || errors.Is(err, errFenced) {
 		ex.log.Warn().Err(err).Msg("fenced: execution taken over; stopping without further writes")
+		ex.chargeCancelled()
 		_ = ex.msg.Ack()
 		return
 	}
@@ -229,6 +237,7 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 	next.Worker = ex.pool.opts.ID
 	next.Attempts += ex.attempts
 	next.Backend = ex.backend
+	next.RequestBytes = len(ex.job.Body)
 	rev, err := ex.pool.store.Update(ctx, ex.job.Key, &next, ex.rev)
 	if err != nil {
 		ex.rec = nil
@@ -280,6 +289,7 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 			ex.mu.Unlock()
 			ex.log.Warn().Msg("lease lost (record changed); cancelling the backend call")
 			cancel()
+			ex.chargeCancelled()
 			return
 		}
 		ex.mu.Unlock()

@@ -52,9 +52,15 @@ type Options struct {
 	// Ledger, when set, is charged for every execution that produced billable output.
 	Ledger Ledger
 	// SweepEvery is how often the pool looks for PENDING records whose lease ran out with no
-	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them; 0
-	// means five seconds, negative disables the sweeper.
+	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them, and
+	// for finished records whose charge a crash may have skipped; 0 means five seconds,
+	// negative disables the sweeper.
 	SweepEvery time.Duration
+	// ChargeGrace is how long after a billable record was written the sweep makes sure of its
+	// charge (its worker charges it at once; this is for a worker that died first), so every
+	// billable record is charged within ChargeGrace + SweepEvery while a pool runs; 0 means
+	// 30 seconds.
+	ChargeGrace time.Duration
 	// DiscardChunksAfter is how long a finished execution's chunks stay in CHUNKS after its
 	// terminal chunk (later copies answer from the record); 0 keeps them for the stream's
 	// retention.
@@ -75,6 +81,13 @@ type Pool struct {
 	// leases finds expired leases for Sweep, reading only the records written since its last
 	// sweep.
 	leases *kv.LeaseWatch
+	// charged are the records this pool charged itself since the sweep last looked: the
+	// charge sweep need not read them (chargesweep.go).
+	chargedMu sync.Mutex
+	charged   map[string]chargedAt
+	// testHookBeforeCharge, when set (tests), is called after a COMPLETED outcome was stored
+	// and announced; true makes the worker stop there as if it died.
+	testHookBeforeCharge func() bool
 }
 
 // New makes a Pool.
@@ -91,7 +104,11 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 	if opts.SweepEvery == 0 {
 		opts.SweepEvery = 5 * time.Second
 	}
-	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases()}
+	if opts.ChargeGrace == 0 {
+		opts.ChargeGrace = 30 * time.Second
+	}
+	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases(),
+		charged: map[string]chargedAt{}}
 	if opts.DiscardChunksAfter > 0 {
 		p.discard = jobs.NewDiscarder(js, opts.DiscardChunksAfter, opts.Log)
 	}
@@ -249,8 +266,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		}
 	}
 	if rec.JobID != wire.ID || rec.Epoch != wire.Epoch || rec.State != kv.Pending || rec.Cancelled {
-		if rec.JobID == wire.ID && rec.Epoch == wire.Epoch && rec.State != kv.Pending {
-			// Finished, but not acked: its worker may have died before charging. Charging is
+		if rec.JobID == wire.ID && rec.Epoch >= wire.Epoch && rec.State != kv.Pending {
+			// Finished, but not acked: its worker may have died before charging — also a
+			// taker's, which ran a later epoch from this same message. Charging is
 			// idempotent, so make sure.
 			p.charge(ctx, wire.Key, rec, rev, sent.Request, true)
 		}
@@ -332,13 +350,15 @@ func (p *Pool) sweepLoop(ctx context.Context) {
 // and publishes its job again, so an execution whose job message was lost (JOBS is a memory
 // stream) still completes. Only one taker wins each record (compare-and-set); it returns how
 // many this call re-drove. The pool's first sweep reads the last record of every key, later
-// ones only the records written since (kv.LeaseWatch).
+// ones only the records written since (kv.LeaseWatch). It also makes sure of the charge of
+// every billable record that read found written more than ChargeGrace ago (sweepCharges).
 func (p *Pool) Sweep(ctx context.Context) (int, error) {
 	now := p.opts.Now()
 	expired, err := p.leases.Expired(ctx, now)
 	if err != nil {
 		return 0, err
 	}
+	defer p.sweepCharges(ctx, now) // also when a re-drive fails: the read found them
 	n := 0
 	for _, e := range expired {
 		// A job still in JOBS will run, or be redelivered after its AckWait: not ours to re-drive.

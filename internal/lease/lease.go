@@ -6,6 +6,7 @@ package lease
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,12 +25,20 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	next.Epoch = old + 1
 	next.EpochStarted = now
 	next.LeaseUntil = now.Add(lease)
-	// The vanished owner's attempt is counted, never hidden: a dispatched one certainly reached
-	// the backend; one that never renewed its lease may or may not have.
+	// The vanished owner's attempts are counted, never hidden, and charged with the record's
+	// outcome (estimated): the backend may have run and billed them. Its progress says what it
+	// sent; without progress (a restart of the memory stream), a record a renewal marked
+	// dispatched certainly reached the backend; any other may or may not have (Takeovers).
 	next.Takeovers++
-	if rec.Progress == kv.ProgressDispatched || rec.Progress == kv.ProgressStreaming {
-		next.Attempts++
+	next.Unfinished = slices.Clone(rec.Unfinished)
+	p, err := store.Progress(ctx, key)
+	if err != nil || p.JobID != rec.JobID || p.Epoch != old {
+		p = nil
 	}
+	if p == nil && (rec.Progress == kv.ProgressDispatched || rec.Progress == kv.ProgressStreaming) {
+		p = &kv.Progress{JobID: rec.JobID, Epoch: old, Attempt: 1, Backend: rec.Backend, Tokens: rec.Tokens}
+	}
+	next.AddUnfinished(p, false)
 	next.Worker = ""
 	next.Progress = kv.ProgressQueued
 	next.Chunks = 0

@@ -1,0 +1,125 @@
+package kv
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ProgressStream holds how far the execution of each PENDING record has got, as its worker
+// last said: the attempt sent, the backend, when, and the output tokens seen so far. One
+// message per record key on progress.<key>.
+//
+// It is a memory stream written asynchronously, never on a request's critical path, because
+// progress is not state that must survive a crash: the record is the truth, and a PENDING
+// record without progress reads as queued. Writing it into the record instead would add a
+// synced write per request (the durability budget allows two: the claim and the outcome) and
+// put a third writer on the record's revision chain, beside the lease renewals and the final
+// write. Readers (the status API, a takeover) overlay it on a PENDING record of the same job
+// and epoch (Record.WithProgress); a finished record ignores it.
+//
+// Its cap counts messages: a worker refreshes a running execution's entry every few seconds
+// (ProgressRefresh), so only executions queued or finished longer ago than the cap covers
+// drop out, and memory stays at ~350 B × progressMaxMsgs.
+const ProgressStream = "PROGRESS"
+
+const (
+	progressPrefix  = "progress."
+	progressMaxAge  = time.Hour
+	progressMaxMsgs = 50_000
+)
+
+// ProgressRefresh is the longest a worker leaves a running execution's progress unwritten, so
+// that progressMaxMsgs newer entries of other keys cannot push it out of the stream.
+const ProgressRefresh = 2 * time.Second
+
+// Progress is the worker's account of the current epoch's execution of a record.
+type Progress struct {
+	JobID string `json:"job_id"`
+	Epoch int    `json:"epoch"`
+	// Attempt counts the backend attempts of this epoch sent so far (1 = the first send).
+	Attempt int    `json:"attempt"`
+	Backend string `json:"backend"`
+	// Sent is when the latest attempt was sent.
+	Sent time.Time `json:"sent"`
+	// Tokens counts output events (≈ tokens) seen so far in this epoch.
+	Tokens int `json:"tokens,omitempty"`
+}
+
+func openProgress(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
+	st, err := js.CreateOrUpdateStream(ctx, lastValueStream(ProgressStream, progressPrefix, progressMaxAge, progressMaxMsgs, replicas))
+	if err != nil {
+		return nil, fmt.Errorf("kv: open progress %s: %w", ProgressStream, err)
+	}
+	return st, nil
+}
+
+// lastValueStream is a memory stream keeping the last message of each subject under prefix,
+// for maxAge, and at most maxMsgs of them (the oldest go first), read by direct get.
+func lastValueStream(name, prefix string, maxAge time.Duration, maxMsgs int64, replicas int) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:              name,
+		Subjects:          []string{prefix + ">"},
+		Storage:           jetstream.MemoryStorage,
+		MaxAge:            maxAge,
+		MaxMsgs:           maxMsgs,
+		Discard:           jetstream.DiscardOld,
+		MaxMsgsPerSubject: 1,
+		Replicas:          replicas,
+		AllowDirect:       true,
+	}
+}
+
+// PutProgress publishes p as the progress of key's execution, asynchronously: it never waits
+// for the server, and a lost write only makes the status API a little behind.
+func (s *Store) PutProgress(key string, p *Progress) error {
+	data, err := json.Marshal(p)
+	if err != nil {
+		return fmt.Errorf("kv: progress %s: %w", key, err)
+	}
+	if _, err := s.js.PublishAsync(progressPrefix+key, data); err != nil {
+		return fmt.Errorf("kv: progress %s: %w", key, err)
+	}
+	return nil
+}
+
+// Progress reads the last progress of key's execution; ErrNotFound if there is none.
+func (s *Store) Progress(ctx context.Context, key string) (*Progress, error) {
+	m, err := s.prog.GetLastMsgForSubject(ctx, progressPrefix+key)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("kv: progress %s: %w", key, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv: progress %s: %w", key, err)
+	}
+	var p Progress
+	if err := json.Unmarshal(m.Data, &p); err != nil {
+		return nil, fmt.Errorf("kv: progress %s: %w", key, err)
+	}
+	return &p, nil
+}
+
+// WithProgress is rec as its execution's progress p shows it: a PENDING record of p's job and
+// epoch whose attempt was sent reads as running, with the attempts, backend and tokens so far.
+// Any other record (finished, or of another epoch than p) is returned unchanged. rec is not
+// modified.
+func (r *Record) WithProgress(p *Progress) *Record {
+	if p == nil || r.State != Pending || p.JobID != r.JobID || p.Epoch != r.Epoch || p.Attempt == 0 {
+		return r
+	}
+	out := *r
+	out.Attempts = r.Attempts + p.Attempt
+	out.Backend = p.Backend
+	out.Tokens = max(r.Tokens, p.Tokens)
+	if out.Progress == "" || out.Progress == ProgressQueued {
+		out.Progress = ProgressDispatched
+	}
+	if out.Tokens > 0 {
+		out.Progress = ProgressStreaming
+	}
+	return &out
+}
