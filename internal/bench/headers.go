@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/oncegate/oncegate/internal/config"
 )
 
 // ErrBadHeader is returned by [ParseHeader] (and [Config.Validate]) for a header that is not
@@ -31,7 +33,7 @@ func ParseHeader(s string) (name, value string, err error) {
 }
 
 func checkHeader(name, value string) error {
-	if !isToken(name) {
+	if !config.IsHeaderName(name) {
 		return fmt.Errorf("%w: name %q is not an HTTP field name (letters, digits and !#$%%&'*+-.^_`|~)", ErrBadHeader, name)
 	}
 	for _, own := range ownHeaders {
@@ -45,22 +47,6 @@ func checkHeader(name, value string) error {
 		}
 	}
 	return nil
-}
-
-func isToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // requestHeader is what every request to a target carries besides the scenario's own

@@ -502,6 +502,10 @@ func (c *Config) ModelNames() []string {
 	return slices.Compact(names)
 }
 
+// IsHeaderName reports whether s is a valid HTTP header field name (an RFC 9110 token), the
+// rule idempotency.retry_headers follows; `oncegate bench --header` checks names with it too.
+func IsHeaderName(s string) bool { return isToken(s) }
+
 // Backend returns the backend with the given name.
 func (c *Config) Backend(name string) (Backend, bool) {
 	for _, b := range c.Backends {
