@@ -134,7 +134,17 @@ func syntaxProblem(err error) Problem {
 type walker struct {
 	problems []Problem
 	lines    map[string]int
+	// active holds the mappings being walked: a merge key (<<) that includes one of them
+	// again would never end.
+	active map[*yaml.Node]bool
+	// visits counts the nodes walked: aliases can make a small document expand into a huge
+	// one, which yaml.v3 refuses to decode and the walk must not expand either.
+	visits int
+	capped bool
 }
+
+// maxVisits bounds the walk; a configuration has a few hundred nodes.
+const maxVisits = 100_000
 
 func (w *walker) add(n *yaml.Node, path, format string, args ...any) {
 	w.problems = append(w.problems, Problem{Line: n.Line, Path: path, Message: fmt.Sprintf(format, args...)})
@@ -146,6 +156,13 @@ var (
 )
 
 func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
+	if w.visits++; w.visits > maxVisits {
+		if !w.capped {
+			w.capped = true
+			w.add(n, path, "the document expands (through aliases) to more than %d values", maxVisits)
+		}
+		return
+	}
 	if n.Kind == yaml.AliasNode && n.Alias != nil {
 		n = n.Alias
 	}
@@ -213,6 +230,15 @@ func (w *walker) mapping(n *yaml.Node, t reflect.Type, path string) {
 		w.add(n, path, "must be a mapping, got %s", describeNode(n))
 		return
 	}
+	if w.active[n] {
+		w.add(n, path, "a merge (<<) includes the mapping it is in")
+		return
+	}
+	if w.active == nil {
+		w.active = map[*yaml.Node]bool{}
+	}
+	w.active[n] = true
+	defer delete(w.active, n)
 	fields := yamlFields(t)
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -640,4 +641,22 @@ func FuzzLoadYAML(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAliasExpansionIsBounded: merges of aliases that expand a small document into a billion
+// values are refused by the walk that reports unknown fields, as yaml.v3 refuses to decode
+// them, instead of walking every expanded value.
+func TestAliasExpansionIsBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("x0: &m0 {ttl: 3s}\n")
+	for i := 1; i <= 9; i++ {
+		refs := strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*m%d,", i-1), 10), ",")
+		fmt.Fprintf(&b, "x%d: &m%d {<<: [%s]}\n", i, i, refs)
+	}
+	b.WriteString("idempotency: *m9\n")
+	_, err := Parse([]byte(b.String()))
+	var fe *FileError
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "expands (through aliases)") {
+		t.Fatalf("err = %v, want a FileError saying the document expands too far", err)
+	}
 }
