@@ -264,7 +264,8 @@ func markedRegion(t *testing.T, src string) string {
 
 // startGatewayBinary runs the built gateway as `oncegate` with no config, as the README
 // does, on a free loopback port (--listen 127.0.0.1:0) and a temporary --data-dir, waits
-// for its "HTTP API serving" log line and returns the address it names. The process gets
+// for its "HTTP API serving" log line and returns the address it names (checking, from the
+// embedded NATS server's start line, that no NATS port was opened). The process gets
 // SIGTERM and is waited for when the test ends.
 func startGatewayBinary(t *testing.T, path string) string {
 	t.Helper()
@@ -277,21 +278,33 @@ func startGatewayBinary(t *testing.T, path string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	addrc := make(chan string, 1)
+	type serving struct {
+		addr     string
+		natsPort *bool // the embedded server's start line: did it open a network port
+	}
+	addrc := make(chan serving, 1)
 	var logs bytes.Buffer
 	done := make(chan struct{})
 	go func() { // owned: ends at EOF, when the process exits
 		defer close(done)
 		sc := bufio.NewScanner(stderr)
+		var natsPort *bool
 		for sc.Scan() {
 			logs.Write(sc.Bytes())
 			logs.WriteByte('\n')
 			var line struct {
-				Listen string `json:"listen"`
+				Listen   string `json:"listen"`
+				NATSPort *bool  `json:"nats_network_port"`
 			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && strings.HasPrefix(line.Listen, "http://") {
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				continue
+			}
+			if line.NATSPort != nil {
+				natsPort = line.NATSPort
+			}
+			if strings.HasPrefix(line.Listen, "http://") {
 				select {
-				case addrc <- strings.TrimPrefix(line.Listen, "http://"):
+				case addrc <- serving{strings.TrimPrefix(line.Listen, "http://"), natsPort}:
 				default:
 				}
 			}
@@ -305,9 +318,12 @@ func startGatewayBinary(t *testing.T, path string) string {
 		}
 	}
 	select {
-	case addr := <-addrc:
+	case sv := <-addrc:
 		t.Cleanup(stop)
-		return addr
+		if sv.natsPort == nil || *sv.natsPort {
+			t.Errorf("the embedded NATS server opened a network port (or did not say): the README says none is opened")
+		}
+		return sv.addr
 	case <-done:
 		_ = cmd.Wait()
 		t.Fatalf("the gateway exited before serving:\n%s", logs.String())
