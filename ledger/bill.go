@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,11 +11,18 @@ import (
 
 // Bill sums a tenant's entries over a period. A reversal counts in the period in which it was
 // appended (like a credit note), so the bill of a closed period never changes.
+//
+// In JSON, an open bound (the zero From or To) is null, not year 1, and first_entry and
+// last_entry give the time range the bill's entries actually cover (null without entries).
 type Bill struct {
 	Tenant   string    `json:"tenant"` // "" = every tenant
-	From     time.Time `json:"from"`
-	To       time.Time `json:"to"`
+	From     time.Time `json:"from"`   // requested, inclusive; zero = from the beginning
+	To       time.Time `json:"to"`     // requested, exclusive; zero = up to now
 	Currency string    `json:"currency"`
+
+	// FirstEntry and LastEntry are the times of the earliest and latest entries counted.
+	FirstEntry time.Time `json:"first_entry"`
+	LastEntry  time.Time `json:"last_entry"`
 
 	GrossMicros    int64 `json:"gross_micros"`    // charges and continuations
 	ReversedMicros int64 `json:"reversed_micros"` // reversals
@@ -26,6 +34,25 @@ type Bill struct {
 	Estimated     int `json:"estimated"` // charges and continuations with estimated tokens
 
 	ByModel []ModelBill `json:"by_model"` // sorted by model
+}
+
+// MarshalJSON writes the zero times (an open bound, no entries) as null.
+func (b Bill) MarshalJSON() ([]byte, error) {
+	type plain Bill // no methods: no recursion
+	orNull := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		return &t
+	}
+	// The outer fields shadow the embedded ones of the same JSON name.
+	return json.Marshal(struct {
+		plain
+		From       *time.Time `json:"from"`
+		To         *time.Time `json:"to"`
+		FirstEntry *time.Time `json:"first_entry"`
+		LastEntry  *time.Time `json:"last_entry"`
+	}{plain(b), orNull(b.From), orNull(b.To), orNull(b.FirstEntry), orNull(b.LastEntry)})
 }
 
 // ModelBill is one model's line of a bill.
@@ -85,6 +112,12 @@ func (b *billBuilder) add(e *Entry) error {
 		b.bill.Currency = e.Currency
 	} else if e.Currency != b.bill.Currency {
 		return fmt.Errorf("ledger: bill: %w: %s and %s (entry %s)", ErrCurrencyMismatch, b.bill.Currency, e.Currency, e.ID)
+	}
+	if b.bill.FirstEntry.IsZero() || e.Time.Before(b.bill.FirstEntry) {
+		b.bill.FirstEntry = e.Time
+	}
+	if e.Time.After(b.bill.LastEntry) {
+		b.bill.LastEntry = e.Time
 	}
 	m := b.models[e.Model]
 	if m == nil {

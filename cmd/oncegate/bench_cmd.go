@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -50,11 +51,17 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.BoolVar(&cfg.AllowRemote, "allow-remote", false, "allow targets that are not loopback addresses")
 	fs.BoolVar(&cfg.AllowLong, "allow-long", false, "allow --duration over 10m and --max-requests over 10M")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	fs.Var((*headerFlag)(&cfg.Header), "header", "extra request header 'Name: value', repeatable (sent to --url and --compare, not to --mock-stats)")
+	fs.StringVar(&cfg.APIKey, "api-key", "", "send 'Authorization: Bearer KEY' to --url and --compare (a gateway with tenants)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "oncegate bench: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if err := cfg.ValidateHeaders(); err != nil {
+		fmt.Fprintf(stderr, "oncegate bench: %v\n", err)
 		return 2
 	}
 	fs.Visit(func(f *flag.Flag) {
@@ -88,6 +95,24 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 1
 	}
 	return 0
+}
+
+// headerFlag collects repeatable --header 'Name: value' flags; a malformed one is a flag
+// error (exit 2).
+type headerFlag http.Header
+
+func (h *headerFlag) String() string { return "" }
+
+func (h *headerFlag) Set(s string) error {
+	name, value, err := bench.ParseHeader(s)
+	if err != nil {
+		return err
+	}
+	if *h == nil {
+		*h = headerFlag{}
+	}
+	http.Header(*h).Add(name, value)
+	return nil
 }
 
 // msDuration is a flag holding a duration written either as Go duration ("5ms") or as a

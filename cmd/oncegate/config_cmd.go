@@ -8,7 +8,9 @@ import (
 	"github.com/oncegate/oncegate/internal/config"
 )
 
-// configMain is `oncegate config check FILE`: every error with its field path, exit 1 if any.
+// configMain is `oncegate config check FILE`: every problem of the file (unknown fields with
+// the nearest known name, wrong types, validation), one line each as "FILE:LINE: path:
+// message", then how many; exit 1 if any.
 func configMain(args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	if len(args) != 2 || args[0] != "check" {
 		fmt.Fprint(stderr, "usage: oncegate config check FILE\n")
@@ -16,12 +18,9 @@ func configMain(args []string, stdout, stderr io.Writer, getenv func(string) str
 	}
 	cfg, err := config.LoadWith(args[1], getenv)
 	if err != nil {
-		var ve *config.ValidationError
-		if errors.As(err, &ve) {
-			fmt.Fprintf(stderr, "%s: %d error(s)\n", args[1], len(ve.Errors))
-			for _, fe := range ve.Errors {
-				fmt.Fprintf(stderr, "  %s\n", fe.Error())
-			}
+		var fe *config.FileError
+		if errors.As(err, &fe) {
+			fmt.Fprintf(stderr, "%s\n%s: %d error(s)\n", fe.Error(), args[1], len(fe.Problems))
 			return 1
 		}
 		fmt.Fprintf(stderr, "%v\n", err)

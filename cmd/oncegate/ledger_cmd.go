@@ -27,17 +27,29 @@ const ledgerUsage = `usage:
   oncegate ledger export [--format csv|jsonl] [--tenant T] [--from RFC3339] [--to RFC3339]
       write every entry (with hash and prev_hash) to stdout; verify needs an export of all entries
   oncegate ledger bill [--tenant T] [--from RFC3339] [--to RFC3339] [--json]
-      gross, reversals and net by model (no --tenant: every tenant together)
+      gross, reversals and net by model (no --tenant: every tenant together); in JSON an open
+      bound is null, and first_entry/last_entry are the times of the entries counted
   oncegate ledger reconcile [--dry-run] [--provider-usage FILE [--usage-format csv|jsonl]] [--json]
       reverse charges that bill one intent twice; match a provider's usage export
-      (request_id, model, input_tokens, output_tokens, cost_micros) against the ledger
+      (request_id, model, input_tokens, output_tokens, cost_micros) against the ledger.
+      Exit status 3 when a provider line matches no intent (UNEXPLAINED), for cron to alert
 
   Every command but "verify FILE" reads the ledger through NATS:
     --nats-url URL   a running NATS (env ONCEGATE_NATS_URL), e.g. the gateway's --nats-listen
     --data-dir DIR   start the embedded NATS server read-write on the gateway's data directory;
                      the gateway must NOT be running on DIR at the same time (stop it first, or
                      use --nats-url against its --nats-listen address)
+
+  Exit status: 0 done, 1 failed, 2 bad usage, 3 reconcile found unexplained provider usage.
 `
+
+// exitUnexplained is the exit status of `ledger reconcile --provider-usage` when a provider
+// line matches no intent: the report is printed as usual, and cron can alert on the status.
+const exitUnexplained = 3
+
+// errUnexplained is returned by ledgerReconcile, after its report, when provider usage lines
+// match no intent.
+var errUnexplained = errors.New("provider usage lines match no intent")
 
 // ledgerMain is `oncegate ledger …`.
 func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
@@ -270,7 +282,10 @@ func ledgerReconcile(ctx context.Context, l *ledger.Ledger, dryRun bool, usagePa
 		out.Currency = entries[0].Currency
 	}
 	if asJSON {
-		return writeJSON(w, out)
+		if err := writeJSON(w, out); err != nil {
+			return err
+		}
+		return unexplained(out.Provider)
 	}
 	m := ledger.FormatMicros
 	if dryRun {
@@ -303,7 +318,15 @@ func ledgerReconcile(ctx context.Context, l *ledger.Ledger, dryRun bool, usagePa
 			fmt.Fprintf(w, "    line %d %s %s %d/%d %s\n", u.Line, u.RequestID, u.Model, u.InputTokens, u.OutputTokens, m(u.CostMicros))
 		}
 	}
-	return nil
+	return unexplained(out.Provider)
+}
+
+// unexplained is errUnexplained (with the count) when p has lines that match no intent.
+func unexplained(p *ledger.ProviderReport) error {
+	if p == nil || len(p.Unexplained) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %d lines, %s (exit %d)", errUnexplained, len(p.Unexplained), ledger.FormatMicros(p.UnexplainedCostMicros), exitUnexplained)
 }
 
 func printBill(w io.Writer, b *ledger.Bill) {
@@ -319,6 +342,9 @@ func printBill(w io.Writer, b *ledger.Bill) {
 	}
 	m := ledger.FormatMicros
 	fmt.Fprintf(w, "bill for %s from %s to %s, in %s\n", tenant, span(b.From, "the beginning"), span(b.To, "now"), b.Currency)
+	if !b.FirstEntry.IsZero() {
+		fmt.Fprintf(w, "entries from %s to %s\n", span(b.FirstEntry, ""), span(b.LastEntry, ""))
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "model\tcharges\tcontinuations\treversals\tinput tokens\toutput tokens\tgross\treversed\tnet\t")
 	for _, l := range b.ByModel {
@@ -396,6 +422,10 @@ func (lc *ledgerConn) run(ctx context.Context, sub string, stderr io.Writer, fn 
 		}
 	}
 	if err := fn(ctx, ledger.New(js, nil, "", ledger.WithLogger(newLogger(stderr, "warn")))); err != nil {
+		if errors.Is(err, errUnexplained) {
+			fmt.Fprintf(stderr, "oncegate ledger %s: %v\n", sub, err)
+			return exitUnexplained
+		}
 		return fail(err)
 	}
 	return 0

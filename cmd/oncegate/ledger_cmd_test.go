@@ -161,12 +161,27 @@ func TestLedgerAgainstNATS(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "1 reversals would be appended") {
 		t.Fatalf("reconcile --dry-run: exit %d\n%s%s", code, out, errOut)
 	}
+	// A provider line that matches no intent (req_x) is reported, and the exit status is 3 so
+	// a cron job alerts; the reconciliation itself still happened.
 	code, out, errOut = runLedger(t, "reconcile", "--nats-url", url, "--provider-usage", usage)
 	t.Log(out)
-	if code != 0 || !strings.Contains(out, "1 reversals appended (0.300000 USD)") ||
+	if code != exitUnexplained || !strings.Contains(out, "1 reversals appended (0.300000 USD)") ||
 		!strings.Contains(out, "UNEXPLAINED (no intent): 1 lines, 0.000004") ||
-		!strings.Contains(out, "reversed (absorbed by the platform): 1 lines, 0.300000") {
-		t.Fatalf("reconcile: exit %d\n%s%s", code, out, errOut)
+		!strings.Contains(out, "reversed (absorbed by the platform): 1 lines, 0.300000") ||
+		!strings.Contains(errOut, "1 lines, 0.000004 (exit 3)") {
+		t.Fatalf("reconcile: exit %d (want %d)\n%s%s", code, exitUnexplained, out, errOut)
+	}
+	if code, out, errOut := runLedger(t, "reconcile", "--nats-url", url, "--provider-usage", usage, "--json"); code != exitUnexplained ||
+		!strings.Contains(out, `"request_id": "req_x"`) {
+		t.Fatalf("reconcile --json: exit %d (want %d)\n%s%s", code, exitUnexplained, out, errOut)
+	}
+	explained := filepath.Join(t.TempDir(), "usage.csv")
+	if err := os.WriteFile(explained, []byte("request_id,model,input_tokens,output_tokens,cost_micros\n"+
+		"oncegate-aaaa,gpt-4o-mini,1000000,100000,210000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errOut := runLedger(t, "reconcile", "--nats-url", url, "--provider-usage", explained); code != 0 {
+		t.Fatalf("reconcile, every line explained: exit %d\n%s%s", code, out, errOut)
 	}
 	if code, out, _ := runLedger(t, "reconcile", "--nats-url", url); code != 0 || !strings.Contains(out, "0 reversals appended") {
 		t.Fatalf("second reconcile: exit %d\n%s", code, out)
@@ -178,6 +193,24 @@ func TestLedgerAgainstNATS(t *testing.T) {
 	}
 	if b := bill(); b.GrossMicros != 810_000 || b.ReversedMicros != 300_000 || b.NetMicros != 510_000 {
 		t.Fatalf("bill after reconcile %+v: want gross 810000, reversed 300000, net 510000", b)
+	}
+	// Without a range, the JSON says null for the open bounds (never year 1) and gives the
+	// range of the entries counted: the March charges, then the reversal appended today.
+	code, out, errOut = runLedger(t, "bill", "--nats-url", url, "--tenant", "acme", "--json")
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(out), &raw); code != 0 || err != nil {
+		t.Fatalf("bill --json: exit %d, %v\n%s%s", code, err, out, errOut)
+	}
+	if strings.Contains(out, "0001-01-01") || raw["from"] != nil || raw["to"] != nil {
+		t.Errorf("open bounds: from %v, to %v; want null\n%s", raw["from"], raw["to"], out)
+	}
+	first, _ := raw["first_entry"].(string)
+	last, _ := raw["last_entry"].(string)
+	if !strings.HasPrefix(first, "2026-03-") || last <= first {
+		t.Errorf("entry range %q .. %q: want the first March charge to the reversal", first, last)
+	}
+	if b := bill(march...); b.From.Format(time.RFC3339) != "2026-03-01T00:00:00Z" || b.To.Format(time.RFC3339) != "2026-04-01T00:00:00Z" {
+		t.Errorf("a closed range: from %v to %v", b.From, b.To)
 	}
 	code, out, _ = runLedger(t, "bill", "--nats-url", url, "--tenant", "acme")
 	t.Log(out)

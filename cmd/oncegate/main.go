@@ -24,6 +24,7 @@ const usage = `usage:
                    [--nats-url URL] [--nats-listen ADDR]
   oncegate mock [--listen ADDR] [--ttft DUR] [--inter-token DUR] [--tokens N]
   oncegate config check FILE
+  oncegate key hash [KEY]      (the sha256 hex for api_keys_sha256; reads stdin without KEY)
   oncegate ledger verify|export|bill|reconcile [--nats-url URL | --data-dir DIR] ... (see ledger -h)
   oncegate bench [--url URL] [--scenario overhead|duplicates|retry-storm|fanout|replay] [--compare URL] [--json] (see bench -h)
 `
@@ -45,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return benchMain(ctx, args, stdout, stderr)
 	case "ledger":
 		return ledgerMain(ctx, args, stdout, stderr, getenv)
+	case "key":
+		return keyMain(args, os.Stdin, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -117,8 +117,9 @@ func newClient(perHost int, allowRemote bool) *http.Client {
 
 // attempt is one HTTP request to send.
 type attempt struct {
-	url        string // the chat completions URL
-	key        string // Idempotency-Key; "" sends none
+	url        string      // the chat completions URL
+	key        string      // Idempotency-Key; "" sends none
+	header     http.Header // extra headers (Config.Header, the API key); shared, never written
 	body       []byte
 	stream     bool
 	retryCount int           // x-stainless-retry-count; < 0 sends none
@@ -226,6 +227,9 @@ func do(ctx context.Context, client *http.Client, timeout time.Duration, a attem
 		req.Header.Set("Accept", "text/event-stream")
 	} else {
 		req.Header.Set("Accept", "application/json")
+	}
+	for name, values := range a.header {
+		req.Header[name] = values // shared and read-only: the transport only reads it
 	}
 	if a.key != "" {
 		req.Header.Set("Idempotency-Key", a.key)

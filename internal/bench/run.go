@@ -70,6 +70,12 @@ type Config struct {
 	MaxRequests int64         // hard cap on requests per target (warm-up included)
 	Timeout     time.Duration // per request
 
+	// Header is sent with every request to the targets (URL and CompareURL), never to
+	// MockStatsURL: an API key, a tenant's or a provider's headers. APIKey, when set, is sent
+	// as "Authorization: Bearer <APIKey>" to both targets.
+	Header http.Header
+	APIKey string
+
 	Model string
 	Mock  MockKnobs
 	// PromptBytes pads each intent's prompt to at least this many bytes (0: a one-line
@@ -154,6 +160,7 @@ func (c *Config) Validate() error {
 	if c.Model == "" {
 		bad("--model is required")
 	}
+	c.validateHeaders(bad)
 	if c.PromptBytes < 0 || c.PromptBytes > MaxPromptBytes {
 		bad("--prompt-bytes %d: want 0..%d", c.PromptBytes, MaxPromptBytes)
 	}
@@ -223,6 +230,7 @@ type runner struct {
 	scen    scenario
 	targets []*target
 	count   func(context.Context) (int64, error)
+	header  http.Header // on every request to a target (read-only during the run)
 }
 
 // Run executes cfg: checks the targets, prepares the scenario on each target, warms each up,
@@ -255,7 +263,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	var id [6]byte
 	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
-	r := &runner{cfg: cfg, client: client, runID: hex.EncodeToString(id[:]), scen: scen, count: cfg.Executions}
+	r := &runner{cfg: cfg, client: client, runID: hex.EncodeToString(id[:]), scen: scen, count: cfg.Executions,
+		header: cfg.requestHeader()}
 	if r.count == nil && cfg.MockStatsURL != "" {
 		r.count = statsCounter(client, cfg.MockStatsURL)
 	}

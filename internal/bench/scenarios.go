@@ -134,6 +134,7 @@ func padPrompt(text string, n int) string {
 }
 
 func (r *runner) do(ctx context.Context, a attempt) outcome {
+	a.header = r.header
 	return do(ctx, r.client, r.cfg.Timeout, a)
 }
 

@@ -21,10 +21,8 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"time"
@@ -301,14 +299,18 @@ type backend Backend
 // UnmarshalYAML decodes a backend entry, starting from the backend defaults
 // (timeout 120s, mock tokens 16) so that omitted fields are not zero.
 //
-// It uses the callback form of yaml.Unmarshaler on purpose: unlike
-// yaml.Node.Decode, the callback keeps the decoder's KnownFields setting.
+// A value of the wrong type inside the entry leaves that field at its default
+// and is not returned: yaml.v3 drops a list element whose Unmarshaler fails,
+// and validation would then report a missing backend that the file has. The
+// walk in check.go, which every load goes through, reports those values with
+// their paths and lines.
 func (b *Backend) UnmarshalYAML(unmarshal func(any) error) error {
 	v := backend{
 		Timeout: Duration(DefaultBackendTimeout),
 		Mock:    MockKnobs{Tokens: DefaultMockTokens},
 	}
-	if err := unmarshal(&v); err != nil {
+	var te *yaml.TypeError
+	if err := unmarshal(&v); err != nil && !errors.As(err, &te) {
 		return err
 	}
 	*b = Backend(v)
@@ -403,67 +405,36 @@ func Default() *Config {
 // errors). It then applies the environment ([Config.ApplyEnv] with os.Getenv)
 // and validates.
 //
-// A YAML error is returned wrapped (with the file path and line number) and
-// matches [ErrInvalid]; a validation failure is returned as a
-// [*ValidationError] listing every problem.
+// With a file, every problem is returned at once as a [*FileError]: syntax,
+// unknown fields, wrong types and validation, each with its YAML path and
+// line. Without one, a validation failure is a [*ValidationError]. Both match
+// [ErrInvalid].
 func Load(path string) (*Config, error) {
 	return LoadWith(path, os.Getenv)
 }
 
 // LoadWith is [Load] with the environment read through getenv.
 func LoadWith(path string, getenv func(string) string) (*Config, error) {
-	c := Default()
-	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
+	if path == "" {
+		c := Default()
+		c.ApplyEnv(getenv)
+		if err := c.Validate(); err != nil {
+			return nil, err
 		}
-		c, err = decode(data)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %w", ErrInvalid, path, err)
-		}
+		return c, nil
 	}
-	c.ApplyEnv(getenv)
-	if err := c.Validate(); err != nil {
-		return nil, err
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
 	}
-	return c, nil
+	return check(path, data, func(c *Config) { c.ApplyEnv(getenv) })
 }
 
 // Parse decodes YAML over [Default] and validates the result, exactly like
-// [Load] but from bytes and without applying the environment.
+// [Load] but from bytes and without applying the environment. Problems are
+// returned as a [*FileError] without a file name.
 func Parse(data []byte) (*Config, error) {
-	c, err := decode(data)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
-	}
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// decode decodes one YAML document over Default(). An empty document (or
-// one holding only comments) yields the defaults.
-func decode(data []byte) (*Config, error) {
-	c := Default()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil {
-		if errors.Is(err, io.EOF) {
-			return c, nil
-		}
-		return nil, err
-	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case errors.Is(err, io.EOF):
-	case err != nil:
-		return nil, err
-	default:
-		return nil, fmt.Errorf("yaml: line %d: only one YAML document is allowed", extra.Line)
-	}
-	return c, nil
+	return check("", data, func(*Config) {})
 }
 
 // RouteTarget is where requests for a model go.
@@ -530,6 +501,10 @@ func (c *Config) ModelNames() []string {
 	slices.Sort(names)
 	return slices.Compact(names)
 }
+
+// IsHeaderName reports whether s is a valid HTTP header field name (an RFC 9110 token), the
+// rule idempotency.retry_headers follows; `oncegate bench --header` checks names with it too.
+func IsHeaderName(s string) bool { return isToken(s) }
 
 // Backend returns the backend with the given name.
 func (c *Config) Backend(name string) (Backend, bool) {
