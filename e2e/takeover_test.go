@@ -65,6 +65,7 @@ func TestTakeoverZombieWorker(t *testing.T) {
 func xoTakeover(t *testing.T, zombieChunks int) {
 	cfg := gwtest.Config(t)
 	cfg.Role = "api"
+	cfg.NATS.Listen = "127.0.0.1:0" // an api-only process needs a NATS that workers can reach
 	cfg.Idempotency.Lease = config.Duration(2 * time.Second)
 	cfg.Idempotency.RenewEvery = config.Duration(500 * time.Millisecond)
 	gw := gwtest.Start(t, cfg)
