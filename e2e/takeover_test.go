@@ -347,8 +347,9 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	base := "http://" + httpAddr
 	c := xoClient(t)
 	gwtest.Eventually(t, 30*time.Second, func() bool {
-		return xoDo(c, http.MethodGet, base+"/readyz", "", nil).Status == http.StatusOK
-	}, "gateway A ready")
+		// healthz, not readyz: A runs no worker, so it is ready only once worker B runs
+		return xoDo(c, http.MethodGet, base+"/healthz", "", nil).Status == http.StatusOK
+	}, "gateway A serving")
 	workerB := xoProcess(t, dir, "worker-b", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
 
 	const key = "xo-process-kill"

@@ -255,8 +255,9 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		backends[b.Name] = c
 	}
 	host, _ := os.Hostname()
+	id := fmt.Sprintf("%s-%d", host, os.Getpid())
 	pool := workers.New(js, store, workers.Options{
-		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
+		ID: id, Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
@@ -275,6 +276,12 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		defer func() { <-reconciled }()
 		if err := pool.Run(wctx); err != nil {
 			g.log.Error().Err(err).Msg("workers stopped")
+		}
+		// Off the board now (API nodes' /readyz), not when the entry expires (statusTTL).
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := board.Remove(rctx, id); err != nil {
+			g.log.Debug().Err(err).Msg("removing this worker's status")
 		}
 	}()
 	g.log.Info().Int("concurrency", g.cfg.Workers.Concurrency).Msg("workers started")
