@@ -324,7 +324,11 @@ func (g *Gateway) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("http shutdown: %w", err))
 		}
 		cancel()
-		if err := <-g.apiErr; err != nil {
+		// A Shutdown that comes before the serving goroutine has handed the listener to
+		// fasthttp does not reach it, and the server would then serve forever: closing the
+		// listener ends it either way.
+		_ = g.ln.Close()
+		if err := <-g.apiErr; err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, fmt.Errorf("http serve: %w", err))
 		}
 	} else if g.ln != nil { // bound, never served: a start that failed later
