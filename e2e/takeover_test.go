@@ -65,6 +65,7 @@ func TestTakeoverZombieWorker(t *testing.T) {
 func xoTakeover(t *testing.T, zombieChunks int) {
 	cfg := gwtest.Config(t)
 	cfg.Role = "api"
+	cfg.NATS.Listen = "127.0.0.1:0" // an api-only process needs a NATS that workers can reach
 	cfg.Idempotency.Lease = config.Duration(2 * time.Second)
 	cfg.Idempotency.RenewEvery = config.Duration(500 * time.Millisecond)
 	gw := gwtest.Start(t, cfg)
@@ -346,8 +347,9 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	base := "http://" + httpAddr
 	c := xoClient(t)
 	gwtest.Eventually(t, 30*time.Second, func() bool {
-		return xoDo(c, http.MethodGet, base+"/readyz", "", nil).Status == http.StatusOK
-	}, "gateway A ready")
+		// healthz, not readyz: A runs no worker, so it is ready only once worker B runs
+		return xoDo(c, http.MethodGet, base+"/healthz", "", nil).Status == http.StatusOK
+	}, "gateway A serving")
 	workerB := xoProcess(t, dir, "worker-b", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
 
 	const key = "xo-process-kill"

@@ -87,6 +87,7 @@ type Server struct {
 	now              func() time.Time
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
 	writeTimeout time.Duration
+	ready        readiness // /readyz's cached verdict
 }
 
 type tenantKeys struct {
@@ -153,18 +154,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 
 func (s *Server) healthz(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"status": "ok"})
-}
-
-func (s *Server) readyz(c *fiber.Ctx) error {
-	if s.nc == nil || !s.nc.IsConnected() {
-		return writeAPIError(c, unavailable("not connected to NATS"))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if _, err := s.js.AccountInfo(ctx); err != nil {
-		return writeAPIError(c, unavailable("JetStream is not available"))
-	}
-	return c.JSON(fiber.Map{"status": "ready"})
 }
 
 func (s *Server) models(c *fiber.Ctx) error {

@@ -2,15 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/gateway"
+	"github.com/oncegate/oncegate/internal/natsrv"
 )
 
 // serveMain is `oncegate serve`. ready, when set, gets the gateway once it serves (tests).
@@ -58,7 +61,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	}
 	gw, err := gateway.Start(ctx, cfg, log, getenv)
 	if err != nil {
-		log.Error().Err(err).Msg("start failed")
+		fmt.Fprintln(stderr, startFailure(err))
 		return 1
 	}
 	if ready != nil {
@@ -74,6 +77,27 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	}
 	log.Info().Msg("stopped")
 	return 0
+}
+
+// startFailure is the one line a failed start prints: what failed and, when a flag fixes it,
+// which flag. No stack, no JSON: it is read by the person who just typed the command.
+func startFailure(err error) string {
+	msg := "oncegate: " + strings.ReplaceAll(err.Error(), "\n", "; ")
+	var se *gateway.StartError
+	if !errors.As(err, &se) {
+		return msg
+	}
+	switch {
+	case se.Field == "listen":
+		return msg + "; pass --listen"
+	case se.Field == "nats.listen":
+		return msg + "; pass another --nats-listen"
+	case se.Field == "data_dir" && errors.Is(err, natsrv.ErrLocked):
+		return msg + "; stop it, or pass another --data-dir"
+	case se.Field == "data_dir":
+		return msg + "; pass a writable directory as --data-dir"
+	}
+	return msg
 }
 
 func newLogger(w io.Writer, level string) zerolog.Logger {

@@ -148,6 +148,11 @@ func (v *validator) top(c *Config) {
 	}
 	v.oneOf("log_level", c.LogLevel, "debug", "info", "warn", "error")
 	v.oneOf("role", c.Role, "all", "api", "worker")
+	// An api-only process on an embedded server that listens nowhere accepts requests that no
+	// worker can ever take: its JOBS stream is reachable from this process only.
+	if c.Role == "api" && c.NATS.URL == "" && c.NATS.Listen == "" {
+		v.add("role", `"api" runs no workers and the embedded NATS server has no network port, so no worker could ever connect: pass --nats-listen ADDR (nats.listen) or --nats-url URL (nats.url)`)
+	}
 }
 
 func (v *validator) nats(n *NATS) {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -62,24 +63,61 @@ func (g *Gateway) NATSURL() string {
 	return g.ns.ClientURL()
 }
 
-// Start runs a gateway for cfg (validated). getenv resolves backend API keys.
-func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (gw *Gateway, err error) {
-	gw = &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}}
-	defer func() {
-		if err != nil {
-			_ = gw.Stop(context.Background())
+// StartError is a start-up failure that the configuration can fix: Field is the config path
+// of the setting to change ("listen", "data_dir", "nats.listen"), so the command can name its
+// flag. Msg (or, when empty, Err) says what went wrong in one line.
+type StartError struct {
+	Field string
+	Msg   string
+	Err   error
+}
+
+func (e *StartError) Error() string {
+	if e.Msg != "" {
+		return e.Msg
+	}
+	return e.Err.Error()
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
+// Start runs a gateway for cfg (validated). getenv resolves backend API keys. On error nothing
+// is left running: what was started (listener, NATS server and its data-dir lock, connections,
+// workers) is stopped before Start returns.
+//
+// The HTTP port is bound first, so a taken port fails before the store is opened, and the
+// embedded server takes the data directory's lock (natsrv.LockFile) before it reads the store.
+func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (*Gateway, error) {
+	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}}
+	if err := g.start(ctx, getenv); err != nil {
+		if serr := g.Stop(context.Background()); serr != nil {
+			log.Warn().Err(serr).Msg("stopping after a failed start")
 		}
-	}()
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
+	cfg, log := g.cfg, g.log
+	serveAPI := cfg.Role == "all" || cfg.Role == "api"
+	if serveAPI {
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return &StartError{Field: "listen", Err: fmt.Errorf("listen %s: %w", cfg.Listen, listenCause(err))}
+		}
+		g.ln = ln
+	}
 	connect := func(name string) (*nats.Conn, error) {
 		var nc *nats.Conn
 		var err error
-		if gw.ns != nil {
-			nc, err = gw.ns.Connect(name)
+		if g.ns != nil {
+			nc, err = g.ns.Connect(name)
 		} else {
 			nc, err = natsrv.ConnectURL(cfg.NATS.URL, name)
 		}
 		if err == nil {
-			gw.conns = append(gw.conns, nc)
+			g.conns = append(g.conns, nc)
 		}
 		return nc, err
 	}
@@ -89,13 +127,14 @@ func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv f
 		if cfg.NATS.Sync != "always" {
 			syncEvery, _ = time.ParseDuration(cfg.NATS.Sync)
 		}
-		gw.ns, err = natsrv.Start(ctx, natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload})
+		ns, err := natsrv.Start(ctx, natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload})
 		if err != nil {
-			return nil, err
+			return embeddedStartError(cfg, err)
 		}
+		g.ns = ns
 		abs, _ := filepath.Abs(storeDir)
 		ev := log.Info().Str("data_dir", abs).Str("sync", cfg.NATS.Sync)
-		if u := gw.ns.ClientURL(); u != "" {
+		if u := g.ns.ClientURL(); u != "" {
 			ev = ev.Str("nats_listen", u)
 		} else {
 			ev = ev.Bool("nats_network_port", false)
@@ -104,37 +143,68 @@ func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv f
 	}
 	setupNC, err := connect("oncegate-setup")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	setupJS, err := jetstream.New(setupNC)
 	if err != nil {
-		return nil, fmt.Errorf("jetstream: %w", err)
+		return fmt.Errorf("jetstream: %w", err)
 	}
 	if err := jobs.EnsureStreams(ctx, setupJS, jobs.StreamConfig{}); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := kv.Open(ctx, setupJS, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()}); err != nil {
-		return nil, err
+		return err
 	}
 	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
-		return nil, err
+		return err
 	}
 	if err := ledger.EnsureStream(ctx, setupJS); err != nil {
-		return nil, err
+		return err
 	}
 	logRouting(log, cfg)
 
 	if cfg.Role == "all" || cfg.Role == "worker" {
-		if err := gw.startWorkers(ctx, connect, getenv); err != nil {
-			return nil, err
+		if err := g.startWorkers(ctx, connect, getenv); err != nil {
+			return err
 		}
 	}
-	if cfg.Role == "all" || cfg.Role == "api" {
-		if err := gw.startAPI(ctx, connect); err != nil {
-			return nil, err
+	if serveAPI {
+		if err := g.startAPI(ctx, connect); err != nil {
+			return err
 		}
 	}
-	return gw, nil
+	return nil
+}
+
+// listenCause is the system's reason a listen failed ("address already in use"), without the
+// "listen tcp ADDR: bind:" prefixes the caller's message already says.
+func listenCause(err error) error {
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		return se.Err
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) {
+		return oe.Err
+	}
+	return err
+}
+
+// embeddedStartError names the setting behind an embedded-server failure.
+func embeddedStartError(cfg *config.Config, err error) error {
+	var le *natsrv.LockedError
+	var pe *fs.PathError
+	switch {
+	case errors.As(err, &le):
+		return &StartError{Field: "data_dir", Err: err, Msg: fmt.Sprintf("data dir %s is in use by %s", cfg.DataDir, le.Who())}
+	case errors.Is(err, natsrv.ErrStoreDir) && errors.As(err, &pe):
+		return &StartError{Field: "data_dir", Err: err, Msg: fmt.Sprintf("data dir %s is not usable: %v", cfg.DataDir, pe)}
+	case errors.Is(err, natsrv.ErrStoreDir):
+		return &StartError{Field: "data_dir", Err: err, Msg: fmt.Sprintf("data dir %s is not usable: %v", cfg.DataDir, err)}
+	case errors.Is(err, natsrv.ErrListen):
+		return &StartError{Field: "nats.listen", Err: err, Msg: fmt.Sprintf("nats listen %s: %v", cfg.NATS.Listen, listenCause(err))}
+	}
+	return err
 }
 
 // side is one role's own connection and the JetStream handles on it.
@@ -185,8 +255,9 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		backends[b.Name] = c
 	}
 	host, _ := os.Hostname()
+	id := fmt.Sprintf("%s-%d", host, os.Getpid())
 	pool := workers.New(js, store, workers.Options{
-		ID: fmt.Sprintf("%s-%d", host, os.Getpid()), Concurrency: g.cfg.Workers.Concurrency,
+		ID: id, Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
@@ -205,6 +276,12 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		defer func() { <-reconciled }()
 		if err := pool.Run(wctx); err != nil {
 			g.log.Error().Err(err).Msg("workers stopped")
+		}
+		// Off the board now (API nodes' /readyz), not when the entry expires (statusTTL).
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := board.Remove(rctx, id); err != nil {
+			g.log.Debug().Err(err).Msg("removing this worker's status")
 		}
 	}()
 	g.log.Info().Int("concurrency", g.cfg.Workers.Concurrency).Msg("workers started")
@@ -231,10 +308,6 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		Ledger: led, Budgets: budgets, Prices: prices(g.cfg.Ledger), DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
 		AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256,
 		Idem:            g.cfg.Idempotency, HTTP: g.cfg.HTTP, Log: apiLog})
-	g.ln, err = net.Listen("tcp", g.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", g.cfg.Listen, err)
-	}
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
 	g.log.Info().Str("listen", "http://"+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
@@ -251,9 +324,15 @@ func (g *Gateway) Stop(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("http shutdown: %w", err))
 		}
 		cancel()
-		if err := <-g.apiErr; err != nil {
+		// A Shutdown that comes before the serving goroutine has handed the listener to
+		// fasthttp does not reach it, and the server would then serve forever: closing the
+		// listener ends it either way.
+		_ = g.ln.Close()
+		if err := <-g.apiErr; err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, fmt.Errorf("http serve: %w", err))
 		}
+	} else if g.ln != nil { // bound, never served: a start that failed later
+		_ = g.ln.Close()
 	}
 	if g.hub != nil {
 		g.hub.Close()

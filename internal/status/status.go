@@ -1,6 +1,9 @@
 // Package status is the board where every worker process posts the health of its backends
 // (circuit breakers, retry budgets), so any API node can show it: a JetStream key-value bucket
 // in memory, one key per worker, expiring when a worker stops posting. Safe for concurrent use.
+//
+// A live entry is also the API's proof that some worker consumes the JOBS queue: /readyz is
+// false while the board is empty.
 package status
 
 import (
@@ -40,6 +43,15 @@ func (b *Board) Post(ctx context.Context, worker string, v any) error {
 	}
 	if _, err := b.kv.Put(ctx, worker, data); err != nil {
 		return fmt.Errorf("status: post %s: %w", worker, err)
+	}
+	return nil
+}
+
+// Remove deletes worker's entry, so a worker that stops cleanly is gone from the board at
+// once rather than when its entry expires.
+func (b *Board) Remove(ctx context.Context, worker string) error {
+	if err := b.kv.Delete(ctx, worker); err != nil {
+		return fmt.Errorf("status: remove %s: %w", worker, err)
 	}
 	return nil
 }

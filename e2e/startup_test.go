@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/gateway"
+	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/status"
+)
+
+// TestReadyzFollowsWorkers: with split roles, an API node's /readyz is false (503 with the
+// reason) while no worker consumes JOBS, true once a worker runs, and false again after the
+// worker stops. The api gateway owns the embedded NATS on a port; the worker is a second
+// gateway (role worker) connected to it over the network.
+func TestReadyzFollowsWorkers(t *testing.T) {
+	apiCfg := gwtest.Config(t)
+	apiCfg.Role = "api"
+	apiCfg.NATS.Listen = "127.0.0.1:0"
+	api := gwtest.Start(t, apiCfg)
+
+	readyz := func() (int, string) {
+		resp, b := do(t, http.MethodGet, api.URL+"/readyz", "", "", nil)
+		return resp.StatusCode, string(b)
+	}
+	notReady := func(when string) {
+		t.Helper()
+		var code int
+		var body string
+		gwtest.Eventually(t, 30*time.Second, func() bool {
+			code, body = readyz()
+			return code == http.StatusServiceUnavailable
+		}, "/readyz false "+when)
+		if !strings.Contains(body, `"code":"unavailable"`) || !strings.Contains(body, "no worker") {
+			t.Errorf("/readyz %s: %d %s, want 503 saying no worker is running", when, code, body)
+		}
+	}
+	notReady("before any worker")
+
+	wcfg := gwtest.Config(t)
+	wcfg.Role = "worker"
+	wcfg.NATS.URL = api.NATSURL()
+	if err := wcfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	worker, err := gateway.Start(ctx, wcfg, zerolog.New(io.Discard), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	stopWorker := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := worker.Stop(sctx); err != nil {
+			t.Errorf("worker stop: %v", err)
+		}
+	}
+	defer stopWorker()
+
+	gwtest.Eventually(t, 30*time.Second, func() bool {
+		code, _ := readyz()
+		return code == http.StatusOK
+	}, "/readyz true once the worker runs")
+	// Ready means served: a request through the api node is executed by the worker.
+	if resp, b := postChat(t, api.URL, chatBody("oncegate-mock", "readyz", ""), nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("request while ready: %d %s", resp.StatusCode, b)
+	}
+
+	stopWorker()
+	// A worker that stops cleanly leaves the board as it stops, not when its entry expires.
+	board, err := status.Open(ctx, api.JetStream(t, "readyz-board"), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws, err := board.Read(ctx); err != nil || len(ws) != 0 {
+		t.Errorf("status board after the worker stopped: %d entries (%v), want none", len(ws), err)
+	}
+	notReady("after the worker stopped")
+}

@@ -1,0 +1,100 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/gateway"
+	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/natsrv"
+)
+
+func start(t *testing.T, cfg *config.Config) (*gateway.Gateway, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gw, err := gateway.Start(ctx, cfg, zerolog.New(io.Discard), func(string) string { return "" })
+	if err == nil {
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := gw.Stop(sctx); err != nil {
+				t.Errorf("stop: %v", err)
+			}
+		})
+	}
+	return gw, err
+}
+
+// TestStartFailureStopsWhatStarted: a start that fails returns its cause (no panic on a nil
+// gateway) and leaves nothing behind: the HTTP port and the data dir's lock are free again.
+func TestStartFailureStopsWhatStarted(t *testing.T) {
+	t.Run("HTTP port taken: fails before the store", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		cfg := gwtest.Config(t)
+		cfg.Listen = ln.Addr().String()
+		cfg.DataDir = filepath.Join(t.TempDir(), "data")
+		gw, err := start(t, cfg)
+		var se *gateway.StartError
+		if gw != nil || !errors.As(err, &se) || se.Field != "listen" || !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatalf("gateway %v, err %v; want a listen StartError (address in use)", gw, err)
+		}
+		if _, err := os.Stat(cfg.DataDir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("data dir created (%v): the port must fail before the store", err)
+		}
+	})
+
+	t.Run("data dir held by a running gateway", func(t *testing.T) {
+		first := gwtest.Start(t, nil)
+		cfg := gwtest.Config(t)
+		cfg.DataDir = first.Cfg.DataDir
+		cfg.Listen = freeAddr(t)
+		gw, err := start(t, cfg)
+		var se *gateway.StartError
+		if gw != nil || !errors.As(err, &se) || se.Field != "data_dir" || !errors.Is(err, natsrv.ErrLocked) {
+			t.Fatalf("gateway %v, err %v; want a data_dir StartError (locked)", gw, err)
+		}
+		ln, err := net.Listen("tcp", cfg.Listen) // the refused gateway had bound it first
+		if err != nil {
+			t.Fatalf("the refused gateway kept its HTTP port: %v", err)
+		}
+		ln.Close()
+	})
+
+	t.Run("failure after the embedded NATS started", func(t *testing.T) {
+		cfg := gwtest.Config(t)
+		cfg.Backends[0].Type = "no-such-type" // not validated: fails when the workers start
+		if gw, err := start(t, cfg); gw != nil || err == nil {
+			t.Fatalf("gateway %v, err %v; want the backend error", gw, err)
+		}
+		good := gwtest.Config(t)
+		good.DataDir = cfg.DataDir
+		if _, err := start(t, good); err != nil {
+			t.Fatalf("the failed start kept the data dir or port: %v", err)
+		}
+	})
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
