@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
@@ -40,6 +41,9 @@ type relay struct {
 	sawStop   bool // anthropic: message_stop seen
 	blockIdx  int  // anthropic: index of the open content block
 	broke     error
+	// resend is the trailing whitespace an Anthropic prefill was sent without: the
+	// continuation may generate it again, and the clients already have it.
+	resend string
 }
 
 func newRelay(ex *execution) *relay {
@@ -318,6 +322,12 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 		}
 		r.blockIdx = e.Index
 	case "content_block_delta":
+		if continued && r.resend != "" && e.Delta.Type == "text_delta" {
+			var keep bool
+			if data, e.Delta.Text, keep = r.dropResent(data, e.Index, e.Delta.Text); !keep {
+				return nil, nil
+			}
+		}
 		if e.Delta.Type == "text_delta" {
 			r.text.WriteString(e.Delta.Text)
 		}
@@ -341,6 +351,28 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 		r.broke = errors.New("anthropic stream error event")
 	}
 	return openaiwire.AppendNamedFrame(nil, event, data), nil
+}
+
+// dropResent removes from a continuation's text delta the whitespace the prefill was sent
+// without (r.resend), which the clients already have; keep=false drops the whole event.
+// Whatever follows that whitespace is new text, so stripping stops at the first other byte.
+func (r *relay) dropResent(data []byte, index int, text string) ([]byte, string, bool) {
+	n := 0
+	for n < len(text) && n < len(r.resend) && text[n] == r.resend[n] {
+		n++
+	}
+	if n == len(text) {
+		r.resend = r.resend[n:]
+		return nil, "", false
+	}
+	r.resend = ""
+	if n == 0 {
+		return data, text, true
+	}
+	text = text[n:]
+	out, _ := json.Marshal(map[string]any{"type": "content_block_delta", "index": index,
+		"delta": map[string]string{"type": "text_delta", "text": text}})
+	return out, text, true
 }
 
 // canContinue: the stream broke after output and the backend can continue it.
@@ -372,7 +404,10 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	}
 	partial := r.text.String()
 	if r.anthropic {
-		partial = strings.TrimRight(partial, " \\t\\r\\n") // Anthropic rejects prefill ending in whitespace
+		// Anthropic refuses a prefill that ends in whitespace: it is sent without, and the
+		// whitespace the backend then generates again is not sent twice (resend).
+		trimmed := strings.TrimRightFunc(partial, unicode.IsSpace)
+		r.resend, partial = partial[len(trimmed):], trimmed
 	}
 	prefill, _ := json.Marshal(map[string]string{"role": "assistant", "content": partial})
 	msgs = append(msgs, prefill)

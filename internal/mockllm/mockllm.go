@@ -86,6 +86,14 @@
 // is not a prefix of the answer, a last message that is not such an assistant
 // message, or continue_final_message without add_generation_prompt: false is
 // a 400.
+//
+// # Assistant prefill (Anthropic Messages)
+//
+// On POST /v1/messages, a last message with role "assistant" (string content or text
+// blocks) is a prefill, as Anthropic reads it: the answer is the same conversation's answer
+// continued after that text, and its content holds only what follows (the continuation
+// above, so the same prefix rule and fault scope apply). A prefill ending in whitespace is a
+// 400, as it is at Anthropic.
 package mockllm
 
 import (
