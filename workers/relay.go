@@ -41,6 +41,10 @@ type relay struct {
 	sawStop   bool // anthropic: message_stop seen
 	blockIdx  int  // anthropic: index of the open content block
 	broke     error
+	// held are the frames of a stream's opening events, kept back until its first content
+	// event (started); see firsttoken.go.
+	held    []byte
+	started bool
 	// resend is the trailing whitespace an Anthropic prefill was sent without: the
 	// continuation may generate it again, and the clients already have it.
 	resend string
@@ -112,16 +116,23 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 		ev := <-events // one event: publish it as soon as it comes…
 		for {
 			if ev.err != nil {
+				clean := ev.err == io.EOF || (r.anthropic && r.sawStop && errors.Is(ev.err, openaiwire.ErrTruncated))
+				if clean && r.broke == nil {
+					r.begin() // a stream of opening events only (no content) is still an answer
+				}
 				if ferr := r.flush(ctx); ferr != nil {
 					r.broke = ferr
 					return false
 				}
-				if ev.err == io.EOF || (r.anthropic && r.sawStop && errors.Is(ev.err, openaiwire.ErrTruncated)) {
+				if clean {
 					return true
 				}
 				r.broke = ev.err
 				r.ex.log.Warn().Err(ev.err).Int("chunks", r.ex.pub.Next()).Msg("backend stream broke")
 				return false
+			}
+			if !r.started && !r.opening(ev.name, ev.data) {
+				r.begin()
 			}
 			frame, publish := r.transform(ev.name, ev.data, continued, first)
 			first = false
@@ -131,10 +142,12 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 					return false
 				}
 			}
-			if frame != nil {
-				start := len(r.all)
-				r.all = append(r.all, frame...)
-				r.pending = r.all[start-len(r.pending) : len(r.all) : len(r.all)]
+			switch {
+			case frame == nil:
+			case r.started:
+				r.add(frame)
+			default:
+				r.held = append(r.held, frame...)
 			}
 			// …together with whatever else has already been read.
 			if len(r.pending) >= coalesceBytes {
@@ -166,6 +179,13 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 			return false
 		}
 	}
+}
+
+// add appends frame to the stream's frames and to the next chunk.
+func (r *relay) add(frame []byte) {
+	start := len(r.all)
+	r.all = append(r.all, frame...)
+	r.pending = r.all[start-len(r.pending) : len(r.all) : len(r.all)]
 }
 
 // transform maps one backend event to the frame clients get (nil: none), or to a separate
