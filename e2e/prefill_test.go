@@ -129,6 +129,15 @@ func TestContinuationAnthropicPrefill(t *testing.T) {
 					t.Errorf("%d %s events, want 1 (one message): %v", counts[ev], ev, counts)
 				}
 			}
+			// The final figure of attempts is in message_delta (the header went out before the
+			// continuation): the broken attempt and its continuation.
+			for _, ev := range pfEvents(t, rb) {
+				if ev.name == "message_delta" {
+					if m, _ := json.Marshal(ev.data["oncegate"]); string(m) != `{"attempts":2,"resumed":1}` {
+						t.Errorf("message_delta oncegate member %s, want attempts 2, resumed 1", m)
+					}
+				}
+			}
 			if counts["error"] != 0 {
 				t.Errorf("an error event in a continued stream: %s", rb)
 			}

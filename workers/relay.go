@@ -268,6 +268,20 @@ func (r *relay) noteOpenAI(data []byte) {
 	}
 }
 
+// streamMeta is the "oncegate" member of a continued stream's final metadata (OpenAI's finish
+// chunk, Anthropic's message_delta): how many continuations it took and the attempts in all.
+// The Oncegate-Attempts header went out with the first chunk, before the continuations; this
+// is the final figure, the one the record keeps. A stream that was not continued has no such
+// member: its header was already final (attempts that broke before the first token are counted
+// in it, see firsttoken.go), and its bytes stay those of the backend.
+func (r *relay) streamMeta() json.RawMessage {
+	b, _ := json.Marshal(struct {
+		Resumed  int `json:"resumed"`
+		Attempts int `json:"attempts"`
+	}{r.resumed, r.ex.attempts})
+	return b
+}
+
 // rewriteOpenAI makes a continuation chunk part of the original stream: same id, created and
 // model; the continuation's opening role-only chunk is dropped; the finish chunk is marked
 // with the number of continuations. ok=false drops the chunk.
@@ -287,7 +301,7 @@ func (r *relay) rewriteOpenAI(data []byte, first bool) ([]byte, bool) {
 			r.textTokens++
 		}
 		if ch.FinishReason != nil {
-			m["oncegate"], _ = json.Marshal(map[string]int{"resumed": r.resumed})
+			m["oncegate"] = r.streamMeta()
 		}
 	}
 	m["id"], _ = json.Marshal(r.id)
@@ -356,6 +370,15 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 			data = bytes.Replace(data, []byte(`"index":0`), []byte(fmt.Sprintf(`"index":%d`, r.blockIdx)), 1)
 		}
 	case "message_delta":
+		if continued {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(data, &m) == nil {
+				m["oncegate"] = r.streamMeta()
+				if out, err := json.Marshal(m); err == nil {
+					data = out
+				}
+			}
+		}
 		if e.Usage != nil {
 			if continued {
 				if n := len(r.contUsage); n > 0 {
@@ -446,6 +469,7 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 		return nil, nil, err
 	}
 	r.ex.attempts++
+	r.ex.pub.SetMeta(r.ex.meta()) // the terminal chunk says how many attempts it took
 	r.resumed++
 	r.broke = nil
 	r.prefixTokens = r.textTokens
