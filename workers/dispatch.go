@@ -97,6 +97,9 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 		g := ex.pool.guard(name)
 		cfg := b.Config()
 		for attempt := ex.tried[name]; attempt < cfg.MaxAttempts; attempt++ {
+			if ex.pastDeadline(0) {
+				return nil, ex.deadlineFailure(last), true
+			}
 			if attempt == 0 {
 				g.budget.Request()
 			} else if !g.budget.AllowRetry() {
@@ -110,8 +113,11 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 			}
 			ex.attempts++
 			ex.noteTried(name, attempt+1)
+			// The client's deadline (ex.job.Deadline) does not bound an attempt: it is the client's,
+			// not the intent's, so an attempt runs to the backend's own timeout and its outcome is
+			// the one stored (see deadline.go).
 			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
-				Header: ex.job.Header, Deadline: ex.job.Deadline})
+				Header: ex.job.Header})
 			if err != nil {
 				report(false)
 				if ctx.Err() != nil {
@@ -155,7 +161,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 			if attempt+1 >= cfg.MaxAttempts {
 				break
 			}
-			if dl, ok := ctx.Deadline(); ok && time.Now().Add(delay).After(dl) {
+			if dl, ok := ctx.Deadline(); (ok && time.Now().Add(delay).After(dl)) || ex.pastDeadline(delay) {
 				break
 			}
 			ex.log.Info().Str("backend", name).Int("status", resp.StatusCode).Dur("delay", delay).Msg("backend refused; retrying after backoff")

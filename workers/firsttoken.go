@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"time"
 
 	"github.com/oncegate/oncegate/internal/clock"
 	"github.com/oncegate/oncegate/internal/openaiwire"
@@ -135,7 +134,7 @@ func (ex *execution) resendStream(ctx context.Context, b Backend) (next *answer,
 		return nil, nil, false
 	}
 	delay := resilience.Backoff(n-1, cfg.RetryBase.D(), cfg.RetryCap.D())
-	if dl := ex.job.Deadline; !dl.IsZero() && time.Now().Add(delay).After(dl) {
+	if ex.pastDeadline(delay) {
 		return nil, nil, false
 	}
 	if !clock.Sleep(ctx, delay) {
@@ -155,9 +154,5 @@ func (ex *execution) brokeBeforeFirstToken(last *failure) *failure {
 		last = &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_stream_broken",
 			"the model backend's stream broke before its first token on every attempt; nothing was generated, so a retry is safe")}
 	}
-	last.refused = true
-	if last.retryAfter == 0 {
-		last.retryAfter = 1
-	}
-	return last
+	return released(last)
 }

@@ -473,7 +473,7 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	r.resumed++
 	r.broke = nil
 	r.prefixTokens = r.textTokens
-	resp, cancel, err := b.Send(ctx, &backend.Call{API: r.ex.api(), Body: body, Stream: true, Header: r.ex.job.Header, Deadline: r.ex.job.Deadline})
+	resp, cancel, err := b.Send(ctx, &backend.Call{API: r.ex.api(), Body: body, Stream: true, Header: r.ex.job.Header})
 	if err != nil {
 		report(false)
 		return nil, nil, err
