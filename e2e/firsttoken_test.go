@@ -86,55 +86,58 @@ func ftCharges(t *testing.T, gw *gwtest.Gateway, tenant string) []map[string]any
 	return out
 }
 
-// TestStreamBrokenBeforeFirstTokenIsRetried: the stream breaks after its opening events (the
-// role chunk; message_start and content_block_start) on the first attempt only. The client
-// gets the same bytes a clean run gets, the key ends COMPLETED after 2 attempts, and the
-// tenant has one charge.
+// TestStreamBrokenBeforeFirstTokenIsRetried: the stream breaks before its first token on the
+// first attempt only: after its opening events (the role chunk; message_start and
+// content_block_start), or before any byte. The client gets the same bytes a clean run gets,
+// the key ends COMPLETED after 2 attempts, and the tenant has one charge.
 func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
-	var tenants []string
-	for _, tc := range ftCases {
-		tenants = append(tenants, "ft-retried-"+tc.name)
+	breaks := []struct{ name, knobs string }{
+		{"after the opening events", `{"fault":"drop_after","fault_after":0,"fault_first_n":1}`},
+		{"before any byte", `{"fault":"drop_start","fault_first_n":1}`},
 	}
-	gw := ftGateway(t, tenants...)
-	mock := gw.Mock(t, "mock")
 	for _, tc := range ftCases {
-		t.Run(tc.name, func(t *testing.T) {
-			tenant := "ft-retried-" + tc.name
-			msg := "broken before the first token, " + tc.name
-			auth := "Bearer sk-" + tenant
-			_, clean := do(t, http.MethodPost, gw.URL+tc.path, "application/json", tc.body(msg, ""),
-				map[string]string{"Authorization": auth, "Idempotency-Key": "ft-clean-" + tc.name})
-			charged := len(gwtestCharges(t, gw, tenant, 1))
+		for _, br := range breaks {
+			t.Run(tc.name+" "+br.name, func(t *testing.T) {
+				const tenant = "ft-retried"
+				// A gateway each: the retry budget (retries within a share of requests) is per backend.
+				gw := ftGateway(t, tenant)
+				mock := gw.Mock(t, "mock")
+				msg := "broken before the first token, " + tc.name + ", " + br.name
+				auth := "Bearer sk-" + tenant
+				_, clean := do(t, http.MethodPost, gw.URL+tc.path, "application/json", tc.body(msg, ""),
+					map[string]string{"Authorization": auth, "Idempotency-Key": "ft-clean"})
+				charged := len(gwtestCharges(t, gw, tenant, 1))
 
-			before := mock.Stats().Requests
-			key := "ft-retried-" + tc.name
-			body := tc.body(msg, `{"fault":"drop_after","fault_after":0,"fault_first_n":1}`)
-			resp, got := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d: %s", resp.StatusCode, got)
-			}
-			if !bytes.Equal(got, clean) {
-				t.Errorf("stream after a break before the first token:\n%s\nwant the clean run's:\n%s", got, clean)
-			}
-			if a := resp.Header.Get("Oncegate-Attempts"); a != "2" {
-				t.Errorf("Oncegate-Attempts %q, want 2", a)
-			}
-			if n := mock.Stats().Requests - before; n != 2 {
-				t.Errorf("%d backend requests, want 2 (the broken one and the re-send)", n)
-			}
-			st := ftIdem(t, gw, tenant, key)
-			if st["state"] != "COMPLETED" || st["attempts"] != float64(2) {
-				t.Errorf("record state %v attempts %v, want COMPLETED after 2", st["state"], st["attempts"])
-			}
-			if charges := gwtestCharges(t, gw, tenant, charged+1); len(charges) != charged+1 {
-				t.Errorf("%d charges for the completed execution, want 1: %v", len(charges)-charged, charges)
-			}
-			// A replay is the same stream, and costs nothing.
-			retry, rb := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
-			if retry.Header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(rb, got) {
-				t.Errorf("same-key retry (%s) differs from the live stream", retry.Header.Get("Oncegate-Idempotency"))
-			}
-		})
+				before := mock.Stats().Requests
+				const key = "ft-retried"
+				body := tc.body(msg, br.knobs)
+				resp, got := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d: %s", resp.StatusCode, got)
+				}
+				if !bytes.Equal(got, clean) {
+					t.Errorf("stream after a break before the first token:\n%s\nwant the clean run's:\n%s", got, clean)
+				}
+				if a := resp.Header.Get("Oncegate-Attempts"); a != "2" {
+					t.Errorf("Oncegate-Attempts %q, want 2", a)
+				}
+				if n := mock.Stats().Requests - before; n != 2 {
+					t.Errorf("%d backend requests, want 2 (the broken one and the re-send)", n)
+				}
+				st := ftIdem(t, gw, tenant, key)
+				if st["state"] != "COMPLETED" || st["attempts"] != float64(2) {
+					t.Errorf("record state %v attempts %v, want COMPLETED after 2", st["state"], st["attempts"])
+				}
+				if charges := gwtestCharges(t, gw, tenant, charged+1); len(charges) != charged+1 {
+					t.Errorf("%d charges for the completed execution, want 1: %v", len(charges)-charged, charges)
+				}
+				// A replay is the same stream, and costs nothing.
+				retry, rb := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
+				if retry.Header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(rb, got) {
+					t.Errorf("same-key retry (%s) differs from the live stream", retry.Header.Get("Oncegate-Idempotency"))
+				}
+			})
+		}
 	}
 }
 
