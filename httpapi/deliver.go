@@ -57,11 +57,10 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 	}
 	// The client's own deadline (Oncegate-Timeout) bounds the wait too: for a non-stream copy
 	// the whole answer, for a stream its first chunk (a stream that started is never cut).
-	until := s.now().Add(wait)
-	if !g.deadline.IsZero() && g.deadline.Before(until) {
-		until = g.deadline
+	if !g.deadline.IsZero() {
+		wait = min(wait, g.deadline.Sub(s.now()))
 	}
-	ctx, cancel := context.WithDeadline(c.UserContext(), until)
+	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
 	defer cancel()
 	var first jobs.Chunk
 	// A non-stream copy of a streamed execution collects the frames as they pass, so it can

@@ -16,7 +16,7 @@ import (
 // pastDeadline reports whether the client's deadline passes within wait from now.
 func (ex *execution) pastDeadline(wait time.Duration) bool {
 	dl := ex.job.Deadline
-	return !dl.IsZero() && !time.Now().Add(wait).Before(dl)
+	return !dl.IsZero() && !ex.pool.opts.Now().Add(wait).Before(dl)
 }
 
 // deadlineFailure is the released outcome of an execution whose client deadline passed before
