@@ -6,11 +6,16 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go"
+	"github.com/anthropics/anthropic-sdk-go/option"
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/gwtest"
@@ -61,14 +66,39 @@ func pfText(t testing.TB, body []byte) (string, map[string]int) {
 	return text.String(), counts
 }
 
-func pfPost(t testing.TB, gw *gwtest.Gateway, msg, knobs, key string) (*http.Response, []byte) {
-	t.Helper()
+func pfBody(msg, knobs string) string {
 	m, _ := json.Marshal(msg)
 	body := `{"model":"oncegate-mock","max_tokens":16,"stream":true,"messages":[{"role":"user","content":` + string(m) + `}]`
 	if knobs != "" {
 		body += `,"mock":` + knobs
 	}
-	return do(t, http.MethodPost, gw.URL+"/v1/messages", "application/json", body+"}", map[string]string{"Idempotency-Key": key})
+	return body + "}"
+}
+
+func pfPost(t testing.TB, gw *gwtest.Gateway, msg, knobs, key string) (*http.Response, []byte) {
+	t.Helper()
+	return do(t, http.MethodPost, gw.URL+"/v1/messages", "application/json", pfBody(msg, knobs), map[string]string{"Idempotency-Key": key})
+}
+
+// pfSDKText reads a stream with the official Anthropic SDK (which must accept the "oncegate"
+// member of a continued stream's message_delta) and returns its accumulated text.
+func pfSDKText(t testing.TB, gw *gwtest.Gateway, body, key string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := anthropicClient(gw)
+	stream := client.Messages.NewStreaming(ctx, anthropic.MessageNewParams{},
+		option.WithRequestBody("application/json", []byte(body)), option.WithHeader("Idempotency-Key", key))
+	var acc anthropic.Message
+	for stream.Next() {
+		if err := acc.Accumulate(stream.Current()); err != nil {
+			t.Fatalf("SDK accumulate: %v", err)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("SDK stream: %v", err)
+	}
+	return messageText(&acc)
 }
 
 // pfBreakAfter is the first token count n (1 ≤ n < len) whose text ends with a letter for
@@ -147,6 +177,9 @@ func TestContinuationAnthropicPrefill(t *testing.T) {
 			retry, rrb := pfPost(t, gw, tt.msg, knobs, key)
 			if retry.Header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(rrb, rb) {
 				t.Errorf("same-key retry (%s) differs from the live stream", retry.Header.Get("Oncegate-Idempotency"))
+			}
+			if got := pfSDKText(t, gw, pfBody(tt.msg, knobs), key); got != want {
+				t.Errorf("the SDK reads the continued stream as %q, want %q", got, want)
 			}
 		})
 	}
