@@ -101,6 +101,18 @@ func pfSDKText(t testing.TB, gw *gwtest.Gateway, body, key string) string {
 	return messageText(&acc)
 }
 
+// pfOutputTokens is the output_tokens of an Anthropic stream's message_delta.
+func pfOutputTokens(t testing.TB, body []byte) any {
+	t.Helper()
+	for _, ev := range pfEvents(t, body) {
+		if ev.name == "message_delta" {
+			u, _ := ev.data["usage"].(map[string]any)
+			return u["output_tokens"]
+		}
+	}
+	return nil
+}
+
 // pfBreakAfter is the first token count n (1 ≤ n < len) whose text ends with a letter for
 // which wantLetter holds: where the stream is broken.
 func pfBreakAfter(t testing.TB, text string, wantLetter func(byte) bool) int {
@@ -161,10 +173,14 @@ func TestContinuationAnthropicPrefill(t *testing.T) {
 			}
 			// The final figure of attempts is in message_delta (the header went out before the
 			// continuation): the broken attempt and its continuation.
+			// Its usage is the whole answer's, as the clean run's says.
 			for _, ev := range pfEvents(t, rb) {
 				if ev.name == "message_delta" {
 					if m, _ := json.Marshal(ev.data["oncegate"]); string(m) != `{"attempts":2,"resumed":1}` {
 						t.Errorf("message_delta oncegate member %s, want attempts 2, resumed 1", m)
+					}
+					if got, want := pfOutputTokens(t, rb), pfOutputTokens(t, clean); got != want {
+						t.Errorf("message_delta output_tokens %v, want the clean run's %v", got, want)
 					}
 				}
 			}

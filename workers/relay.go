@@ -364,6 +364,7 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 		}
 		if e.Delta.Type == "text_delta" {
 			r.text.WriteString(e.Delta.Text)
+			r.textTokens++
 		}
 		r.ex.tokens.Add(1)
 		if continued && e.Index == 0 && r.blockIdx != 0 {
@@ -371,18 +372,17 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 		}
 	case "message_delta":
 		if continued {
-			var m map[string]json.RawMessage
-			if json.Unmarshal(data, &m) == nil {
-				m["oncegate"] = r.streamMeta()
-				if out, err := json.Marshal(m); err == nil {
-					data = out
-				}
-			}
+			data = r.continuedMessageDelta(data, e.Usage != nil)
 		}
 		if e.Usage != nil {
 			if continued {
+				// The continuation's usage is its own attempt (billed as such); the answer's
+				// usage counts the prefix's tokens too, as the client's message_delta says.
 				if n := len(r.contUsage); n > 0 {
 					r.contUsage[n-1].CompletionTokens = e.Usage.OutputTokens
+				}
+				if r.usage != nil {
+					r.usage.CompletionTokens = r.prefixTokens + e.Usage.OutputTokens
 				}
 			} else if r.usage != nil {
 				r.usage.CompletionTokens = e.Usage.OutputTokens // cumulative: assign, never add
@@ -394,6 +394,29 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 		r.broke = errors.New("anthropic stream error event")
 	}
 	return openaiwire.AppendNamedFrame(nil, event, data), nil
+}
+
+// continuedMessageDelta is a continuation's message_delta as the clients get it: with the
+// final metadata (streamMeta) and, in its usage, the output tokens of the one answer they saw
+// (the prefix's, counted in text deltas, plus the continuation's own).
+func (r *relay) continuedMessageDelta(data []byte, hasUsage bool) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return data
+	}
+	m["oncegate"] = r.streamMeta()
+	var u map[string]json.RawMessage
+	if hasUsage && json.Unmarshal(m["usage"], &u) == nil {
+		var out int
+		_ = json.Unmarshal(u["output_tokens"], &out)
+		u["output_tokens"], _ = json.Marshal(r.prefixTokens + out)
+		m["usage"], _ = json.Marshal(u)
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		return data
+	}
+	return out
 }
 
 // dropResent removes from a continuation's text delta the whitespace the prefill was sent
