@@ -124,11 +124,15 @@ func TestContinuationVLLM(t *testing.T) {
 		t.Errorf("id %q", id)
 	}
 	finish := rsFinishChunk(data)
-	if !strings.Contains(finish, `"oncegate":{"resumed":1}`) {
-		t.Errorf("finish chunk %s, want \"oncegate\":{\"resumed\":1}", finish)
+	// The final figure of attempts is in the finish chunk: the header went out with the first chunk.
+	if !strings.Contains(finish, `"oncegate":{"resumed":1,"attempts":2}`) {
+		t.Errorf("finish chunk %s, want \"oncegate\":{\"resumed\":1,\"attempts\":2}", finish)
 	}
 	if st := mock.Stats(); st.Requests != 2 || st.Completed != 1 || st.Faults != 1 {
 		t.Errorf("stats %+v, want 2 executions (original + continuation)", st)
+	}
+	if rec := rsIdem(t, gw, key); rec["attempts"] != float64(2) {
+		t.Errorf("record attempts %v, want 2 as the finish chunk says", rec["attempts"])
 	}
 	retry, rrb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
 	if !bytes.Equal(rrb, rb) || retry.Header.Get("Oncegate-Idempotency") != "replayed" {
@@ -138,7 +142,7 @@ func TestContinuationVLLM(t *testing.T) {
 		t.Errorf("executions after the retry: %d", st.Requests)
 	}
 	rsRow(t, "5b", "stream drops after 3 tokens, continuation: vllm", "2 (original + continuation)",
-		fmt.Sprintf("200 SSE equal to the unbroken answer, [DONE], finish chunk \"oncegate\":{\"resumed\":1}; same-key retry %s", retry.Header.Get("Oncegate-Idempotency")))
+		fmt.Sprintf("200 SSE equal to the unbroken answer, [DONE], finish chunk \"oncegate\":{\"resumed\":1,\"attempts\":2}; same-key retry %s", retry.Header.Get("Oncegate-Idempotency")))
 }
 
 // With stream_options.include_usage the client is owed a usage chunk before [DONE], also when

@@ -84,10 +84,14 @@ func rsContent(t testing.TB, msg string) string {
 	return parseCompletion(t, directMock(t, chatBody("oncegate-mock", msg, ""))).Choices[0].Message.Content
 }
 
-// rsIdem is GET /v1/idempotency/{key}.
-func rsIdem(t testing.TB, gw *gwtest.Gateway, key string) map[string]any {
+// rsIdem is GET /v1/idempotency/{key} (with the tenant's auth header, when given).
+func rsIdem(t testing.TB, gw *gwtest.Gateway, key string, auth ...map[string]string) map[string]any {
 	t.Helper()
-	resp, b := do(t, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", "", nil)
+	var hdr map[string]string
+	if len(auth) > 0 {
+		hdr = auth[0]
+	}
+	resp, b := do(t, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", "", hdr)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("idempotency status of %q: %d %s", key, resp.StatusCode, b)
 	}

@@ -55,6 +55,11 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 	if adm.outcome == outcomeJoined && !g.stream {
 		wait = s.idem.MaxWait.D()
 	}
+	// The client's own deadline (Oncegate-Timeout) bounds the wait too: for a non-stream copy
+	// the whole answer, for a stream its first chunk (a stream that started is never cut).
+	if !g.deadline.IsZero() {
+		wait = min(wait, g.deadline.Sub(s.now()))
+	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
 	defer cancel()
 	var first jobs.Chunk
@@ -69,6 +74,9 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			adm.fl.Close()
 			if errors.Is(err, errReplay) {
 				return s.replay(c, g, adm.rec)
+			}
+			if errors.Is(err, context.DeadlineExceeded) && !g.deadline.IsZero() && !s.now().Before(g.deadline) {
+				return clientDeadlinePassed()
 			}
 			if errors.Is(err, context.DeadlineExceeded) && adm.outcome == outcomeJoined {
 				return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
@@ -137,6 +145,16 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 		return unavailable("the result is not readable yet; retry")
 	}
 	return s.replay(c, g, rec)
+}
+
+// clientDeadlinePassed answers a copy whose Oncegate-Timeout passed before its answer. The
+// deadline is this client's, not the intent's outcome: nothing is stored, the execution goes on
+// (a copy sent later joins it or gets its result), so a later call with the same key is safe.
+// x-should-retry is false all the same: the client chose to stop waiting at this point, and an
+// SDK that re-sent at once would only wait again; when to come back is the client's decision.
+func clientDeadlinePassed() error {
+	return &apiError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "deadline_exceeded", ShouldRetry: &retryNo,
+		Message: "Oncegate-Timeout passed before the answer; the execution goes on, and a request with the same Idempotency-Key joins it or gets its result"}
 }
 
 // setMetaHeaders says how the answer was obtained.

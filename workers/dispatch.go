@@ -75,8 +75,20 @@ type failure struct {
 // deadline. A written request that ended without an answer is never re-sent, nor sent to
 // another backend.
 func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failure) {
+	ans, fail, done := ex.tryBackends(ctx, body, ex.job.Backends)
+	if done {
+		return ans, fail
+	}
+	return nil, ex.degrade(fail)
+}
+
+// tryBackends is dispatch over names without the route's degraded answer: done=false means
+// every backend was refused, exhausted or open (fail is the last refusal, nil when none was
+// tried). Attempts already made on a backend by this execution (ex.tried) count against its
+// max_attempts, so a stream re-sent after it broke before its first token stays within them.
+func (ex *execution) tryBackends(ctx context.Context, body []byte, names []string) (ans *answer, fail *failure, done bool) {
 	var last *failure
-	for _, name := range ex.job.Backends {
+	for _, name := range names {
 		b, ok := ex.pool.opts.Backends[name]
 		if !ok {
 			ex.log.Warn().Str("backend", name).Msg("backend not configured on this worker; skipping")
@@ -84,7 +96,10 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 		}
 		g := ex.pool.guard(name)
 		cfg := b.Config()
-		for attempt := 0; attempt < cfg.MaxAttempts; attempt++ {
+		for attempt := ex.tried[name]; attempt < cfg.MaxAttempts; attempt++ {
+			if ex.pastDeadline(0) {
+				return nil, ex.deadlineFailure(last), true
+			}
 			if attempt == 0 {
 				g.budget.Request()
 			} else if !g.budget.AllowRetry() {
@@ -97,13 +112,17 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 				break
 			}
 			ex.attempts++
+			ex.noteTried(name, attempt+1)
 			ex.noteSent(name, ex.attempts)
+			// The client's deadline (ex.job.Deadline) does not bound an attempt: it is the client's,
+			// not the intent's, so an attempt runs to the backend's own timeout and its outcome is
+			// the one stored (see deadline.go).
 			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
-				Header: ex.job.Header, Deadline: ex.job.Deadline})
+				Header: ex.job.Header})
 			if err != nil {
 				report(false)
 				if ctx.Err() != nil {
-					return nil, &failure{status: http.StatusServiceUnavailable}
+					return nil, &failure{status: http.StatusServiceUnavailable}, true
 				}
 				switch {
 				case errors.Is(err, backend.ErrNotSent), errors.Is(err, backend.ErrResendSafe):
@@ -111,18 +130,18 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 					last = &failure{status: http.StatusBadGateway, refused: true,
 						body: ex.errorBody(http.StatusBadGateway, "backend_unreachable", "the model backend could not be reached")}
 					if !clock.Sleep(ctx, resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())) {
-						return nil, last
+						return nil, last, true
 					}
 					continue
 				default: // written, no answer: it may have run; never re-sent
 					ex.ambiguous++
 					ex.log.Warn().Err(err).Str("backend", name).Msg("attempt ended without an answer after the request was written; not re-sent")
 					return nil, &failure{status: http.StatusGatewayTimeout, ambiguous: true, body: ex.errorBody(http.StatusGatewayTimeout, "backend_timeout",
-						"the model backend did not answer in time; the request may have been processed, so it is not sent again")}
+						"the model backend did not answer in time; the request may have been processed, so it is not sent again")}, true
 				}
 			}
 			if resp.StatusCode == http.StatusOK || finalStatus(resp.StatusCode) {
-				return &answer{resp: resp, cancel: cancel, backend: b, report: report}, nil
+				return &answer{resp: resp, cancel: cancel, backend: b, report: report}, nil, true
 			}
 			// 429, 5xx: refused (or failed) before any output.
 			errBody, _ := io.ReadAll(io.LimitReader(resp.Body, maxBackendBody))
@@ -131,7 +150,7 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 			report(false)
 			last = &failure{status: resp.StatusCode, body: errBody, refused: retryAfterStatus(resp.StatusCode)}
 			if !last.refused {
-				return nil, last // a 500 may have done work: not retried, not sent elsewhere
+				return nil, last, true // a 500 may have done work: not retried, not sent elsewhere
 			}
 			delay := resilience.Backoff(attempt, cfg.RetryBase.D(), cfg.RetryCap.D())
 			if ra, ok := resilience.RetryAfter(resp.Header, time.Now()); ok {
@@ -143,16 +162,16 @@ func (ex *execution) dispatch(ctx context.Context, body []byte) (*answer, *failu
 			if attempt+1 >= cfg.MaxAttempts {
 				break
 			}
-			if dl, ok := ctx.Deadline(); ok && time.Now().Add(delay).After(dl) {
+			if dl, ok := ctx.Deadline(); (ok && time.Now().Add(delay).After(dl)) || ex.pastDeadline(delay) {
 				break
 			}
 			ex.log.Info().Str("backend", name).Int("status", resp.StatusCode).Dur("delay", delay).Msg("backend refused; retrying after backoff")
 			if !clock.Sleep(ctx, delay) {
-				return nil, last
+				return nil, last, true
 			}
 		}
 	}
-	return nil, ex.degrade(last)
+	return nil, last, false
 }
 
 // degrade is the route's answer when no backend answered: its configured message (200,

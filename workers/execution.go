@@ -46,6 +46,8 @@ type execution struct {
 	attempts  int    // backend attempts made (retries, fallbacks, continuations)
 	ambiguous int    // attempts written and ended without an answer
 	degraded  bool   // the route's degraded answer was given
+
+	tried map[string]int // attempts made per backend (see tryBackends)
 }
 
 func (ex *execution) run(ctx context.Context) {
@@ -102,9 +104,10 @@ func (ex *execution) run(ctx context.Context) {
 		ex.finishCompleted(ctx, res, jobs.KindResult)
 		return
 	}
-	r := newRelay(ex)
-	r.track = ans.backend.Config().Continuation != ""
-	ok := r.run(ctx, ans.resp.Body, false)
+	r, ans, ok := ex.relayFirstToken(ctx, ans)
+	if r == nil {
+		return // settled before the first token (see firsttoken.go)
+	}
 	for !ok && ctx.Err() == nil && r.canContinue(ans.backend) {
 		ans.report(false)
 		cont, cancelCont, err := r.continuation(ctx, ans.backend)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
@@ -40,6 +41,13 @@ type relay struct {
 	sawStop   bool // anthropic: message_stop seen
 	blockIdx  int  // anthropic: index of the open content block
 	broke     error
+	// held are the frames of a stream's opening events, kept back until its first content
+	// event (started); see firsttoken.go.
+	held    []byte
+	started bool
+	// resend is the trailing whitespace an Anthropic prefill was sent without: the
+	// continuation may generate it again, and the clients already have it.
+	resend string
 }
 
 func newRelay(ex *execution) *relay {
@@ -108,16 +116,23 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 		ev := <-events // one event: publish it as soon as it comes…
 		for {
 			if ev.err != nil {
+				clean := ev.err == io.EOF || (r.anthropic && r.sawStop && errors.Is(ev.err, openaiwire.ErrTruncated))
+				if clean && r.broke == nil {
+					r.begin() // a stream of opening events only (no content) is still an answer
+				}
 				if ferr := r.flush(ctx); ferr != nil {
 					r.broke = ferr
 					return false
 				}
-				if ev.err == io.EOF || (r.anthropic && r.sawStop && errors.Is(ev.err, openaiwire.ErrTruncated)) {
+				if clean {
 					return true
 				}
 				r.broke = ev.err
 				r.ex.log.Warn().Err(ev.err).Int("chunks", r.ex.pub.Next()).Msg("backend stream broke")
 				return false
+			}
+			if !r.started && !r.opening(ev.name, ev.data) {
+				r.begin()
 			}
 			frame, publish := r.transform(ev.name, ev.data, continued, first)
 			first = false
@@ -127,10 +142,12 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 					return false
 				}
 			}
-			if frame != nil {
-				start := len(r.all)
-				r.all = append(r.all, frame...)
-				r.pending = r.all[start-len(r.pending) : len(r.all) : len(r.all)]
+			switch {
+			case frame == nil:
+			case r.started:
+				r.add(frame)
+			default:
+				r.held = append(r.held, frame...)
 			}
 			// …together with whatever else has already been read.
 			if len(r.pending) >= coalesceBytes {
@@ -162,6 +179,13 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 			return false
 		}
 	}
+}
+
+// add appends frame to the stream's frames and to the next chunk.
+func (r *relay) add(frame []byte) {
+	start := len(r.all)
+	r.all = append(r.all, frame...)
+	r.pending = r.all[start-len(r.pending) : len(r.all) : len(r.all)]
 }
 
 // transform maps one backend event to the frame clients get (nil: none), or to a separate
@@ -244,6 +268,20 @@ func (r *relay) noteOpenAI(data []byte) {
 	}
 }
 
+// streamMeta is the "oncegate" member of a continued stream's final metadata (OpenAI's finish
+// chunk, Anthropic's message_delta): how many continuations it took and the attempts in all.
+// The Oncegate-Attempts header went out with the first chunk, before the continuations; this
+// is the final figure, the one the record keeps. A stream that was not continued has no such
+// member: its header was already final (attempts that broke before the first token are counted
+// in it, see firsttoken.go), and its bytes stay those of the backend.
+func (r *relay) streamMeta() json.RawMessage {
+	b, _ := json.Marshal(struct {
+		Resumed  int `json:"resumed"`
+		Attempts int `json:"attempts"`
+	}{r.resumed, r.ex.attempts})
+	return b
+}
+
 // rewriteOpenAI makes a continuation chunk part of the original stream: same id, created and
 // model; the continuation's opening role-only chunk is dropped; the finish chunk is marked
 // with the number of continuations. ok=false drops the chunk.
@@ -263,7 +301,7 @@ func (r *relay) rewriteOpenAI(data []byte, first bool) ([]byte, bool) {
 			r.textTokens++
 		}
 		if ch.FinishReason != nil {
-			m["oncegate"], _ = json.Marshal(map[string]int{"resumed": r.resumed})
+			m["oncegate"] = r.streamMeta()
 		}
 	}
 	m["id"], _ = json.Marshal(r.id)
@@ -318,18 +356,33 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 		}
 		r.blockIdx = e.Index
 	case "content_block_delta":
+		if continued && r.resend != "" && e.Delta.Type == "text_delta" {
+			var keep bool
+			if data, e.Delta.Text, keep = r.dropResent(data, e.Index, e.Delta.Text); !keep {
+				return nil, nil
+			}
+		}
 		if e.Delta.Type == "text_delta" {
 			r.text.WriteString(e.Delta.Text)
+			r.textTokens++
 		}
 		r.ex.tokens.Add(1)
 		if continued && e.Index == 0 && r.blockIdx != 0 {
 			data = bytes.Replace(data, []byte(`"index":0`), []byte(fmt.Sprintf(`"index":%d`, r.blockIdx)), 1)
 		}
 	case "message_delta":
+		if continued {
+			data = r.continuedMessageDelta(data, e.Usage != nil)
+		}
 		if e.Usage != nil {
 			if continued {
+				// The continuation's usage is its own attempt (billed as such); the answer's
+				// usage counts the prefix's tokens too, as the client's message_delta says.
 				if n := len(r.contUsage); n > 0 {
 					r.contUsage[n-1].CompletionTokens = e.Usage.OutputTokens
+				}
+				if r.usage != nil {
+					r.usage.CompletionTokens = r.prefixTokens + e.Usage.OutputTokens
 				}
 			} else if r.usage != nil {
 				r.usage.CompletionTokens = e.Usage.OutputTokens // cumulative: assign, never add
@@ -341,6 +394,51 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 		r.broke = errors.New("anthropic stream error event")
 	}
 	return openaiwire.AppendNamedFrame(nil, event, data), nil
+}
+
+// continuedMessageDelta is a continuation's message_delta as the clients get it: with the
+// final metadata (streamMeta) and, in its usage, the output tokens of the one answer they saw
+// (the prefix's, counted in text deltas, plus the continuation's own).
+func (r *relay) continuedMessageDelta(data []byte, hasUsage bool) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return data
+	}
+	m["oncegate"] = r.streamMeta()
+	var u map[string]json.RawMessage
+	if hasUsage && json.Unmarshal(m["usage"], &u) == nil {
+		var out int
+		_ = json.Unmarshal(u["output_tokens"], &out)
+		u["output_tokens"], _ = json.Marshal(r.prefixTokens + out)
+		m["usage"], _ = json.Marshal(u)
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		return data
+	}
+	return out
+}
+
+// dropResent removes from a continuation's text delta the whitespace the prefill was sent
+// without (r.resend), which the clients already have; keep=false drops the whole event.
+// Whatever follows that whitespace is new text, so stripping stops at the first other byte.
+func (r *relay) dropResent(data []byte, index int, text string) ([]byte, string, bool) {
+	n := 0
+	for n < len(text) && n < len(r.resend) && text[n] == r.resend[n] {
+		n++
+	}
+	if n == len(text) {
+		r.resend = r.resend[n:]
+		return nil, "", false
+	}
+	r.resend = ""
+	if n == 0 {
+		return data, text, true
+	}
+	text = text[n:]
+	out, _ := json.Marshal(map[string]any{"type": "content_block_delta", "index": index,
+		"delta": map[string]string{"type": "text_delta", "text": text}})
+	return out, text, true
 }
 
 // canContinue: the stream broke after output and the backend can continue it.
@@ -372,7 +470,10 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	}
 	partial := r.text.String()
 	if r.anthropic {
-		partial = strings.TrimRight(partial, " \\t\\r\\n") // Anthropic rejects prefill ending in whitespace
+		// Anthropic refuses a prefill that ends in whitespace: it is sent without, and the
+		// whitespace the backend then generates again is not sent twice (resend).
+		trimmed := strings.TrimRightFunc(partial, unicode.IsSpace)
+		r.resend, partial = partial[len(trimmed):], trimmed
 	}
 	prefill, _ := json.Marshal(map[string]string{"role": "assistant", "content": partial})
 	msgs = append(msgs, prefill)
@@ -391,10 +492,12 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 		return nil, nil, err
 	}
 	r.ex.attempts++
+	r.ex.pub.SetMeta(r.ex.meta()) // the terminal chunk says how many attempts it took
+	r.ex.noteSent(b.Name(), r.ex.attempts)
 	r.resumed++
 	r.broke = nil
 	r.prefixTokens = r.textTokens
-	resp, cancel, err := b.Send(ctx, &backend.Call{API: r.ex.api(), Body: body, Stream: true, Header: r.ex.job.Header, Deadline: r.ex.job.Deadline})
+	resp, cancel, err := b.Send(ctx, &backend.Call{API: r.ex.api(), Body: body, Stream: true, Header: r.ex.job.Header})
 	if err != nil {
 		report(false)
 		return nil, nil, err

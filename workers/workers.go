@@ -290,8 +290,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.Ack()
 			return
 		}
-		log = log.With().Int(fieldEpoch, job.Epoch).Logger()
-		log.Warn().Msg("took over execution after lease expiry")
+		// The epoch changed: build the context again rather than add a second "epoch" field.
+		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
+		log.Warn().Int("previous_epoch", wire.Epoch).Msg("took over execution after lease expiry")
 	}
 	ex := &execution{pool: p, job: job, msg: m, rec: rec, rev: rev, log: log}
 	ex.run(ctx)

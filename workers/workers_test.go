@@ -128,7 +128,8 @@ func TestOutcomes(t *testing.T) {
 		{"backend 503 releases the key", `{"model":"oncegate-mock","messages":[{"role":"user","content":"d"}],"mock":{"fault":"error_503"}}`, false, kv.Failed, 503, true, false, false},
 		{"backend 429 releases the key", `{"model":"oncegate-mock","messages":[{"role":"user","content":"e"}],"mock":{"fault":"rate_limit"}}`, true, kv.Failed, 429, true, false, false},
 		{"stream broken after output keeps the partial", `{"model":"oncegate-mock","messages":[{"role":"user","content":"f"}],"mock":{"fault":"drop_after","fault_after":3}}`, true, kv.Failed, 200, false, true, true},
-		{"stream broken after the role chunk keeps it", `{"model":"oncegate-mock","messages":[{"role":"user","content":"g"}],"mock":{"fault":"drop_after","fault_after":0}}`, true, kv.Failed, 200, false, true, true},
+		// Broken before the first token on every attempt: nothing reached a client, the key is released.
+		{"stream broken after the role chunk releases the key", `{"model":"oncegate-mock","messages":[{"role":"user","content":"g"}],"mock":{"fault":"drop_after","fault_after":0}}`, true, kv.Failed, 502, true, false, false},
 		// The body was being written: the backend ran it. The outcome is kept, never re-run.
 		{"non-stream body cut off keeps the outcome", `{"model":"oncegate-mock","messages":[{"role":"user","content":"h"}],"mock":{"fault":"drop_after","fault_after":0}}`, false, kv.Failed, 502, false, false, false},
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"unicode"
 
 	"github.com/oncegate/oncegate/internal/openaiwire"
 )
@@ -37,7 +38,16 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 		writeAnthropicError(w, http.StatusBadRequest, "invalid_request_error", "max_tokens: Field required")
 		return
 	}
-	chat := map[string]any{"model": req.Model, "messages": req.Messages, "max_tokens": *req.MaxTokens, "stream": req.Stream}
+	messages, prefilled, bad := prefillMessages(req.Messages)
+	if bad != "" {
+		writeAnthropicError(w, http.StatusBadRequest, "invalid_request_error", bad)
+		return
+	}
+	chat := map[string]any{"model": req.Model, "messages": messages, "max_tokens": *req.MaxTokens, "stream": req.Stream}
+	if prefilled {
+		// Assistant prefill is the chat mock's continuation: the same answer, only what follows.
+		chat["continue_final_message"], chat["add_generation_prompt"] = true, false
+	}
 	if req.Stream {
 		chat["stream_options"] = map[string]bool{"include_usage": true}
 	}
@@ -50,7 +60,7 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 		writeAnthropicError(w, http.StatusInternalServerError, "api_error", err.Error())
 		return
 	}
-	for _, h := range []string{"X-Mock-TTFT-Ms", "X-Mock-Inter-Token-Ms", "X-Mock-Tokens", "X-Mock-Fault", "X-Mock-Fault-After", "X-Mock-Retry-After"} {
+	for _, h := range []string{"X-Mock-TTFT-Ms", "X-Mock-Inter-Token-Ms", "X-Mock-Tokens", "X-Mock-Fault", "X-Mock-Fault-After", "X-Mock-Retry-After", "X-Mock-Fault-First-N"} {
 		if v := r.Header.Get(h); v != "" {
 			ireq.Header.Set(h, v)
 		}
@@ -95,6 +105,41 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 	var msgs []any
 	_ = json.Unmarshal(req.Messages, &msgs)
 	s.translateStream(w, resp.Body, countPromptTokens(msgs))
+}
+
+// prefillMessages reads an assistant prefill the way Anthropic does: when the last message is
+// the assistant's, the answer continues after its text and contains only what follows. The
+// last message's content (a string or text blocks) becomes one string for the chat mock's
+// continuation; a prefill ending in whitespace is refused, as Anthropic refuses it.
+func prefillMessages(raw json.RawMessage) (msgs json.RawMessage, prefilled bool, bad string) {
+	var list []map[string]json.RawMessage
+	if json.Unmarshal(raw, &list) != nil || len(list) == 0 {
+		return raw, false, "" // the chat mock reports what is wrong with it
+	}
+	last := list[len(list)-1]
+	var role string
+	if json.Unmarshal(last["role"], &role) != nil || role != "assistant" {
+		return raw, false, ""
+	}
+	var text string
+	if json.Unmarshal(last["content"], &text) != nil {
+		var blocks []anthropicText
+		if json.Unmarshal(last["content"], &blocks) != nil {
+			return raw, false, "messages: the final assistant message's content must be a string or text blocks"
+		}
+		for _, b := range blocks {
+			text += b.Text
+		}
+	}
+	if strings.TrimRightFunc(text, unicode.IsSpace) != text {
+		return raw, false, "messages: final assistant content cannot end with trailing whitespace"
+	}
+	last["content"], _ = json.Marshal(text)
+	out, err := json.Marshal(list)
+	if err != nil {
+		return raw, false, ""
+	}
+	return out, true, ""
 }
 
 type anthropicUsage struct {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -269,4 +270,28 @@ func TestTransportHandlerEdges(t *testing.T) {
 		})
 	}
 	goleak.VerifyNone(t)
+}
+
+// TestDropStart: the status line and headers go out, then the connection is aborted before
+// any event (stream) or body byte (non-stream).
+func TestDropStart(t *testing.T) {
+	forEachTransport(t, Options{}, func(t *testing.T, h *harness) {
+		for _, stream := range []bool{true, false} {
+			t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+				h.srv.Reset()
+				resp := h.do(t, http.MethodPost, "/v1/chat/completions", chatReq(t, map[string]any{"stream": stream}), map[string]string{"X-Mock-Fault": "drop_start"})
+				defer resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d", resp.StatusCode)
+				}
+				data, err := io.ReadAll(resp.Body)
+				if err == nil || errors.Is(err, io.EOF) || len(data) != 0 {
+					t.Fatalf("read %q ended with %v, want no byte and an error", data, err)
+				}
+				if st := settle(t, h.srv); st != (Stats{Requests: 1, Faults: 1}) {
+					t.Errorf("stats %+v", st)
+				}
+			})
+		}
+	})
 }

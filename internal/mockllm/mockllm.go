@@ -57,6 +57,8 @@
 //	stall                 read the request, then send nothing until the request context ends
 //	drop_after            stream: abort the connection after fault_after token chunks;
 //	                      non-stream: abort after half of the body
+//	drop_start            send the status line and headers (200), then abort the
+//	                      connection before any event or body byte
 //	slow_drip             normal response, but 200ms between tokens unless inter_token_ms is set
 //	lost_response         generate the whole answer (it takes as long as a normal one and
 //	                      counts as Completed), then abort the connection before writing
@@ -86,6 +88,14 @@
 // is not a prefix of the answer, a last message that is not such an assistant
 // message, or continue_final_message without add_generation_prompt: false is
 // a 400.
+//
+// # Assistant prefill (Anthropic Messages)
+//
+// On POST /v1/messages, a last message with role "assistant" (string content or text
+// blocks) is a prefill, as Anthropic reads it: the answer is the same conversation's answer
+// continued after that text, and its content holds only what follows (the continuation
+// above, so the same prefix rule and fault scope apply). A prefill ending in whitespace is a
+// 400, as it is at Anthropic.
 package mockllm
 
 import (
@@ -454,7 +464,7 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		}
 		s.completed.Add(1) // the answer exists; nobody will ever read it
 		panic(http.ErrAbortHandler)
-	case "drop_after", "slow_drip":
+	case "drop_after", "drop_start", "slow_drip":
 		s.faults.Add(1)
 	}
 
@@ -624,7 +634,7 @@ func (s *Server) resolve(r *http.Request, body []byte) (*plan, *badRequest) {
 	case "", "none":
 	case "error_400", "error_401", "error_403", "error_404", "error_422",
 		"error_500", "error_502", "error_503", "error_504",
-		"rate_limit", "stall", "drop_after", "slow_drip", "lost_response":
+		"rate_limit", "stall", "drop_after", "drop_start", "slow_drip", "lost_response":
 		p.fault = k.Fault
 	default:
 		return nil, invalid("mock.fault", "Unknown mock fault %q.", k.Fault)
@@ -808,6 +818,10 @@ func (s *Server) writeNonStream(w http.ResponseWriter, r *http.Request, p *plan)
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
+	if p.fault == "drop_start" {
+		_ = flush(w)
+		panic(http.ErrAbortHandler)
+	}
 	if p.fault == "drop_after" {
 		_, _ = w.Write(body[:len(body)/2])
 		_ = flush(w)
@@ -830,6 +844,10 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bo
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
+	if p.fault == "drop_start" {
+		_ = flush(w)
+		panic(http.ErrAbortHandler) // the status line and headers went out, no event did
+	}
 
 	var usageField json.RawMessage
 	if p.includeUsage {

@@ -1,0 +1,190 @@
+package e2e
+
+// A stream that breaks before its first content token had not started for the client: the
+// gateway sends it again inside the same request, the client gets one clean stream, and the
+// intent is charged once; when every attempt breaks that way, the key is released, never
+// frozen.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/gwtest"
+)
+
+// ftGateway is a gateway whose tenants each see their own charges in the admin ledger.
+func ftGateway(t *testing.T, tenants ...string) *gwtest.Gateway {
+	t.Helper()
+	cfg := gwtest.Config(t)
+	cfg.Admin.APIKeysSHA256 = []string{sha("ft-admin")}
+	for _, id := range tenants {
+		cfg.Tenants = append(cfg.Tenants, config.Tenant{ID: id, APIKeysSHA256: []string{sha("sk-" + id)}})
+	}
+	for i := range cfg.Backends {
+		if cfg.Backends[i].Name == "mock" {
+			cfg.Backends[i].MaxAttempts = ftMaxAttempts
+		}
+	}
+	return gwtest.Start(t, cfg)
+}
+
+// ftMaxAttempts is the mock backend's max_attempts in these tests.
+const ftMaxAttempts = 3
+
+// ftIdem is GET /v1/idempotency/{key} as tenant.
+func ftIdem(t *testing.T, gw *gwtest.Gateway, tenant, key string) map[string]any {
+	t.Helper()
+	return rsIdem(t, gw, key, map[string]string{"Authorization": "Bearer sk-" + tenant})
+}
+
+// ftCase is one wire format: where it posts and its stream body for a message and mock knobs.
+type ftCase struct {
+	name, path string
+	body       func(msg, knobs string) string
+}
+
+var ftCases = []ftCase{
+	{"openai", chatPath, func(msg, knobs string) string {
+		extra := `"stream":true`
+		if knobs != "" {
+			extra += `,"mock":` + knobs
+		}
+		return chatBody("oncegate-mock", msg, extra)
+	}},
+	{"anthropic", "/v1/messages", func(msg, knobs string) string {
+		extra := `"stream":true,"max_tokens":16`
+		if knobs != "" {
+			extra += `,"mock":` + knobs
+		}
+		return chatBody("oncegate-mock", msg, extra)
+	}},
+}
+
+// ftCharges is the tenant's ledger charges.
+func ftCharges(t *testing.T, gw *gwtest.Gateway, tenant string) []map[string]any {
+	t.Helper()
+	r, b := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant="+tenant, "", "", map[string]string{"Authorization": "Bearer ft-admin"})
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("admin ledger: %d %s", r.StatusCode, b)
+	}
+	var entries struct {
+		Data []map[string]any `json:"data"`
+	}
+	if err := json.Unmarshal(b, &entries); err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, e := range entries.Data {
+		if e["kind"] == "charge" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestStreamBrokenBeforeFirstTokenIsRetried: the stream breaks before its first token on the
+// first attempt only: after its opening events (the role chunk; message_start and
+// content_block_start), or before any byte. The client gets the same bytes a clean run gets,
+// the key ends COMPLETED after 2 attempts, and the tenant has one charge.
+func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
+	breaks := []struct{ name, knobs string }{
+		{"after the opening events", `{"fault":"drop_after","fault_after":0,"fault_first_n":1}`},
+		{"before any byte", `{"fault":"drop_start","fault_first_n":1}`},
+	}
+	for _, tc := range ftCases {
+		for _, br := range breaks {
+			t.Run(tc.name+" "+br.name, func(t *testing.T) {
+				const tenant = "ft-retried"
+				// A gateway each: the retry budget (retries within a share of requests) is per backend.
+				gw := ftGateway(t, tenant)
+				mock := gw.Mock(t, "mock")
+				msg := "broken before the first token, " + tc.name + ", " + br.name
+				auth := "Bearer sk-" + tenant
+				_, clean := do(t, http.MethodPost, gw.URL+tc.path, "application/json", tc.body(msg, ""),
+					map[string]string{"Authorization": auth, "Idempotency-Key": "ft-clean"})
+				charged := len(gwtestCharges(t, gw, tenant, 1))
+
+				before := mock.Stats().Requests
+				const key = "ft-retried"
+				body := tc.body(msg, br.knobs)
+				resp, got := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d: %s", resp.StatusCode, got)
+				}
+				if !bytes.Equal(got, clean) {
+					t.Errorf("stream after a break before the first token:\n%s\nwant the clean run's:\n%s", got, clean)
+				}
+				if a := resp.Header.Get("Oncegate-Attempts"); a != "2" {
+					t.Errorf("Oncegate-Attempts %q, want 2", a)
+				}
+				if n := mock.Stats().Requests - before; n != 2 {
+					t.Errorf("%d backend requests, want 2 (the broken one and the re-send)", n)
+				}
+				st := ftIdem(t, gw, tenant, key)
+				if st["state"] != "COMPLETED" || st["attempts"] != float64(2) {
+					t.Errorf("record state %v attempts %v, want COMPLETED after 2", st["state"], st["attempts"])
+				}
+				if charges := gwtestCharges(t, gw, tenant, charged+1); len(charges) != charged+1 {
+					t.Errorf("%d charges for the completed execution, want 1: %v", len(charges)-charged, charges)
+				}
+				// A replay is the same stream, and costs nothing.
+				retry, rb := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
+				if retry.Header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(rb, got) {
+					t.Errorf("same-key retry (%s) differs from the live stream", retry.Header.Get("Oncegate-Idempotency"))
+				}
+			})
+		}
+	}
+}
+
+// gwtestCharges waits until the tenant has at least want charges (the charge follows the
+// answer) and returns them all: with the record COMPLETED, every charge of it is written by then.
+func gwtestCharges(t *testing.T, gw *gwtest.Gateway, tenant string, want int) []map[string]any {
+	t.Helper()
+	var charges []map[string]any
+	gwtest.Eventually(t, 10e9, func() bool {
+		charges = ftCharges(t, gw, tenant)
+		return len(charges) >= want
+	}, fmt.Sprintf("%d charges for %s", want, tenant))
+	return charges
+}
+
+// TestStreamBrokenBeforeFirstTokenEveryAttempt: every attempt breaks before the first token.
+// The key is released (FAILED, retryable): the client is told a retry is safe, a retry with
+// the key executes again, and nothing was charged.
+func TestStreamBrokenBeforeFirstTokenEveryAttempt(t *testing.T) {
+	for _, tc := range ftCases {
+		t.Run(tc.name, func(t *testing.T) {
+			// A gateway each: the retry budget (retries within a share of requests) is per backend.
+			gw := ftGateway(t, "ft-every")
+			mock := gw.Mock(t, "mock")
+			key := "ft-every-" + tc.name
+			hdr := map[string]string{"Authorization": "Bearer sk-ft-every", "Idempotency-Key": key}
+			body := tc.body("every attempt breaks before the first token, "+tc.name, `{"fault":"drop_after","fault_after":0}`)
+			before := mock.Stats().Requests
+			resp, b := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, hdr)
+			if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-should-retry") != "true" || resp.Header.Get("Retry-After") == "" {
+				t.Errorf("status %d x-should-retry %q Retry-After %q, want 502, a safe retry: %s",
+					resp.StatusCode, resp.Header.Get("x-should-retry"), resp.Header.Get("Retry-After"), b)
+			}
+			if n := mock.Stats().Requests - before; n != ftMaxAttempts {
+				t.Errorf("%d backend requests, want the backend's %d attempts", n, ftMaxAttempts)
+			}
+			if st := ftIdem(t, gw, "ft-every", key); st["state"] != "FAILED" {
+				t.Errorf("record state %v, want FAILED (released)", st["state"])
+			}
+			before = mock.Stats().Requests
+			retry, rb := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, hdr)
+			if retry.Header.Get("Oncegate-Idempotency") == "replayed" || mock.Stats().Requests == before {
+				t.Errorf("same-key retry %s (%d %s) did not execute again", retry.Header.Get("Oncegate-Idempotency"), retry.StatusCode, rb)
+			}
+			if charges := ftCharges(t, gw, "ft-every"); len(charges) != 0 {
+				t.Errorf("charges for executions that produced nothing: %v", charges)
+			}
+		})
+	}
+}
