@@ -71,7 +71,7 @@ func writeAPIError(c *fiber.Ctx, ae *apiError) error {
 	}
 	if ae.RetryAfter > 0 {
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(ae.RetryAfter))
-		c.Set("retry-after-ms", strconv.Itoa(ae.RetryAfter*500))
+		c.Set("retry-after-ms", retryAfterMillis(ae.RetryAfter))
 	}
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 	if isAnthropicRoute(c) {
@@ -79,6 +79,12 @@ func writeAPIError(c *fiber.Ctx, ae *apiError) error {
 	}
 	return c.Status(ae.Status).Send(openaiwire.ErrorBody(ae.Message, ae.Type, ae.Code, ae.Param))
 }
+
+// retryAfterMillis is the retry-after-ms header for a Retry-After of secs seconds: the same
+// delay in milliseconds. The OpenAI SDKs read retry-after-ms before Retry-After, so the two
+// must say the same thing, or a client waits for what the header it reads says, not what the
+// gateway meant. Every response that sets Retry-After sets retry-after-ms through this.
+func retryAfterMillis(secs int) string { return strconv.Itoa(secs * 1000) }
 
 func fiberError(fe *fiber.Error) *apiError {
 	ae := &apiError{Status: fe.Code, Type: "invalid_request_error", Message: fe.Message}
