@@ -113,6 +113,15 @@ func TestBadInput(t *testing.T) {
 		{name: "X-Idempotency-Key malformed", body: valid, hdr: map[string]string{"X-Idempotency-Key": `"abc`}, status: 400, code: "invalid_idempotency_key"},
 		{name: "key with control char 0x01 (raw)", raw: rawChat(addr, "Idempotency-Key: ab\x01cd", valid), status: 400, code: "invalid_idempotency_key"},
 		{name: "key with DEL (raw)", raw: rawChat(addr, "Idempotency-Key: ab\x7fcd", valid), status: 400, code: "invalid_idempotency_key"},
+		// An empty header is a malformed key, not an absent one (which would get an auto key).
+		{name: "key empty (raw)", raw: rawChat(addr, "Idempotency-Key:", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "key empty after a space (raw)", raw: rawChat(addr, "Idempotency-Key: ", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "X-Idempotency-Key empty (raw)", raw: rawChat(addr, "X-Idempotency-Key:", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "key empty, X-Idempotency-Key valid (raw)", raw: rawChat(addr, "Idempotency-Key:\r\nX-Idempotency-Key: k1", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "key repeated with two values (raw)", raw: rawChat(addr, "Idempotency-Key: k1\r\nIdempotency-Key: k2", valid), status: 400, code: "invalid_idempotency_key"},
+		// X-Allow-Duplicate skips deduplication, not the validation of a key the client sent.
+		{name: "allow duplicate, key empty (raw)", raw: rawChat(addr, "X-Allow-Duplicate: true\r\nIdempotency-Key:", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "allow duplicate, key malformed", body: valid, hdr: map[string]string{"X-Allow-Duplicate": "true", "Idempotency-Key": `"abc`}, status: 400, code: "invalid_idempotency_key"},
 	}
 	mock := gw.Mock(t, "mock")
 	for _, c := range cases {
@@ -187,6 +196,35 @@ func TestBadInputKeyNotStored(t *testing.T) {
 	}
 	if n := mock.Stats().Requests; n != 1 {
 		t.Errorf("backend executions = %d, want 1", n)
+	}
+}
+
+// TestBypassEchoesKey: with X-Allow-Duplicate, a client's valid Idempotency-Key is echoed as
+// sent (not replaced by a generated one), and each copy still executes on its own.
+func TestBypassEchoesKey(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	body := chatBody("oncegate-mock", "bypass with a key", "")
+	hdr := map[string]string{"X-Allow-Duplicate": "true", "Idempotency-Key": `"bp-1"`}
+	jobIDs := map[string]bool{}
+	for i := range 2 {
+		resp, b := postChat(t, gw.URL, body, hdr)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("copy %d: status %d body %s", i, resp.StatusCode, b)
+		}
+		if got := resp.Header.Get("Idempotency-Key"); got != "bp-1" {
+			t.Errorf("copy %d: Idempotency-Key = %q, want the client's bp-1", i, got)
+		}
+		if got := resp.Header.Get("Oncegate-Idempotency"); got != "bypassed" {
+			t.Errorf("copy %d: Oncegate-Idempotency = %q, want bypassed", i, got)
+		}
+		jobIDs[resp.Header.Get("Oncegate-Job-Id")] = true
+	}
+	if len(jobIDs) != 2 {
+		t.Errorf("job ids %v: want two executions", jobIDs)
+	}
+	if n := mock.Stats().Requests; n != 2 {
+		t.Errorf("backend executions = %d, want 2", n)
 	}
 }
 

@@ -140,17 +140,22 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	}
 
 	g.bypass = !rt.Dedup || strings.EqualFold(c.Get("X-Allow-Duplicate"), "true")
-	raw := c.Get("Idempotency-Key")
-	if raw == "" {
-		raw = c.Get("X-Idempotency-Key")
-	}
-	if raw != "" && !g.bypass {
-		key, err := parseIdempotencyKey(raw)
+	// A key is validated even when the request bypasses deduplication: a malformed key is the
+	// client's mistake either way, and a valid one is echoed (admit gives a bypass its own record).
+	raw, present, err := idempotencyKeyHeader(c)
+	if present {
+		key, kerr := parseIdempotencyKey(raw)
+		if err == nil {
+			err = kerr
+		}
 		if err != nil {
 			return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_idempotency_key",
 				Message: err.Error(), ShouldRetry: &retryNo}
 		}
-		g.echoKey, g.recKey = key, recordKey(tenant, key)
+		g.echoKey = key
+		if !g.bypass {
+			g.recKey = recordKey(tenant, key)
+		}
 	} else if !g.bypass {
 		g.auto = true
 		g.recKey = hashParts(tenant, "auto", c.Method(), c.Path(), fp)
@@ -272,8 +277,10 @@ func (s *Server) admit(ctx context.Context, g *generation) (*admission, error) {
 	defer cancel()
 	if g.bypass {
 		jobID := jobs.NewID()
-		g.recKey = hashParts(g.tenant, "bypass", jobID)
-		g.echoKey = autoKeyPrefix + g.recKey
+		g.recKey = hashParts(g.tenant, "bypass", jobID) // unique per execution, whatever the key
+		if g.echoKey == "" {
+			g.echoKey = autoKeyPrefix + g.recKey
+		}
 		return s.create(ctx, g, g.recKey, jobID, outcomeBypassed)
 	}
 	if rec, rev, ok := s.finishedRecord(g); ok {

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gofiber/fiber/v2"
+
 	"github.com/oncegate/oncegate/internal/jsonscan"
 )
 
@@ -21,6 +23,28 @@ var (
 	errKeyCharset   = errors.New("Idempotency-Key must be printable ASCII")
 	errKeyMalformed = errors.New("Idempotency-Key is a malformed structured-field string")
 )
+
+var errKeyRepeated = errors.New("Idempotency-Key is sent more than once with different values")
+
+// idempotencyKeyHeader is the raw Idempotency-Key of the request, else its X-Idempotency-Key,
+// copied; present reports that the header was sent at all. fasthttp's Get and Peek give ""
+// for both an absent and an empty header, and an empty key must be refused (400), never taken
+// for an absent one (an auto key). The same header repeated with different values is refused.
+func idempotencyKeyHeader(c *fiber.Ctx) (raw string, present bool, err error) {
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		vals := c.Request().Header.PeekAll(name)
+		if len(vals) == 0 {
+			continue
+		}
+		for _, v := range vals[1:] {
+			if !bytes.Equal(v, vals[0]) {
+				return "", true, errKeyRepeated
+			}
+		}
+		return string(vals[0]), true, nil
+	}
+	return "", false, nil
+}
 
 // parseIdempotencyKey accepts a bare key or an RFC 8941 sf-string ("…", with \" and \\
 // escapes) and validates 1-255 printable ASCII characters (0x21-0x7E; spaces inside allowed).
