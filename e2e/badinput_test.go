@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -20,18 +21,15 @@ import (
 // response. It reaches header bytes that net/http refuses to send (control characters).
 func rawRequest(t testing.TB, addr, req string) (*http.Response, []byte) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	return parseRaw(t, rawExchange(t, addr, req))
+}
+
+// parseRaw parses all as one HTTP response and reads its body.
+func parseRaw(t testing.TB, all []byte) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(all)), nil)
 	if err != nil {
-		t.Fatalf("dial %s: %v", addr, err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := io.WriteString(conn, req); err != nil {
-		t.Fatalf("write: %v", err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("read response: %v", err)
+		t.Fatalf("read response: %v\n%s", err, all)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
@@ -280,4 +278,75 @@ func TestTenantAuth(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMalformedHTTP: a request fasthttp cannot parse gets a fixed OpenAI-format 4xx that
+// echoes none of its bytes (its header block held the caller's API key), and creates no job.
+func TestMalformedHTTP(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	addr := strings.TrimPrefix(gw.URL, "http://")
+	const secret = "sk-og-secret-4f2a9c"
+	const marker = "og-marker-77e1"
+	body := chatBody("oncegate-mock", "malformed http", "")
+	// req is a chat request whose header block holds bad (a raw header line, maybe broken).
+	req := func(bad string) string {
+		return "POST " + chatPath + " HTTP/1.1\r\nHost: " + addr + "\r\nAuthorization: Bearer " + secret + "\r\n" +
+			bad + "\r\nContent-Type: application/json\r\nX-Marker: " + marker + "\r\nContent-Length: " +
+			fmt.Sprint(len(body)) + "\r\nConnection: close\r\n\r\n" + body
+	}
+	cases := []struct {
+		name   string
+		raw    string
+		status int
+		code   string
+	}{
+		// A bare LF inside a value splits it: the rest is a line with no colon.
+		{name: "bare LF inside the key's value", raw: strings.Replace(req("X-A: 1"), secret+"\r\n", secret+"\nrest\r\n", 1), status: 400, code: "malformed_request"},
+		{name: "bare LF inside a later value", raw: req("X-A: a\nb"), status: 400, code: "malformed_request"},
+		{name: "bare CR", raw: req("X-A: a\rb"), status: 400, code: "malformed_request"},
+		{name: "header too large", raw: req("X-Big: " + strings.Repeat("b", 16<<10)), status: 431, code: "request_header_too_large"},
+		{name: "space in a header name", raw: req("X A: 1"), status: 400, code: "malformed_request"},
+		{name: "header line without a colon", raw: req("X-A"), status: 400, code: "malformed_request"},
+		{name: "control byte in a header name", raw: req("X\x01A: 1"), status: 400, code: "malformed_request"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := mock.Stats().Requests
+			all := rawExchange(t, addr, c.raw)
+			for _, leak := range []string{secret, "Bearer", marker, "X-Marker", "Authorization", chatPath, "oncegate-mock", "malformed http"} {
+				if strings.Contains(string(all), leak) {
+					t.Errorf("the response echoes request bytes (%q):\n%s", leak, all)
+				}
+			}
+			resp, b := parseRaw(t, all)
+			if resp.StatusCode != c.status {
+				t.Errorf("status = %d, want %d; body %s", resp.StatusCode, c.status, b)
+			}
+			assertOpenAIError(t, resp, b, c.code)
+			if after := mock.Stats().Requests; after != before {
+				t.Errorf("backend executions went %d -> %d", before, after)
+			}
+		})
+	}
+}
+
+// rawExchange writes req on a new connection to addr and returns every byte the server sends
+// until it closes the connection.
+func rawExchange(t testing.TB, addr, req string) []byte {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	all, err := io.ReadAll(conn)
+	if err != nil && len(all) == 0 {
+		t.Fatalf("read: %v", err)
+	}
+	return all
 }
