@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -87,6 +88,24 @@ func TestBadInput(t *testing.T) {
 		{name: "stream is a string", body: chatBody("oncegate-mock", "s", `"stream":"true"`), status: 400, code: "invalid_type"},
 		{name: "stream is a number", body: chatBody("oncegate-mock", "s", `"stream":1`), status: 400, code: "invalid_type"},
 		{name: "unknown model", body: chatBody("gpt-nonexistent", "hi", ""), status: 404, code: "model_not_found"},
+		// What JSON parsers read differently is refused, as the providers refuse it: the
+		// fingerprint and the backend must read one request.
+		{name: "invalid UTF-8 in a string", body: chatBody("oncegate-mock", "x", `"user":"ab`+"\xff"+`"`), status: 400, code: "invalid_json"},
+		{name: "invalid UTF-8 in a key", body: chatBody("oncegate-mock", "x", `"us`+"\xc3"+`":1`), status: 400, code: "invalid_json"},
+		{name: "lone surrogate escape", body: chatBody("oncegate-mock", "x", `"user":"\ud83d"`), status: 400, code: "invalid_json"},
+		{name: "duplicate top-level key", body: `{"model":"gpt-nonexistent","model":"oncegate-mock","messages":[{"role":"user","content":"hi"}]}`, status: 400, code: "invalid_json"},
+		{name: "duplicate nested key", body: `{"model":"oncegate-mock","messages":[{"role":"user","content":"a","content":"b"}]}`, status: 400, code: "invalid_json"},
+		{name: "duplicate key, one escaped", body: `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}],"stream":false,"\u0073tream":true}`, status: 400, code: "invalid_json"},
+		{name: "number beyond float64", body: chatBody("oncegate-mock", "x", `"temperature":1e999`), status: 400, code: "invalid_json"},
+		{name: "5000-digit max_tokens", body: chatBody("oncegate-mock", "x", `"max_tokens":`+strings.Repeat("7", 5000)), status: 400, code: "invalid_json"},
+		{name: "max_tokens zero", body: chatBody("oncegate-mock", "x", `"max_tokens":0`), status: 400, code: "integer_below_min_value"},
+		{name: "max_tokens negative", body: chatBody("oncegate-mock", "x", `"max_tokens":-1`), status: 400, code: "integer_below_min_value"},
+		{name: "max_tokens 2^31", body: chatBody("oncegate-mock", "x", `"max_tokens":2147483648`), status: 400, code: "integer_above_max_value"},
+		{name: "max_tokens 2^63", body: chatBody("oncegate-mock", "x", `"max_tokens":9223372036854775808`), status: 400, code: "integer_above_max_value"},
+		{name: "max_tokens a fraction", body: chatBody("oncegate-mock", "x", `"max_tokens":1.5`), status: 400, code: "invalid_type"},
+		{name: "max_tokens a string", body: chatBody("oncegate-mock", "x", `"max_tokens":"16"`), status: 400, code: "invalid_type"},
+		{name: "max_completion_tokens zero", body: chatBody("oncegate-mock", "x", `"max_completion_tokens":0`), status: 400, code: "integer_below_min_value"},
+		{name: "max_completion_tokens with an exponent", body: chatBody("oncegate-mock", "x", `"max_completion_tokens":1e3`), status: 400, code: "invalid_type"},
 		// Only the headers are sent: the gateway refuses from the Content-Length, without
 		// reading the body, and closes the connection. A client still writing the body then can
 		// get a reset before it reads the 413 (seen once in CI), which is not what is tested.
@@ -194,6 +213,81 @@ func TestBadInputKeyNotStored(t *testing.T) {
 	}
 	if n := mock.Stats().Requests; n != 1 {
 		t.Errorf("backend executions = %d, want 1", n)
+	}
+}
+
+// TestBadInputErrorsQuoteNoBody: the reason a body is refused names the problem and where it
+// is, never the body's bytes (a 5,000-digit number, a prompt, a key).
+func TestBadInputErrorsQuoteNoBody(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	const marker = "og-body-marker"
+	for name, body := range map[string]string{
+		"duplicate key":   `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}],"` + marker + `":1,"` + marker + `":2}`,
+		"invalid UTF-8":   chatBody("oncegate-mock", marker, `"user":"`+marker+"\xff\""),
+		"huge max_tokens": chatBody("oncegate-mock", marker, `"max_tokens":`+strings.Repeat("9", 40)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp, b := postChat(t, gw.URL, body, nil)
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			}
+			if strings.Contains(string(b), marker) || strings.Contains(string(b), "999") {
+				t.Errorf("the error quotes the body: %s", b)
+			}
+			if !strings.Contains(string(b), "offset") && !strings.Contains(string(b), "max_tokens") {
+				t.Errorf("the error says neither where nor which parameter: %s", b)
+			}
+		})
+	}
+}
+
+// TestAnthropicTokenLimit: on /v1/messages max_tokens is required and bounded, refused in
+// Anthropic's error format.
+func TestAnthropicTokenLimit(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	msg := func(extra string) string {
+		b := `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}]`
+		if extra != "" {
+			b += "," + extra
+		}
+		return b + "}"
+	}
+	for _, c := range []struct {
+		name, body string
+		status     int
+	}{
+		{"absent", msg(""), 400},
+		{"null", msg(`"max_tokens":null`), 400},
+		{"zero", msg(`"max_tokens":0`), 400},
+		{"2^31", msg(`"max_tokens":2147483648`), 400},
+		{"5000 digits", msg(`"max_tokens":` + strings.Repeat("1", 5000)), 400},
+		{"a fraction", msg(`"max_tokens":8.5`), 400},
+		{"valid", msg(`"max_tokens":8`), 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := mock.Stats().Requests
+			resp, b := do(t, http.MethodPost, gw.URL+"/v1/messages", "application/json", c.body, nil)
+			if resp.StatusCode != c.status {
+				t.Fatalf("status %d, want %d; body %s", resp.StatusCode, c.status, b)
+			}
+			if c.status == http.StatusOK {
+				return
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct {
+					Type    string `json:"type"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(b, &e); err != nil || e.Type != "error" || e.Error.Type != "invalid_request_error" || e.Error.Message == "" {
+				t.Errorf("not an Anthropic invalid_request_error (%v): %s", err, b)
+			}
+			if after := mock.Stats().Requests; after != before {
+				t.Errorf("backend executions went %d -> %d", before, after)
+			}
+		})
 	}
 }
 
@@ -349,4 +443,25 @@ func rawExchange(t testing.TB, addr, req string) []byte {
 		t.Fatalf("read: %v", err)
 	}
 	return all
+}
+
+// TestEqualNumbersOneIntent: a retry whose numbers are spelled otherwise (0.5 as 0.50, 1 as
+// 1.0) is the same intent: replayed under its key, not a 422 for a different body.
+func TestEqualNumbersOneIntent(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	hdr := map[string]string{"Idempotency-Key": "numbers-1"}
+	first, b := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", `"temperature":0.5,"top_p":1`), hdr)
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first: status %d body %s", first.StatusCode, b)
+	}
+	for _, extra := range []string{`"temperature":0.50,"top_p":1.0`, `"temperature":5e-1,"top_p":1e0`} {
+		resp, rb := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", extra), hdr)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+			t.Errorf("%s: status %d, Oncegate-Idempotency %q; want a replay: %s", extra, resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), rb)
+		}
+	}
+	if n := mock.Stats().Requests; n != 1 {
+		t.Errorf("backend executions = %d, want 1", n)
+	}
 }

@@ -2,8 +2,8 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -93,19 +93,18 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	if !fields.nonEmptyArray("messages") {
 		return nil, badRequest("missing_required_parameter", "messages", "messages must be a non-empty array")
 	}
-	if api == apiAnthropic {
-		if n, ok := fields.number("max_tokens"); !ok || !positiveInt(n) {
-			return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
-		}
+	maxTokens, err := tokenLimit(fields, "max_tokens")
+	if err != nil {
+		return nil, err
 	}
-	for _, f := range []string{"max_completion_tokens", "max_tokens"} {
-		if n, ok := fields.number(f); ok {
-			if v, err := n.Int64(); err == nil && v > 0 {
-				g.maxTokens = int(v)
-				break
-			}
-		}
+	if api == apiAnthropic && maxTokens == 0 {
+		return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
 	}
+	maxCompletion, err := tokenLimit(fields, "max_completion_tokens")
+	if err != nil {
+		return nil, err
+	}
+	g.maxTokens = cmp.Or(maxCompletion, maxTokens) // the newer parameter wins
 	if v, present := fields["stream"]; present && string(v) != "null" {
 		if string(v) != "true" && string(v) != "false" {
 			return nil, badRequest("invalid_type", "stream", "stream must be a boolean")
@@ -193,9 +192,30 @@ func (s *Server) compatible(names []string, api string) []string {
 	return out
 }
 
-func positiveInt(n json.Number) bool {
+// maxTokenLimit bounds max_tokens and max_completion_tokens (2^31-1): far above any model's
+// output, and it keeps the value an int32 for every backend and an int in estimates and budgets.
+const maxTokenLimit = 1<<31 - 1
+
+// tokenLimit reads the token-limit parameter name: 0 when absent or null, else an integer
+// written as one (no fraction, no exponent) from 1 to maxTokenLimit, or a 400 naming name (and
+// never quoting the value, which may be 5,000 digits).
+func tokenLimit(fields bodyFields, name string) (int, error) {
+	raw, ok := fields[name]
+	if !ok || string(raw) == "null" {
+		return 0, nil
+	}
+	n, ok := fields.number(name)
+	if !ok || strings.ContainsAny(string(n), ".eE") {
+		return 0, badRequest("invalid_type", name, fmt.Sprintf("Invalid '%s': expected an integer.", name))
+	}
 	v, err := n.Int64()
-	return err == nil && v > 0
+	switch {
+	case n[0] == '-' || err == nil && v < 1:
+		return 0, badRequest("integer_below_min_value", name, fmt.Sprintf("Invalid '%s': expected a value >= 1.", name))
+	case err != nil || v > maxTokenLimit:
+		return 0, badRequest("integer_above_max_value", name, fmt.Sprintf("Invalid '%s': expected a value <= %d.", name, maxTokenLimit))
+	}
+	return int(v), nil
 }
 
 // Wire formats of generation requests.

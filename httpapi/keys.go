@@ -137,10 +137,17 @@ func isHex32(s string) bool {
 // "stream_options"): a streamed and a non-streamed copy of one intent are the same intent.
 func isTransportField(key string) bool { return key == "stream" || key == "stream_options" }
 
-// canonicalFingerprint is the SHA-256 (hex) of the body as canonical JSON: object keys sorted,
-// insignificant whitespace removed, numbers kept as written, transport fields dropped — the
-// bytes encoding/json gives for the body decoded into a map (with UseNumber), computed by
-// jsonscan in one pass. The body must be a JSON object; fields are its top-level members.
+// canonicalFingerprint is the SHA-256 (hex) of the body as canonical JSON (jsonscan.Canonical,
+// one pass): object keys sorted, insignificant whitespace removed, strings as encoding/json
+// writes them, numbers in one spelling per value (0.5, 0.50 and 5e-1 are one intent; integers
+// written as integers stay exact), transport fields dropped. The body must be a JSON object
+// that every parser reads alike: a duplicate key (at any depth), invalid UTF-8, a lone
+// surrogate escape or a number beyond float64 is an error that names the offset, never the
+// body's bytes. fields are its top-level members.
+//
+// Changing these rules changes the fingerprint of some bodies, and a retry of a request
+// stored before the change then meets its old record with another fingerprint (422): the
+// number rule did so for bodies with numbers spelled otherwise than canonically (0.50, 1.0, 1e2).
 func canonicalFingerprint(body []byte) (string, bodyFields, error) {
 	canon, fields, err := jsonscan.Canonical(make([]byte, 0, len(body)), body, isTransportField)
 	switch {
@@ -153,7 +160,7 @@ func canonicalFingerprint(body []byte) (string, bodyFields, error) {
 	return hex.EncodeToString(sum[:]), fields, nil
 }
 
-// bodyFields are a request body's top-level members (the last of duplicate keys), raw.
+// bodyFields are a request body's top-level members (a body has no duplicate keys), raw.
 type bodyFields map[string]json.RawMessage
 
 // str is field k if it is a JSON string.
