@@ -20,6 +20,7 @@ func TestCanonical(t *testing.T) {
 		{`{"k":"<b>&\u00e9\u2028\n\/"}`, `{"k":"\u003cb\u003e\u0026é\u2028\n/"}`},
 		{"{\"k\":\"é\u2028\"}", `{"k":"é\u2028"}`},
 		{`{"k":"\ud83d\ude00"}`, `{"k":"😀"}`},
+		{`{"k":"\ud7ff\ue000\uffff"}`, "{\"k\":\"\ud7ff\ue000\uffff\"}"}, // around the surrogates
 		{`{"stream":true,"stream_options":{},"model":"m"}`, `{"model":"m"}`},
 		{`{"x":{"stream":true}}`, `{"x":{"stream":true}}`},
 		{`{"a":"\u0061","\u0061b":1,"ab ":2}`, `{"a":"a","ab":1,"ab ":2}`},

@@ -409,7 +409,7 @@ func (s *scanner) unicodeEscape(i int) (int, error) {
 	case r >= 0xDC00 && r < 0xE000:
 		s.pos = i
 		return 0, s.failAs(ErrInvalidUTF8, "lone low surrogate in a \\u escape")
-	case r >= 0xD800:
+	case r >= 0xD800 && r < 0xDC00:
 		if i+7 >= len(s.data) || s.data[i+6] != '\\' || s.data[i+7] != 'u' {
 			s.pos = i
 			return 0, s.failAs(ErrInvalidUTF8, "lone high surrogate in a \\u escape")
