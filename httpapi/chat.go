@@ -142,20 +142,18 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	// A key is validated even when the request bypasses deduplication: a malformed key is the
 	// client's mistake either way, and a valid one is echoed (admit gives a bypass its own record).
 	raw, present, err := idempotencyKeyHeader(c)
-	if present {
-		key, kerr := parseIdempotencyKey(raw)
-		if err == nil {
-			err = kerr
-		}
-		if err != nil {
-			return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_idempotency_key",
-				Message: err.Error(), ShouldRetry: &retryNo}
-		}
-		g.echoKey = key
-		if !g.bypass {
-			g.recKey = recordKey(tenant, key)
-		}
-	} else if !g.bypass {
+	if err == nil && present {
+		g.echoKey, err = parseIdempotencyKey(raw)
+	}
+	if err != nil {
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_idempotency_key",
+			Message: err.Error(), ShouldRetry: &retryNo}
+	}
+	switch {
+	case g.bypass: // its record key is made per execution by admit
+	case present:
+		g.recKey = recordKey(tenant, g.echoKey)
+	default:
 		g.auto = true
 		g.recKey = hashParts(tenant, "auto", c.Method(), c.Path(), fp)
 		g.echoKey = autoKeyPrefix + g.recKey

@@ -317,7 +317,7 @@ const (
 	escapeByte         // '\\'
 	controlByte        // below 0x20: invalid
 	htmlByte           // '<', '>', '&': escaped by encoding/json
-	highByte           // 0x80 and above: part of a UTF-8 sequence, checked
+	highByte           // 0x80 and above: part of a UTF-8 sequence (checked in a strict scan)
 )
 
 var strClass = func() (t [256]uint8) {
