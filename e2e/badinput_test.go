@@ -465,3 +465,36 @@ func TestEqualNumbersOneIntent(t *testing.T) {
 		t.Errorf("backend executions = %d, want 1", n)
 	}
 }
+
+// TestBodyTooLargeFormat: a body over the limit is refused from its Content-Length, before
+// routing, yet in its route's error format (its header was read whole, so the route is known).
+func TestBodyTooLargeFormat(t *testing.T) {
+	cfg := gwtest.Config(t)
+	cfg.HTTP.MaxBodyBytes = 4 << 10
+	gw := gwtest.Start(t, cfg)
+	addr := strings.TrimPrefix(gw.URL, "http://")
+	for _, c := range []struct {
+		path      string
+		anthropic bool
+	}{{chatPath, false}, {"/v1/messages", true}} {
+		t.Run(c.path, func(t *testing.T) {
+			// Only the header: the gateway answers from the Content-Length and closes.
+			resp, b := rawRequest(t, addr, "POST "+c.path+" HTTP/1.1\r\nHost: "+addr+
+				"\r\nContent-Type: application/json\r\nContent-Length: 65536\r\nConnection: close\r\n\r\n")
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			}
+			if !c.anthropic {
+				assertOpenAIError(t, resp, b, "request_too_large")
+				return
+			}
+			var e struct {
+				Type  string                         `json:"type"`
+				Error struct{ Type, Message string } `json:"error"`
+			}
+			if err := json.Unmarshal(b, &e); err != nil || e.Type != "error" || e.Error.Type == "" || e.Error.Message == "" {
+				t.Errorf("not an Anthropic error body (%v): %s", err, b)
+			}
+		})
+	}
+}
