@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -20,18 +22,15 @@ import (
 // response. It reaches header bytes that net/http refuses to send (control characters).
 func rawRequest(t testing.TB, addr, req string) (*http.Response, []byte) {
 	t.Helper()
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	return parseRaw(t, rawExchange(t, addr, req))
+}
+
+// parseRaw parses all as one HTTP response and reads its body.
+func parseRaw(t testing.TB, all []byte) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(all)), nil)
 	if err != nil {
-		t.Fatalf("dial %s: %v", addr, err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := io.WriteString(conn, req); err != nil {
-		t.Fatalf("write: %v", err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("read response: %v", err)
+		t.Fatalf("read response: %v\n%s", err, all)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
@@ -89,6 +88,24 @@ func TestBadInput(t *testing.T) {
 		{name: "stream is a string", body: chatBody("oncegate-mock", "s", `"stream":"true"`), status: 400, code: "invalid_type"},
 		{name: "stream is a number", body: chatBody("oncegate-mock", "s", `"stream":1`), status: 400, code: "invalid_type"},
 		{name: "unknown model", body: chatBody("gpt-nonexistent", "hi", ""), status: 404, code: "model_not_found"},
+		// What JSON parsers read differently is refused, as the providers refuse it: the
+		// fingerprint and the backend must read one request.
+		{name: "invalid UTF-8 in a string", body: chatBody("oncegate-mock", "x", `"user":"ab`+"\xff"+`"`), status: 400, code: "invalid_json"},
+		{name: "invalid UTF-8 in a key", body: chatBody("oncegate-mock", "x", `"us`+"\xc3"+`":1`), status: 400, code: "invalid_json"},
+		{name: "lone surrogate escape", body: chatBody("oncegate-mock", "x", `"user":"\ud83d"`), status: 400, code: "invalid_json"},
+		{name: "duplicate top-level key", body: `{"model":"gpt-nonexistent","model":"oncegate-mock","messages":[{"role":"user","content":"hi"}]}`, status: 400, code: "invalid_json"},
+		{name: "duplicate nested key", body: `{"model":"oncegate-mock","messages":[{"role":"user","content":"a","content":"b"}]}`, status: 400, code: "invalid_json"},
+		{name: "duplicate key, one escaped", body: `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}],"stream":false,"\u0073tream":true}`, status: 400, code: "invalid_json"},
+		{name: "number beyond float64", body: chatBody("oncegate-mock", "x", `"temperature":1e999`), status: 400, code: "invalid_json"},
+		{name: "5000-digit max_tokens", body: chatBody("oncegate-mock", "x", `"max_tokens":`+strings.Repeat("7", 5000)), status: 400, code: "invalid_json"},
+		{name: "max_tokens zero", body: chatBody("oncegate-mock", "x", `"max_tokens":0`), status: 400, code: "integer_below_min_value"},
+		{name: "max_tokens negative", body: chatBody("oncegate-mock", "x", `"max_tokens":-1`), status: 400, code: "integer_below_min_value"},
+		{name: "max_tokens 2^31", body: chatBody("oncegate-mock", "x", `"max_tokens":2147483648`), status: 400, code: "integer_above_max_value"},
+		{name: "max_tokens 2^63", body: chatBody("oncegate-mock", "x", `"max_tokens":9223372036854775808`), status: 400, code: "integer_above_max_value"},
+		{name: "max_tokens a fraction", body: chatBody("oncegate-mock", "x", `"max_tokens":1.5`), status: 400, code: "invalid_type"},
+		{name: "max_tokens a string", body: chatBody("oncegate-mock", "x", `"max_tokens":"16"`), status: 400, code: "invalid_type"},
+		{name: "max_completion_tokens zero", body: chatBody("oncegate-mock", "x", `"max_completion_tokens":0`), status: 400, code: "integer_below_min_value"},
+		{name: "max_completion_tokens with an exponent", body: chatBody("oncegate-mock", "x", `"max_completion_tokens":1e3`), status: 400, code: "invalid_type"},
 		// Only the headers are sent: the gateway refuses from the Content-Length, without
 		// reading the body, and closes the connection. A client still writing the body then can
 		// get a reset before it reads the 413 (seen once in CI), which is not what is tested.
@@ -113,6 +130,15 @@ func TestBadInput(t *testing.T) {
 		{name: "X-Idempotency-Key malformed", body: valid, hdr: map[string]string{"X-Idempotency-Key": `"abc`}, status: 400, code: "invalid_idempotency_key"},
 		{name: "key with control char 0x01 (raw)", raw: rawChat(addr, "Idempotency-Key: ab\x01cd", valid), status: 400, code: "invalid_idempotency_key"},
 		{name: "key with DEL (raw)", raw: rawChat(addr, "Idempotency-Key: ab\x7fcd", valid), status: 400, code: "invalid_idempotency_key"},
+		// An empty header is a malformed key, not an absent one (which would get an auto key).
+		{name: "key empty (raw)", raw: rawChat(addr, "Idempotency-Key:", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "key empty after a space (raw)", raw: rawChat(addr, "Idempotency-Key: ", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "X-Idempotency-Key empty (raw)", raw: rawChat(addr, "X-Idempotency-Key:", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "key empty, X-Idempotency-Key valid (raw)", raw: rawChat(addr, "Idempotency-Key:\r\nX-Idempotency-Key: k1", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "key repeated with two values (raw)", raw: rawChat(addr, "Idempotency-Key: k1\r\nIdempotency-Key: k2", valid), status: 400, code: "invalid_idempotency_key"},
+		// X-Allow-Duplicate skips deduplication, not the validation of a key the client sent.
+		{name: "allow duplicate, key empty (raw)", raw: rawChat(addr, "X-Allow-Duplicate: true\r\nIdempotency-Key:", valid), status: 400, code: "invalid_idempotency_key"},
+		{name: "allow duplicate, key malformed", body: valid, hdr: map[string]string{"X-Allow-Duplicate": "true", "Idempotency-Key": `"abc`}, status: 400, code: "invalid_idempotency_key"},
 	}
 	mock := gw.Mock(t, "mock")
 	for _, c := range cases {
@@ -190,6 +216,110 @@ func TestBadInputKeyNotStored(t *testing.T) {
 	}
 }
 
+// TestBadInputErrorsQuoteNoBody: the reason a body is refused names the problem and where it
+// is, never the body's bytes (a 5,000-digit number, a prompt, a key).
+func TestBadInputErrorsQuoteNoBody(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	const marker = "og-body-marker"
+	for name, body := range map[string]string{
+		"duplicate key":   `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}],"` + marker + `":1,"` + marker + `":2}`,
+		"invalid UTF-8":   chatBody("oncegate-mock", marker, `"user":"`+marker+"\xff\""),
+		"huge max_tokens": chatBody("oncegate-mock", marker, `"max_tokens":`+strings.Repeat("9", 40)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			resp, b := postChat(t, gw.URL, body, nil)
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			}
+			if strings.Contains(string(b), marker) || strings.Contains(string(b), "999") {
+				t.Errorf("the error quotes the body: %s", b)
+			}
+			if !strings.Contains(string(b), "offset") && !strings.Contains(string(b), "max_tokens") {
+				t.Errorf("the error says neither where nor which parameter: %s", b)
+			}
+		})
+	}
+}
+
+// TestAnthropicTokenLimit: on /v1/messages max_tokens is required and bounded, refused in
+// Anthropic's error format.
+func TestAnthropicTokenLimit(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	msg := func(extra string) string {
+		b := `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}]`
+		if extra != "" {
+			b += "," + extra
+		}
+		return b + "}"
+	}
+	for _, c := range []struct {
+		name, body string
+		status     int
+	}{
+		{"absent", msg(""), 400},
+		{"null", msg(`"max_tokens":null`), 400},
+		{"zero", msg(`"max_tokens":0`), 400},
+		{"2^31", msg(`"max_tokens":2147483648`), 400},
+		{"5000 digits", msg(`"max_tokens":` + strings.Repeat("1", 5000)), 400},
+		{"a fraction", msg(`"max_tokens":8.5`), 400},
+		{"valid", msg(`"max_tokens":8`), 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := mock.Stats().Requests
+			resp, b := do(t, http.MethodPost, gw.URL+"/v1/messages", "application/json", c.body, nil)
+			if resp.StatusCode != c.status {
+				t.Fatalf("status %d, want %d; body %s", resp.StatusCode, c.status, b)
+			}
+			if c.status == http.StatusOK {
+				return
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct {
+					Type    string `json:"type"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(b, &e); err != nil || e.Type != "error" || e.Error.Type != "invalid_request_error" || e.Error.Message == "" {
+				t.Errorf("not an Anthropic invalid_request_error (%v): %s", err, b)
+			}
+			if after := mock.Stats().Requests; after != before {
+				t.Errorf("backend executions went %d -> %d", before, after)
+			}
+		})
+	}
+}
+
+// TestBypassEchoesKey: with X-Allow-Duplicate, a client's valid Idempotency-Key is echoed as
+// sent (not replaced by a generated one), and each copy still executes on its own.
+func TestBypassEchoesKey(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	body := chatBody("oncegate-mock", "bypass with a key", "")
+	hdr := map[string]string{"X-Allow-Duplicate": "true", "Idempotency-Key": `"bp-1"`}
+	jobIDs := map[string]bool{}
+	for i := range 2 {
+		resp, b := postChat(t, gw.URL, body, hdr)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("copy %d: status %d body %s", i, resp.StatusCode, b)
+		}
+		if got := resp.Header.Get("Idempotency-Key"); got != "bp-1" {
+			t.Errorf("copy %d: Idempotency-Key = %q, want the client's bp-1", i, got)
+		}
+		if got := resp.Header.Get("Oncegate-Idempotency"); got != "bypassed" {
+			t.Errorf("copy %d: Oncegate-Idempotency = %q, want bypassed", i, got)
+		}
+		jobIDs[resp.Header.Get("Oncegate-Job-Id")] = true
+	}
+	if len(jobIDs) != 2 {
+		t.Errorf("job ids %v: want two executions", jobIDs)
+	}
+	if n := mock.Stats().Requests; n != 2 {
+		t.Errorf("backend executions = %d, want 2", n)
+	}
+}
+
 // TestTenantAuth: with tenants configured, the chat endpoint and the model list need a valid
 // API key (Authorization: Bearer or x-api-key); a refused caller creates no job.
 func TestTenantAuth(t *testing.T) {
@@ -239,6 +369,131 @@ func TestTenantAuth(t *testing.T) {
 			parseCompletion(t, b)
 			if after != before+1 {
 				t.Errorf("backend executions went %d -> %d, want +1", before, after)
+			}
+		})
+	}
+}
+
+// TestMalformedHTTP: a request fasthttp cannot parse gets a fixed OpenAI-format 4xx that
+// echoes none of its bytes (its header block held the caller's API key), and creates no job.
+func TestMalformedHTTP(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	addr := strings.TrimPrefix(gw.URL, "http://")
+	const secret = "sk-og-secret-4f2a9c"
+	const marker = "og-marker-77e1"
+	body := chatBody("oncegate-mock", "malformed http", "")
+	// req is a chat request whose header block holds bad (a raw header line, maybe broken).
+	req := func(bad string) string {
+		return "POST " + chatPath + " HTTP/1.1\r\nHost: " + addr + "\r\nAuthorization: Bearer " + secret + "\r\n" +
+			bad + "\r\nContent-Type: application/json\r\nX-Marker: " + marker + "\r\nContent-Length: " +
+			fmt.Sprint(len(body)) + "\r\nConnection: close\r\n\r\n" + body
+	}
+	cases := []struct {
+		name   string
+		raw    string
+		status int
+		code   string
+	}{
+		// A bare LF inside a value splits it: the rest is a line with no colon.
+		{name: "bare LF inside the key's value", raw: strings.Replace(req("X-A: 1"), secret+"\r\n", secret+"\nrest\r\n", 1), status: 400, code: "malformed_request"},
+		{name: "bare LF inside a later value", raw: req("X-A: a\nb"), status: 400, code: "malformed_request"},
+		{name: "bare CR", raw: req("X-A: a\rb"), status: 400, code: "malformed_request"},
+		{name: "header too large", raw: req("X-Big: " + strings.Repeat("b", 16<<10)), status: 431, code: "request_header_too_large"},
+		{name: "space in a header name", raw: req("X A: 1"), status: 400, code: "malformed_request"},
+		{name: "header line without a colon", raw: req("X-A"), status: 400, code: "malformed_request"},
+		{name: "control byte in a header name", raw: req("X\x01A: 1"), status: 400, code: "malformed_request"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			before := mock.Stats().Requests
+			all := rawExchange(t, addr, c.raw)
+			for _, leak := range []string{secret, "Bearer", marker, "X-Marker", "Authorization", chatPath, "oncegate-mock", "malformed http"} {
+				if strings.Contains(string(all), leak) {
+					t.Errorf("the response echoes request bytes (%q):\n%s", leak, all)
+				}
+			}
+			resp, b := parseRaw(t, all)
+			if resp.StatusCode != c.status {
+				t.Errorf("status = %d, want %d; body %s", resp.StatusCode, c.status, b)
+			}
+			assertOpenAIError(t, resp, b, c.code)
+			if after := mock.Stats().Requests; after != before {
+				t.Errorf("backend executions went %d -> %d", before, after)
+			}
+		})
+	}
+}
+
+// rawExchange writes req on a new connection to addr and returns every byte the server sends
+// until it closes the connection.
+func rawExchange(t testing.TB, addr, req string) []byte {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s: %v", addr, err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	all, err := io.ReadAll(conn)
+	if err != nil && len(all) == 0 {
+		t.Fatalf("read: %v", err)
+	}
+	return all
+}
+
+// TestEqualNumbersOneIntent: a retry whose numbers are spelled otherwise (0.5 as 0.50, 1 as
+// 1.0) is the same intent: replayed under its key, not a 422 for a different body.
+func TestEqualNumbersOneIntent(t *testing.T) {
+	gw := gwtest.Start(t, nil)
+	mock := gw.Mock(t, "mock")
+	hdr := map[string]string{"Idempotency-Key": "numbers-1"}
+	first, b := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", `"temperature":0.5,"top_p":1`), hdr)
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first: status %d body %s", first.StatusCode, b)
+	}
+	for _, extra := range []string{`"temperature":0.50,"top_p":1.0`, `"temperature":5e-1,"top_p":1e0`} {
+		resp, rb := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", extra), hdr)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+			t.Errorf("%s: status %d, Oncegate-Idempotency %q; want a replay: %s", extra, resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), rb)
+		}
+	}
+	if n := mock.Stats().Requests; n != 1 {
+		t.Errorf("backend executions = %d, want 1", n)
+	}
+}
+
+// TestBodyTooLargeFormat: a body over the limit is refused from its Content-Length, before
+// routing, yet in its route's error format (its header was read whole, so the route is known).
+func TestBodyTooLargeFormat(t *testing.T) {
+	cfg := gwtest.Config(t)
+	cfg.HTTP.MaxBodyBytes = 4 << 10
+	gw := gwtest.Start(t, cfg)
+	addr := strings.TrimPrefix(gw.URL, "http://")
+	for _, c := range []struct {
+		path      string
+		anthropic bool
+	}{{chatPath, false}, {"/v1/messages", true}} {
+		t.Run(c.path, func(t *testing.T) {
+			// Only the header: the gateway answers from the Content-Length and closes.
+			resp, b := rawRequest(t, addr, "POST "+c.path+" HTTP/1.1\r\nHost: "+addr+
+				"\r\nContent-Type: application/json\r\nContent-Length: 65536\r\nConnection: close\r\n\r\n")
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			}
+			if !c.anthropic {
+				assertOpenAIError(t, resp, b, "request_too_large")
+				return
+			}
+			var e struct {
+				Type  string                         `json:"type"`
+				Error struct{ Type, Message string } `json:"error"`
+			}
+			if err := json.Unmarshal(b, &e); err != nil || e.Type != "error" || e.Error.Type == "" || e.Error.Message == "" {
+				t.Errorf("not an Anthropic error body (%v): %s", err, b)
 			}
 		})
 	}

@@ -218,7 +218,7 @@ func TestIdempotencyContract(t *testing.T) {
 		dup := xoPost(c, gw.URL+xoChatPath, a, keyed(key))
 		waited := time.Since(t0)
 		xoWantError(t, dup, http.StatusConflict, "idempotency_key_in_use")
-		for h, want := range map[string]string{"Retry-After": "1", "retry-after-ms": "500", "x-should-retry": "true",
+		for h, want := range map[string]string{"Retry-After": "1", "retry-after-ms": "1000", "x-should-retry": "true",
 			"Oncegate-Idempotency": "joined", "Idempotency-Key": key} {
 			if got := dup.Header.Get(h); got != want {
 				t.Errorf("409: %s = %q, want %q", h, got, want)

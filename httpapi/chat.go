@@ -2,8 +2,8 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -93,19 +93,18 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	if !fields.nonEmptyArray("messages") {
 		return nil, badRequest("missing_required_parameter", "messages", "messages must be a non-empty array")
 	}
-	if api == apiAnthropic {
-		if n, ok := fields.number("max_tokens"); !ok || !positiveInt(n) {
-			return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
-		}
+	maxTokens, err := tokenLimit(fields, "max_tokens")
+	if err != nil {
+		return nil, err
 	}
-	for _, f := range []string{"max_completion_tokens", "max_tokens"} {
-		if n, ok := fields.number(f); ok {
-			if v, err := n.Int64(); err == nil && v > 0 {
-				g.maxTokens = int(v)
-				break
-			}
-		}
+	if api == apiAnthropic && maxTokens == 0 {
+		return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
 	}
+	maxCompletion, err := tokenLimit(fields, "max_completion_tokens")
+	if err != nil {
+		return nil, err
+	}
+	g.maxTokens = cmp.Or(maxCompletion, maxTokens) // the newer parameter wins
 	if v, present := fields["stream"]; present && string(v) != "null" {
 		if string(v) != "true" && string(v) != "false" {
 			return nil, badRequest("invalid_type", "stream", "stream must be a boolean")
@@ -140,18 +139,21 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	}
 
 	g.bypass = !rt.Dedup || strings.EqualFold(c.Get("X-Allow-Duplicate"), "true")
-	raw := c.Get("Idempotency-Key")
-	if raw == "" {
-		raw = c.Get("X-Idempotency-Key")
+	// A key is validated even when the request bypasses deduplication: a malformed key is the
+	// client's mistake either way, and a valid one is echoed (admit gives a bypass its own record).
+	raw, present, err := idempotencyKeyHeader(c)
+	if err == nil && present {
+		g.echoKey, err = parseIdempotencyKey(raw)
 	}
-	if raw != "" && !g.bypass {
-		key, err := parseIdempotencyKey(raw)
-		if err != nil {
-			return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_idempotency_key",
-				Message: err.Error(), ShouldRetry: &retryNo}
-		}
-		g.echoKey, g.recKey = key, recordKey(tenant, key)
-	} else if !g.bypass {
+	if err != nil {
+		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_idempotency_key",
+			Message: err.Error(), ShouldRetry: &retryNo}
+	}
+	switch {
+	case g.bypass: // its record key is made per execution by admit
+	case present:
+		g.recKey = recordKey(tenant, g.echoKey)
+	default:
 		g.auto = true
 		g.recKey = hashParts(tenant, "auto", c.Method(), c.Path(), fp)
 		g.echoKey = autoKeyPrefix + g.recKey
@@ -188,9 +190,30 @@ func (s *Server) compatible(names []string, api string) []string {
 	return out
 }
 
-func positiveInt(n json.Number) bool {
+// maxTokenLimit bounds max_tokens and max_completion_tokens (2^31-1): far above any model's
+// output, and it keeps the value an int32 for every backend and an int in estimates and budgets.
+const maxTokenLimit = 1<<31 - 1
+
+// tokenLimit reads the token-limit parameter name: 0 when absent or null, else an integer
+// written as one (no fraction, no exponent) from 1 to maxTokenLimit, or a 400 naming name (and
+// never quoting the value, which may be 5,000 digits).
+func tokenLimit(fields bodyFields, name string) (int, error) {
+	raw, ok := fields[name]
+	if !ok || string(raw) == "null" {
+		return 0, nil
+	}
+	n, ok := fields.number(name)
+	if !ok || strings.ContainsAny(string(n), ".eE") {
+		return 0, badRequest("invalid_type", name, fmt.Sprintf("Invalid '%s': expected an integer.", name))
+	}
 	v, err := n.Int64()
-	return err == nil && v > 0
+	switch {
+	case n[0] == '-' || err == nil && v < 1:
+		return 0, badRequest("integer_below_min_value", name, fmt.Sprintf("Invalid '%s': expected a value >= 1.", name))
+	case err != nil || v > maxTokenLimit:
+		return 0, badRequest("integer_above_max_value", name, fmt.Sprintf("Invalid '%s': expected a value <= %d.", name, maxTokenLimit))
+	}
+	return int(v), nil
 }
 
 // Wire formats of generation requests.
@@ -272,8 +295,10 @@ func (s *Server) admit(ctx context.Context, g *generation) (*admission, error) {
 	defer cancel()
 	if g.bypass {
 		jobID := jobs.NewID()
-		g.recKey = hashParts(g.tenant, "bypass", jobID)
-		g.echoKey = autoKeyPrefix + g.recKey
+		g.recKey = hashParts(g.tenant, "bypass", jobID) // unique per execution, whatever the key
+		if g.echoKey == "" {
+			g.echoKey = autoKeyPrefix + g.recKey
+		}
 		return s.create(ctx, g, g.recKey, jobID, outcomeBypassed)
 	}
 	if rec, rev, ok := s.finishedRecord(g); ok {

@@ -125,7 +125,7 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			c.Set("x-should-retry", strconv.FormatBool(first.Meta.RetryAfter > 0))
 			if ra := first.Meta.RetryAfter; ra > 0 {
 				c.Set(fiber.HeaderRetryAfter, strconv.Itoa(ra))
-				c.Set("retry-after-ms", strconv.Itoa(ra*1000))
+				c.Set("retry-after-ms", retryAfterMillis(ra))
 			}
 			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 			return c.Status(first.Status).Send(first.Payload)

@@ -1,12 +1,14 @@
 package httpapi
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"strconv"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
 	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/openaiwire"
@@ -71,7 +73,7 @@ func writeAPIError(c *fiber.Ctx, ae *apiError) error {
 	}
 	if ae.RetryAfter > 0 {
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(ae.RetryAfter))
-		c.Set("retry-after-ms", strconv.Itoa(ae.RetryAfter*500))
+		c.Set("retry-after-ms", retryAfterMillis(ae.RetryAfter))
 	}
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 	if isAnthropicRoute(c) {
@@ -79,6 +81,12 @@ func writeAPIError(c *fiber.Ctx, ae *apiError) error {
 	}
 	return c.Status(ae.Status).Send(openaiwire.ErrorBody(ae.Message, ae.Type, ae.Code, ae.Param))
 }
+
+// retryAfterMillis is the retry-after-ms header for a Retry-After of secs seconds: the same
+// delay in milliseconds. The OpenAI SDKs read retry-after-ms before Retry-After, so the two
+// must say the same thing, or a client waits for what the header it reads says, not what the
+// gateway meant. Every response that sets Retry-After sets retry-after-ms through this.
+func retryAfterMillis(secs int) string { return strconv.Itoa(secs * 1000) }
 
 func fiberError(fe *fiber.Error) *apiError {
 	ae := &apiError{Status: fe.Code, Type: "invalid_request_error", Message: fe.Message}
@@ -92,9 +100,81 @@ func fiberError(fe *fiber.Error) *apiError {
 	case http.StatusRequestTimeout:
 		ae.Code = "request_timeout"
 	default:
+		// A fixed text: a fiber.Error's message may quote the request.
+		ae.Message = strings.ToLower(http.StatusText(fe.Code))
 		if fe.Code >= 500 {
 			ae.Type, ae.Code, ae.Message = "server_error", "internal_error", "internal error"
 		}
 	}
 	return ae
+}
+
+// malformedRequest is the fasthttp server's ErrorHandler: it answers a request that could not
+// be read (a malformed or oversized header, a body over the limit, a read timeout) before any
+// routing. The answer is fixed and echoes no request byte: fasthttp's parse errors quote the
+// raw header block, Authorization included, and Fiber's own handler put that text in the body.
+// A request whose header could not be parsed has no route anyone can trust, so it gets
+// OpenAI's error shape; only a body over the limit (its header was read whole) gets its
+// route's format, as before. fasthttp closes the connection after it.
+func (s *Server) malformedRequest(ctx *fasthttp.RequestCtx, err error) {
+	ae := errMalformed()
+	anthropic := false
+	var small *fasthttp.ErrSmallBuffer
+	var timeout interface{ Timeout() bool }
+	var nothing fasthttp.ErrNothingRead
+	switch {
+	case errors.As(err, &small):
+		ae.Status, ae.Code, ae.Message = http.StatusRequestHeaderFieldsTooLarge, "request_header_too_large", "the request header is too large"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		ae.Status, ae.Code, ae.Message = http.StatusRequestEntityTooLarge, "request_too_large", "request body exceeds the size limit"
+		anthropic = strings.HasPrefix(string(ctx.Path()), "/v1/messages")
+	case errors.As(err, &timeout) && timeout.Timeout(), errors.As(err, &nothing):
+		ae.Status, ae.Code, ae.Message = http.StatusRequestTimeout, "request_timeout", "the request was not received in time"
+	}
+	s.log.Debug().Int("status", ae.Status).Str("code", ae.Code).Msg("unreadable HTTP request") // never err: it quotes the request
+	ctx.Response.Header.SetContentType(fiber.MIMEApplicationJSON)
+	ctx.SetStatusCode(ae.Status)
+	if anthropic {
+		ctx.SetBody(anthropicwire.ErrorBody(anthropicwire.ErrorType(ae.Status), ae.Message))
+		return
+	}
+	ctx.SetBody(openaiwire.ErrorBody(ae.Message, ae.Type, ae.Code, ae.Param))
+}
+
+// errMalformed is the answer to a request that is not valid HTTP: fixed, it quotes nothing.
+func errMalformed() *apiError {
+	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "malformed_request",
+		Message: "the HTTP request is malformed"}
+}
+
+// checkHeaders refuses what fasthttp parses but HTTP forbids: a field name that is not a token
+// (RFC 9110 §5.1), or a value holding CR, LF or NUL ("invalid and dangerous", §5.5; a bare CR
+// stays inside a value in fasthttp), which could otherwise reach a backend in a forwarded
+// header. A bare LF ending a line is tolerated, as RFC 9112 §2.2 allows.
+func checkHeaders(c *fiber.Ctx) error {
+	bad := false
+	c.Request().Header.VisitAll(func(k, v []byte) {
+		bad = bad || !isToken(k) || bytes.ContainsAny(v, "\r\n\x00")
+	})
+	if bad {
+		return errMalformed()
+	}
+	return c.Next()
+}
+
+// tchar marks the bytes of an HTTP token (RFC 9110 §5.6.2).
+var tchar = func() (t [256]bool) {
+	for _, c := range []byte("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") {
+		t[c] = true
+	}
+	return t
+}()
+
+func isToken(b []byte) bool {
+	for _, c := range b {
+		if !tchar[c] {
+			return false
+		}
+	}
+	return len(b) > 0
 }

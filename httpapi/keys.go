@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gofiber/fiber/v2"
+
 	"github.com/oncegate/oncegate/internal/jsonscan"
 )
 
@@ -21,6 +23,28 @@ var (
 	errKeyCharset   = errors.New("Idempotency-Key must be printable ASCII")
 	errKeyMalformed = errors.New("Idempotency-Key is a malformed structured-field string")
 )
+
+var errKeyRepeated = errors.New("Idempotency-Key is sent more than once with different values")
+
+// idempotencyKeyHeader is the raw Idempotency-Key of the request, else its X-Idempotency-Key,
+// copied; present reports that the header was sent at all. fasthttp's Get and Peek give ""
+// for both an absent and an empty header, and an empty key must be refused (400), never taken
+// for an absent one (an auto key). The same header repeated with different values is refused.
+func idempotencyKeyHeader(c *fiber.Ctx) (raw string, present bool, err error) {
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		vals := c.Request().Header.PeekAll(name)
+		if len(vals) == 0 {
+			continue
+		}
+		for _, v := range vals[1:] {
+			if !bytes.Equal(v, vals[0]) {
+				return "", true, errKeyRepeated
+			}
+		}
+		return string(vals[0]), true, nil
+	}
+	return "", false, nil
+}
 
 // parseIdempotencyKey accepts a bare key or an RFC 8941 sf-string ("…", with \" and \\
 // escapes) and validates 1-255 printable ASCII characters (0x21-0x7E; spaces inside allowed).
@@ -113,10 +137,17 @@ func isHex32(s string) bool {
 // "stream_options"): a streamed and a non-streamed copy of one intent are the same intent.
 func isTransportField(key string) bool { return key == "stream" || key == "stream_options" }
 
-// canonicalFingerprint is the SHA-256 (hex) of the body as canonical JSON: object keys sorted,
-// insignificant whitespace removed, numbers kept as written, transport fields dropped — the
-// bytes encoding/json gives for the body decoded into a map (with UseNumber), computed by
-// jsonscan in one pass. The body must be a JSON object; fields are its top-level members.
+// canonicalFingerprint is the SHA-256 (hex) of the body as canonical JSON (jsonscan.Canonical,
+// one pass): object keys sorted, insignificant whitespace removed, strings as encoding/json
+// writes them, numbers in one spelling per value (0.5, 0.50 and 5e-1 are one intent; integers
+// written as integers stay exact), transport fields dropped. The body must be a JSON object
+// that every parser reads alike: a duplicate key (at any depth), invalid UTF-8, a lone
+// surrogate escape or a number beyond float64 is an error that names the offset, never the
+// body's bytes. fields are its top-level members.
+//
+// Changing these rules changes the fingerprint of some bodies, and a retry of a request
+// stored before the change then meets its old record with another fingerprint (422): the
+// number rule did so for bodies with numbers spelled otherwise than canonically (0.50, 1.0, 1e2).
 func canonicalFingerprint(body []byte) (string, bodyFields, error) {
 	canon, fields, err := jsonscan.Canonical(make([]byte, 0, len(body)), body, isTransportField)
 	switch {
@@ -129,7 +160,7 @@ func canonicalFingerprint(body []byte) (string, bodyFields, error) {
 	return hex.EncodeToString(sum[:]), fields, nil
 }
 
-// bodyFields are a request body's top-level members (the last of duplicate keys), raw.
+// bodyFields are a request body's top-level members (a body has no duplicate keys), raw.
 type bodyFields map[string]json.RawMessage
 
 // str is field k if it is a JSON string.

@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/oncegate/oncegate/internal/jsonscan/jsonref"
 )
 
 func TestParseIdempotencyKey(t *testing.T) {
@@ -126,7 +128,12 @@ func TestCanonicalFingerprint(t *testing.T) {
 		{"stream null", base, `{"stream":null,"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
 		{"stream_options", base, `{"stream":true,"stream_options":{"include_usage":true},"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
 		{"string escapes", base, `{"model":"\u006d","messages":[{"role":"user","content":"h\u0069"}],"temperature":0.5}`},
-		{"duplicate key, last wins", base, `{"model":"x","model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
+		{"number trailing zero", base, strings.Replace(base, "0.5", "0.50", 1)},
+		{"number exponent", base, strings.Replace(base, "0.5", "5e-1", 1)},
+		{"whole number as a float", `{"model":"m","messages":[],"n":1}`, `{"model":"m","messages":[],"n":1.0}`},
+		{"whole number with an exponent", `{"model":"m","messages":[],"n":100}`, `{"model":"m","messages":[],"n":1e2}`},
+		{"negative zero", `{"model":"m","messages":[],"n":0}`, `{"model":"m","messages":[],"n":-0.0}`},
+		{"nested number", `{"model":"m","messages":[],"x":{"y":[0.25]}}`, `{"model":"m","messages":[],"x":{"y":[25e-2]}}`},
 	}
 	for _, c := range same {
 		t.Run("same/"+c.name, func(t *testing.T) {
@@ -141,7 +148,8 @@ func TestCanonicalFingerprint(t *testing.T) {
 		{"other content", base, strings.Replace(base, `"hi"`, `"hi!"`, 1)},
 		{"other model", base, strings.Replace(base, `"m"`, `"n"`, 1)},
 		{"extra parameter", base, `{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5,"top_p":1}`},
-		{"number as written", base, strings.Replace(base, "0.5", "0.50", 1)},
+		{"other number", base, strings.Replace(base, "0.5", "0.51", 1)},
+		{"big integers stay exact", `{"model":"m","messages":[],"seed":9007199254740993}`, `{"model":"m","messages":[],"seed":9007199254740992}`},
 		{"number type", base, strings.Replace(base, "0.5", `"0.5"`, 1)},
 		{"stream nested in a message is content", base, `{"model":"m","messages":[{"role":"user","content":"hi","stream":true}],"temperature":0.5}`},
 		{"Stream is not stream", base, `{"Stream":true,"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":0.5}`},
@@ -171,6 +179,13 @@ func TestCanonicalFingerprint(t *testing.T) {
 		{name: "trailing close brace", body: `{"a":1}}`},
 		{name: "trailing close bracket", body: `{"a":1}]`},
 		{name: "trailing close brace after whitespace", body: "{\"a\":1} \n}"},
+		{name: "duplicate key", body: `{"model":"x","model":"m","messages":[{"role":"user","content":"hi"}]}`},
+		{name: "duplicate key, nested", body: `{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}`},
+		{name: "duplicate key, one escaped", body: `{"model":"m","\u006dodel":"n","messages":[]}`},
+		{name: "invalid UTF-8", body: "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}"},
+		{name: "lone surrogate", body: `{"model":"m","messages":[{"role":"user","content":"\ud800"}]}`},
+		{name: "number out of range", body: `{"model":"m","messages":[],"temperature":1e999}`},
+		{name: "5000-digit max_tokens", body: `{"model":"m","messages":[],"max_tokens":` + strings.Repeat("9", 5000) + `}`},
 	} {
 		t.Run("error/"+c.name, func(t *testing.T) {
 			if fp, _, err := canonicalFingerprint([]byte(c.body)); err == nil {
@@ -256,8 +271,8 @@ func mutateLeaf(v any) (any, bool) {
 		}
 	case string:
 		return x + "~", true
-	case json.Number: // another literal (numbers are kept as written)
-		if x == "0" {
+	case json.Number: // another value (0.0 and 0 are one value)
+		if f, _ := strconv.ParseFloat(string(x), 64); f == 0 {
 			return json.Number("1"), true
 		}
 		return json.Number("0"), true
@@ -295,29 +310,12 @@ func checkFields(t *testing.T, fields bodyFields, obj map[string]any) {
 	}
 }
 
-// referenceFingerprint is the fingerprint as encoding/json computes it (the implementation
-// jsonscan.Canonical replaced): the body decoded into a map with UseNumber, the transport
-// fields deleted, encoded again, hashed. It also returns the decoded body.
+// referenceFingerprint is the fingerprint as jsonref computes it (encoding/json, with the
+// rules jsonscan adds written the slow way): the body decoded into a map with UseNumber, the
+// transport fields deleted, numbers rewritten, encoded again, hashed. It also returns the
+// decoded body.
 func referenceFingerprint(body []byte) (string, map[string]any, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var obj map[string]any
-	if err := dec.Decode(&obj); err != nil {
-		return "", nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return "", nil, errors.New("trailing data after the JSON object")
-	}
-	if obj == nil {
-		return "", nil, errors.New("body must be a JSON object")
-	}
-	fp := make(map[string]any, len(obj))
-	for k, v := range obj {
-		if !isTransportField(k) {
-			fp[k] = v
-		}
-	}
-	canon, err := json.Marshal(fp)
+	canon, obj, err := jsonref.Canonical(body, isTransportField)
 	if err != nil {
 		return "", nil, err
 	}
@@ -325,7 +323,7 @@ func referenceFingerprint(body []byte) (string, map[string]any, error) {
 	return hex.EncodeToString(sum[:]), obj, nil
 }
 
-// FuzzCanonicalFingerprint: never panics; equals the encoding/json reference; the fingerprint ignores key order, whitespace and
+// FuzzCanonicalFingerprint: never panics; equals the jsonref reference; the fingerprint ignores key order, whitespace and
 // the transport fields (stream, stream_options: added, changed or removed); any other change
 // of the document changes it.
 func FuzzCanonicalFingerprint(f *testing.F) {
@@ -342,7 +340,7 @@ func FuzzCanonicalFingerprint(f *testing.F) {
 		fp, fields, err := canonicalFingerprint(body)
 		want, obj, werr := referenceFingerprint(body)
 		if (err == nil) != (werr == nil) || fp != want {
-			t.Fatalf("fingerprint %q (error %v); encoding/json's %q (error %v)", fp, err, want, werr)
+			t.Fatalf("fingerprint %q (error %v); jsonref's %q (error %v)", fp, err, want, werr)
 		}
 		if err != nil {
 			return

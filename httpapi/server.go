@@ -131,6 +131,13 @@ func New(d Deps) *Server {
 		ErrorHandler:          s.errorHandler,
 		StreamRequestBody:     false,
 	})
+	// Requests fasthttp cannot read never reach Fiber's ErrorHandler as themselves: answer them
+	// with a fixed body (malformedRequest), and keep fasthttp's error texts free of the request
+	// bytes in case anything logs them.
+	srv := s.app.Server()
+	srv.ErrorHandler = s.malformedRequest
+	srv.SecureErrorLogMessage = true
+	s.app.Use(checkHeaders)
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
 	v1 := s.app.Group("/v1")

@@ -4,47 +4,33 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
+	"fmt"
 	"strings"
 	"testing"
-)
 
-// referenceCanonical is the canonical form as encoding/json gives it: the object decoded into
-// a map with UseNumber, leave's keys removed, encoded again.
-func referenceCanonical(data []byte, leave func(string) bool) ([]byte, map[string]any, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var obj map[string]any
-	if err := dec.Decode(&obj); err != nil {
-		return nil, nil, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, nil, errors.New("trailing data")
-	}
-	if obj == nil {
-		return nil, nil, errors.New("not an object")
-	}
-	out := map[string]any{}
-	for k, v := range obj {
-		if leave == nil || !leave(k) {
-			out[k] = v
-		}
-	}
-	b, err := json.Marshal(out)
-	return b, obj, err
-}
+	"github.com/oncegate/oncegate/internal/jsonscan/jsonref"
+)
 
 func leaveStream(k string) bool { return k == "stream" || k == "stream_options" }
 
 func TestCanonical(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{`{}`, `{}`},
-		{` { "b" : [ 1 , 2.50 , -3e7 ] , "a" : { "d" : null , "c" : true } } `, `{"a":{"c":true,"d":null},"b":[1,2.50,-3e7]}`},
-		{`{"a":1,"a":2}`, `{"a":2}`},
+		{` { "b" : [ 1 , 2.50 , -3e7 ] , "a" : { "d" : null , "c" : true } } `, `{"a":{"c":true,"d":null},"b":[1,2.5,-30000000]}`},
 		{`{"k":"<b>&\u00e9\u2028\n\/"}`, `{"k":"\u003cb\u003e\u0026é\u2028\n/"}`},
+		{"{\"k\":\"é\u2028\"}", `{"k":"é\u2028"}`},
+		{`{"k":"\ud83d\ude00"}`, `{"k":"😀"}`},
+		{`{"k":"\ud7ff\ue000\uffff"}`, "{\"k\":\"\ud7ff\ue000\uffff\"}"}, // around the surrogates
 		{`{"stream":true,"stream_options":{},"model":"m"}`, `{"model":"m"}`},
 		{`{"x":{"stream":true}}`, `{"x":{"stream":true}}`},
-		{"{\"bad\":\"\xff\"}", "{\"bad\":\"\uFFFD\"}"}, // invalid UTF-8 decodes to U+FFFD, written as it is
+		{`{"a":"\u0061","\u0061b":1,"ab ":2}`, `{"a":"a","ab":1,"ab ":2}`},
+		// numbers: one spelling per value
+		{`{"t":[0.5,0.50,5e-1,5E-1,0.5e0,50e-2]}`, `{"t":[0.5,0.5,0.5,0.5,0.5,0.5]}`},
+		{`{"n":[1,1.0,1e0,10e-1,100,1e2,1.00e+2]}`, `{"n":[1,1,1,1,100,100,100]}`},
+		{`{"z":[0,-0,0.0,-0.0,0e5,-0E-3,1e-400]}`, `{"z":[0,0,0,0,0,0,0]}`},
+		{`{"f":[-2.50,1e21,1.5e-7,123456.7890,1e-6]}`, `{"f":[-2.5,1e+21,1.5e-7,123456.789,0.000001]}`},
+		// integers written as integers stay exact past 2^53; written as floats they are float64s
+		{`{"i":[9007199254740993,9007199254740993.0,12345678901234567890123]}`, `{"i":[9007199254740993,9007199254740992,12345678901234567890123]}`},
 	} {
 		got, _, err := Canonical(nil, []byte(tc.in), leaveStream)
 		if err != nil || string(got) != tc.want {
@@ -61,30 +47,93 @@ func TestCanonical(t *testing.T) {
 			t.Errorf("Canonical(%q): %v, want ErrSyntax", in, err)
 		}
 	}
+	for _, tc := range []struct {
+		in     string
+		kind   error
+		offset int
+	}{
+		{`{"a":1,"a":2}`, ErrDuplicateKey, 7},
+		{`{"a":1,"\u0061":2}`, ErrDuplicateKey, 7},
+		{`{"x":[{"b":1,"c":{"d":0,"d":0}}]}`, ErrDuplicateKey, 24},
+		{`{"stream":true,"stream":false}`, ErrDuplicateKey, 15},
+		{"{\"a\":\"ok\xffno\"}", ErrInvalidUTF8, 8},
+		{"{\"a\xc3\":1}", ErrInvalidUTF8, 3},
+		{"{\"a\":\"\xed\xa0\x80\"}", ErrInvalidUTF8, 6}, // a surrogate encoded in UTF-8
+		{`{"a":"x\ud800"}`, ErrInvalidUTF8, 7},
+		{`{"a":"\ud800\u0041"}`, ErrInvalidUTF8, 6},
+		{`{"a":"\udc00\ud800"}`, ErrInvalidUTF8, 6},
+		{`{"n":1e400}`, ErrNumberRange, 5},
+		{`{"n":[-1e309]}`, ErrNumberRange, 6},
+		{`{"max_tokens":1` + strings.Repeat("0", 5000) + `}`, ErrNumberRange, 14},
+	} {
+		_, _, err := Canonical(nil, []byte(tc.in), nil)
+		var se *SyntaxError
+		if !errors.Is(err, tc.kind) || !errors.Is(err, ErrSyntax) || !errors.As(err, &se) || se.Offset != tc.offset {
+			t.Errorf("Canonical(%.60q): %v; want %v at offset %d", tc.in, err, tc.kind, tc.offset)
+		}
+	}
 }
 
-// FuzzCanonical: Canonical gives encoding/json's canonical form byte for byte, accepts what
-// encoding/json accepts, and its top-level members are the decoded object's.
+// TestDuplicateKeysLargeObject: past smallObject keys an object's keys are found in a map;
+// a duplicate is found on both sides of the switch, and an object after a large one at the
+// same depth starts empty. Object, which checks only what encoding/json.Valid checks,
+// accepts them all.
+func TestDuplicateKeysLargeObject(t *testing.T) {
+	obj := func(n int, extra string) string {
+		var b strings.Builder
+		b.WriteString("{")
+		for i := range n {
+			fmt.Fprintf(&b, `"k%d":%d,`, i, i)
+		}
+		b.WriteString(extra + "}")
+		return b.String()
+	}
+	for _, tc := range []struct {
+		name string
+		in   string
+		dup  bool
+	}{
+		{"large, unique", obj(100, `"z":0`), false},
+		{"large, duplicate of an early key", obj(100, `"k3":0`), true},
+		{"large, duplicate of a late key", obj(100, `"k99":0`), true},
+		{"small, duplicate", obj(smallObject-2, `"k0":0`), true},
+		{"siblings reuse the set", `{"a":` + obj(40, `"z":0`) + `,"b":` + obj(40, `"z":0`) + `}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := Canonical(nil, []byte(tc.in), nil); errors.Is(err, ErrDuplicateKey) != tc.dup || (!tc.dup && err != nil) {
+				t.Errorf("Canonical: %v, want duplicate %v", err, tc.dup)
+			}
+			if _, err := Object([]byte(tc.in)); err != nil {
+				t.Errorf("Object: %v", err)
+			}
+		})
+	}
+}
+
+// FuzzCanonical: Canonical gives jsonref's canonical form (encoding/json's, numbers rewritten)
+// byte for byte, accepts what jsonref accepts, and its top-level members are the decoded
+// object's.
 func FuzzCanonical(f *testing.F) {
 	for _, s := range []string{`{"model":"m","messages":[{"role":"user","content":"hi\n"}],"stream":true}`,
 		`{"a":{"z":[1,2.50,-3e7,{"b":null,"c":true}],"y":"\u00e9\ud83d\ude00<>&"},"n":0}`, `{"a":"\xff\xe2\x80\xa8"}`,
-		`{"a":1,"a":2,"stream":1}`, `{"k\u0041":"\"q\""}`, `[1]`, `null`, `{"a":1}}`, "{\"\u2029\":\"\x7f\"}"} {
+		`{"a":1,"a":2,"stream":1}`, `{"k\u0041":"\"q\""}`, `[1]`, `null`, `{"a":1}}`, "{\"\u2029\":\"\x7f\"}",
+		`{"n":[0.50,1.0,-0,1e400,9007199254740993,1e21,5e-7]}`, `{"a":"\ud800"}`, `{"a":{"b":1,"\u0062":2}}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		got, top, err := Canonical(nil, data, leaveStream)
-		want, obj, werr := referenceCanonical(data, leaveStream)
+		want, obj, werr := jsonref.Canonical(data, leaveStream)
 		if (err == nil) != (werr == nil) {
-			t.Fatalf("Canonical error %v, encoding/json %v", err, werr)
+			t.Fatalf("Canonical error %v, jsonref %v", err, werr)
 		}
 		if err != nil {
 			return
 		}
 		if !bytes.Equal(got, want) {
-			t.Fatalf("Canonical\n %q\nencoding/json\n %q", got, want)
+			t.Fatalf("Canonical\n %q\njsonref\n %q", got, want)
 		}
 		if len(top) != len(obj) {
-			t.Fatalf("%d top-level members, encoding/json %d", len(top), len(obj))
+			t.Fatalf("%d top-level members, jsonref %d", len(top), len(obj))
 		}
 		for k := range obj {
 			raw, ok := top[k]
@@ -105,10 +154,10 @@ func BenchmarkCanonical64KiB(b *testing.B) {
 			}
 		}
 	})
-	b.Run("encoding-json", func(b *testing.B) {
+	b.Run("jsonref", func(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
-			if _, _, err := referenceCanonical(body, leaveStream); err != nil {
+			if _, _, err := jsonref.Canonical(body, leaveStream); err != nil {
 				b.Fatal(err)
 			}
 		}
