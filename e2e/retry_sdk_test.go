@@ -146,8 +146,12 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 			if err != nil {
 				t.Fatalf("final call: %v", err)
 			}
-			if o := resp.Header.Get("Oncegate-Idempotency"); o != "replayed" {
-				t.Errorf("final call: Oncegate-Idempotency = %q, want replayed", o)
+			// Replayed from the record, or joined: the API node may still follow the execution
+			// (its terminal chunk is published after the COMPLETED write this test polled for), and
+			// a copy that arrives then joins it and gets the same terminal answer. Either way it is
+			// the one execution, which the counts below check.
+			if o := resp.Header.Get("Oncegate-Idempotency"); o != "replayed" && o != "joined" {
+				t.Errorf("final call: Oncegate-Idempotency = %q, want replayed (or joined)", o)
 			}
 			if k := resp.Header.Get("Idempotency-Key"); k != key {
 				t.Errorf("final call: Idempotency-Key = %q, want the derived %q", k, key)
