@@ -7,7 +7,8 @@ import (
 )
 
 // TestRoleAPINeedsReachableNATS: an api-only process must run on a NATS that workers can
-// reach (an external one, or the embedded server with a port); every other combination passes.
+// reach (an external one, or the embedded server with a port), and a worker-only process on one
+// that an API can reach; every other combination passes.
 func TestRoleAPINeedsReachableNATS(t *testing.T) {
 	for _, tc := range []struct {
 		name, role, url, listen string
@@ -18,6 +19,8 @@ func TestRoleAPINeedsReachableNATS(t *testing.T) {
 		{name: "api, external NATS", role: "api", url: "nats://127.0.0.1:4222"},
 		{name: "all, embedded, no port", role: "all"},
 		{name: "worker, embedded with a port", role: "worker", listen: "127.0.0.1:4222"},
+		{name: "worker, embedded, no port", role: "worker", refused: true},
+		{name: "worker, external NATS", role: "worker", url: "nats://127.0.0.1:4222"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()

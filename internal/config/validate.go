@@ -153,6 +153,9 @@ func (v *validator) top(c *Config) {
 	if c.Role == "api" && c.NATS.URL == "" && c.NATS.Listen == "" {
 		v.add("role", `"api" runs no workers and the embedded NATS server has no network port, so no worker could ever connect: pass --nats-listen ADDR (nats.listen) or --nats-url URL (nats.url)`)
 	}
+	if c.Role == "worker" && c.NATS.URL == "" && c.NATS.Listen == "" {
+		v.add("role", `"worker" serves no API and the embedded NATS server has no network port, so no request could ever reach these workers: pass --nats-listen ADDR (nats.listen) or --nats-url URL (nats.url)`)
+	}
 }
 
 func (v *validator) nats(n *NATS) {
