@@ -127,7 +127,7 @@ func (s *Server) withProgress(ctx context.Context, key string, rec *kv.Record) (
 	if rec.State != kv.Pending {
 		return rec, nil
 	}
-	p, err := s.store.Progress(ctx, key)
+	p, err := s.store.Progress(ctx, key, rec.Epoch)
 	if err != nil {
 		if !errors.Is(err, kv.ErrNotFound) {
 			s.log.Debug().Err(err).Str(fieldKey, key).Msg("reading progress")
@@ -180,7 +180,7 @@ func (s *Server) cancelJob(c *fiber.Ctx) error {
 		// An attempt already sent keeps running at the backend until the worker sees the
 		// cancel: it is counted, and charged (estimated) from the record, never hidden.
 		next.Unfinished = slices.Clone(rec.Unfinished)
-		if p, err := s.store.Progress(ctx, key); err == nil && p.Epoch == rec.Epoch {
+		if p, err := s.store.Progress(ctx, key, rec.Epoch); err == nil && p.Epoch == rec.Epoch {
 			next.AddUnfinished(p, true)
 		}
 		next.RequestBytes = len(rec.Request)

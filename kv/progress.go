@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -12,7 +13,9 @@ import (
 
 // ProgressStream holds how far the execution of each PENDING record has got, as its worker
 // last said: the attempt sent, the backend, when, and the output tokens seen so far. One
-// message per record key on progress.<key>.
+// message per record key and epoch on progress.<key>.<epoch>: after a takeover, the worker
+// that lost the record can still write its epoch's progress (until it notices), and that must
+// not overwrite the new epoch's.
 //
 // It is a memory stream written asynchronously, never on a request's critical path, because
 // progress is not state that must survive a crash: the record is the truth, and a PENDING
@@ -81,15 +84,20 @@ func (s *Store) PutProgress(key string, p *Progress) error {
 	if err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
-	if _, err := s.js.PublishAsync(progressPrefix+key, data); err != nil {
+	if _, err := s.js.PublishAsync(progressSubject(key, p.Epoch), data); err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
 	return nil
 }
 
-// Progress reads the last progress of key's execution; ErrNotFound if there is none.
-func (s *Store) Progress(ctx context.Context, key string) (*Progress, error) {
-	m, err := s.prog.GetLastMsgForSubject(ctx, progressPrefix+key)
+// progressSubject is where the progress of key's execution in epoch is kept.
+func progressSubject(key string, epoch int) string {
+	return progressPrefix + key + "." + strconv.Itoa(epoch)
+}
+
+// Progress reads the last progress of key's execution in epoch; ErrNotFound if there is none.
+func (s *Store) Progress(ctx context.Context, key string, epoch int) (*Progress, error) {
+	m, err := s.prog.GetLastMsgForSubject(ctx, progressSubject(key, epoch))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("kv: progress %s: %w", key, ErrNotFound)
 	}

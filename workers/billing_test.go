@@ -174,7 +174,7 @@ func TestTakeoverCountsAndChargesTheLostAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
-		if p, err := r.store.Progress(ctx, key); err == nil && p.Attempt == 1 {
+		if p, err := r.store.Progress(ctx, key, 1); err == nil && p.Attempt == 1 {
 			break
 		}
 		if ctx.Err() != nil {

@@ -31,7 +31,7 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	// dispatched certainly reached the backend; any other may or may not have (Takeovers).
 	next.Takeovers++
 	next.Unfinished = slices.Clone(rec.Unfinished)
-	p, err := store.Progress(ctx, key)
+	p, err := store.Progress(ctx, key, old)
 	if err != nil || p.JobID != rec.JobID || p.Epoch != old {
 		p = nil
 	}

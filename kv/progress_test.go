@@ -1,0 +1,50 @@
+package kv_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/kv"
+)
+
+// TestProgressOfAnEpochSurvivesTheOldOwner: after a takeover, the worker that lost the record
+// can still publish its (old) epoch's progress until its next renewal notices. That write must
+// not replace the new epoch's progress, or a running execution would read as queued (its
+// record's epoch no longer matches the last progress) until the new owner's next refresh.
+func TestProgressOfAnEpochSurvivesTheOldOwner(t *testing.T) {
+	st, _ := open(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const key = "progress-takeover"
+	newOwner := &kv.Progress{JobID: "J", Epoch: 2, Attempt: 1, Backend: "b2", Sent: time.Now().UTC()}
+	if err := st.PutProgress(key, newOwner); err != nil {
+		t.Fatal(err)
+	}
+	// The old owner, not yet fenced, reports more tokens of epoch 1, after the new owner's write.
+	if err := st.PutProgress(key, &kv.Progress{JobID: "J", Epoch: 1, Attempt: 1, Backend: "b1", Tokens: 40}); err != nil {
+		t.Fatal(err)
+	}
+	var got *kv.Progress
+	deadline := time.Now().Add(5 * time.Second) // the writes are asynchronous: poll until both landed
+	for time.Now().Before(deadline) {
+		old, err := st.Progress(ctx, key, 1)
+		if err == nil && old.Tokens == 40 {
+			if got, err = st.Progress(ctx, key, 2); err != nil {
+				t.Fatalf("epoch 2's progress after the old owner wrote epoch 1's: %v", err)
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got == nil {
+		t.Fatal("the old owner's progress never landed")
+	}
+	if got.Epoch != 2 || got.Backend != "b2" || got.Attempt != 1 {
+		t.Fatalf("epoch 2's progress = %+v, want the new owner's", got)
+	}
+	if _, err := st.Progress(ctx, key, 3); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("progress of an epoch nobody wrote: %v, want ErrNotFound", err)
+	}
+}
