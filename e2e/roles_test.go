@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -10,49 +9,19 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
-
-// rolesFreeAddr returns a 127.0.0.1 address whose port was free a moment ago.
-func rolesFreeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// syncBuffer is a bytes.Buffer safe for the exec copy goroutine and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // rolesProc is one oncegate process of the test.
 type rolesProc struct {
 	name   string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testkit.SyncBuffer
 	done   chan struct{} // closed when the process has exited (err holds Wait's error)
 	err    error
 }
@@ -61,7 +30,7 @@ type rolesProc struct {
 // caller), and its log in a buffer that is printed if the test fails.
 func startProc(t *testing.T, name, bin string, args ...string) *rolesProc {
 	t.Helper()
-	p := &rolesProc{name: name, stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &rolesProc{name: name, stderr: &testkit.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
 	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
@@ -134,7 +103,7 @@ func TestSplitRoles(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
-	natsAddr, httpAddr := rolesFreeAddr(t), rolesFreeAddr(t)
+	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	worker := startProc(t, "worker", bin, "serve", "--role", "worker",
 		"--data-dir", filepath.Join(dir, "worker-data"), "--nats-listen", natsAddr)
 	gwtest.Eventually(t, 30*time.Second, func() bool {

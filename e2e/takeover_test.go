@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -37,6 +36,7 @@ import (
 	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/lease"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/workers"
@@ -334,7 +334,7 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if out, err := exec.Command(goBin, "build", "-o", bin, "github.com/oncegate/oncegate/cmd/oncegate").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	natsAddr, httpAddr := xoFreeAddr(t), xoFreeAddr(t)
+	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cfgPath := filepath.Join(dir, "c.yaml")
 	yaml := fmt.Sprintf("listen: %s\ndata_dir: %s\nlog_level: warn\n"+
 		"idempotency:\n  lease: 2s\n  renew_every: 500ms\n"+
@@ -418,17 +418,6 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if rs, err := xoParseStream(sretry.Body); err != nil || rs.Content != wantContent || !rs.Done {
 		t.Errorf("same-key stream retry: %+v (%v), want %q then [DONE]", rs, err, wantContent)
 	}
-}
-
-// xoFreeAddr is a free 127.0.0.1 port (free when asked; the process that binds it comes soon).
-func xoFreeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // xoProcess starts the binary with its output in dir/name.log. At the end of the test it gets

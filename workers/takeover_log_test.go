@@ -1,12 +1,9 @@
 package workers_test
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,33 +12,11 @@ import (
 
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/workers"
 )
-
-// lockedBuffer is a log sink the pool's goroutines and the test can share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(l.b.Bytes()))
-	for sc.Scan() {
-		out = append(out, sc.Text())
-	}
-	return out
-}
 
 // TestTakeoverLogLineHasOneEpoch: the line a worker logs when it takes an execution over names
 // the new epoch once (a JSON object with a key twice is read differently by every log pipeline).
@@ -83,7 +58,7 @@ func TestTakeoverLogLineHasOneEpoch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs testkit.SyncBuffer
 	run(t, workers.New(r.srv.JS, r.store, workers.Options{ID: "w2", Concurrency: 2, Lease: 2 * time.Second,
 		RenewEvery: 200 * time.Millisecond, Backends: map[string]workers.Backend{"mock": mock},
 		Log: zerolog.New(&logs), SweepEvery: -1}))
@@ -93,13 +68,13 @@ func TestTakeoverLogLineHasOneEpoch(t *testing.T) {
 	}
 
 	var line string
-	for _, l := range logs.lines() {
+	for _, l := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(l, "took over execution") {
 			line = l
 		}
 	}
 	if line == "" {
-		t.Fatalf("no takeover line in the log:\n%s", strings.Join(logs.lines(), "\n"))
+		t.Fatalf("no takeover line in the log:\n%s", logs.String())
 	}
 	if c := strings.Count(line, `"epoch":`); c != 1 {
 		t.Errorf(`takeover line has "epoch" %d times, want once: %s`, c, line)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"net"
 	"net/http"
 	"os"
@@ -11,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -59,16 +59,6 @@ func runOncegate(t *testing.T, args ...string) (int, string) {
 		t.Fatalf("oncegate %v: %v", args, err)
 	}
 	return 0, stderr.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // busyAddr is a 127.0.0.1 address held by a listener until the test ends.
@@ -140,34 +130,16 @@ func TestServeStartFailures(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer that the exec copy goroutine and the test share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestServeSecondProcessOnDataDir: while one gateway runs on a data dir, a second gateway and
 // the ledger CLI on that dir are refused, naming the first one's pid; once the first has
 // stopped, the ledger CLI opens the dir.
 func TestServeSecondProcessOnDataDir(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	first := oncegateCmd(ctx, t, "serve", "--listen", addr, "--data-dir", dataDir)
-	firstLog := &lockedBuffer{}
+	firstLog := &testkit.SyncBuffer{}
 	first.Stderr = firstLog
 	if err := first.Start(); err != nil {
 		t.Fatal(err)

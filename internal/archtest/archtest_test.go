@@ -19,6 +19,7 @@ var forbidden = map[string][]string{
 	"internal/config":     {"jobs", "kv", "httpapi", "workers"},
 	"internal/mockllm":    {"jobs", "kv", "httpapi", "workers", "internal/config"},
 	"ledger":              {"jobs", "kv", "httpapi", "workers", "internal/config", "internal/gateway", "cmd/oncegate"},
+	"internal/testkit":    {"jobs", "kv", "ledger", "httpapi", "workers", "internal/config", "internal/gateway", "cmd/oncegate"},
 }
 
 func TestImportGraph(t *testing.T) {

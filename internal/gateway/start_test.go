@@ -17,6 +17,7 @@ import (
 	"github.com/oncegate/oncegate/internal/gateway"
 	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/natsrv"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 func start(t *testing.T, cfg *config.Config) (*gateway.Gateway, error) {
@@ -62,7 +63,7 @@ func TestStartFailureStopsWhatStarted(t *testing.T) {
 		first := gwtest.Start(t, nil)
 		cfg := gwtest.Config(t)
 		cfg.DataDir = first.Cfg.DataDir
-		cfg.Listen = freeAddr(t)
+		cfg.Listen = testkit.FreeAddr(t)
 		gw, err := start(t, cfg)
 		var se *gateway.StartError
 		if gw != nil || !errors.As(err, &se) || se.Field != "data_dir" || !errors.Is(err, natsrv.ErrLocked) {
@@ -87,14 +88,4 @@ func TestStartFailureStopsWhatStarted(t *testing.T) {
 			t.Fatalf("the failed start kept the data dir or port: %v", err)
 		}
 	})
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

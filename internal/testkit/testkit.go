@@ -1,0 +1,45 @@
+// Package testkit holds the small helpers that tests across the repository share: a free
+// loopback address, and a buffer that a child process's output copier and the test can use
+// at once. It is imported by tests only and imports no project package, so any package's
+// tests, internal or external, can use it.
+package testkit
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"testing"
+)
+
+// FreeAddr returns a 127.0.0.1 address whose port was free when asked: the listener that found
+// it is closed before returning, for a process that binds it soon after. (Another process could
+// take it in between; tests that cannot afford that pass port 0 to the server instead.)
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent use: an exec.Cmd's output copier, or a
+// logger's goroutines, write while the test reads.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
