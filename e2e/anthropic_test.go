@@ -11,10 +11,10 @@ import (
 	"github.com/anthropics/anthropic-sdk-go"
 	"github.com/anthropics/anthropic-sdk-go/option"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
-func anthropicClient(gw *gwtest.Gateway) anthropic.Client {
+func anthropicClient(gw *gatewaykit.Gateway) anthropic.Client {
 	return anthropic.NewClient(option.WithBaseURL(gw.URL+"/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 }
 
@@ -35,7 +35,7 @@ func messageText(m *anthropic.Message) string {
 // stream, the same intent as stream and non-stream from one execution, replay by key, and
 // Anthropic-format errors raised as the SDK's own *anthropic.Error.
 func TestAnthropicSDK(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	client := anthropicClient(gw)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // rawRequest writes req byte for byte on a new connection to addr (host:port) and reads one
@@ -49,9 +49,9 @@ func rawChat(addr, headerLine, body string) string {
 // TestBadInput: every malformed request gets a clear 4xx in the OpenAI error format and
 // creates no job (invariant 3: bad input changes no state).
 func TestBadInput(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.HTTP.MaxBodyBytes = 64 << 10
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	addr := strings.TrimPrefix(gw.URL, "http://")
 	valid := chatBody("oncegate-mock", "bad input", "")
 	big := chatBody("oncegate-mock", strings.Repeat("x", 65<<10), "")
@@ -194,7 +194,7 @@ func TestBadInput(t *testing.T) {
 // TestBadInputKeyNotStored: a request rejected for a malformed key leaves nothing behind; the
 // same body with a valid key is then a fresh intent ("created") and runs once.
 func TestBadInputKeyNotStored(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	body := chatBody("oncegate-mock", "key not stored", "")
 	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": `"unterminated`})
@@ -219,7 +219,7 @@ func TestBadInputKeyNotStored(t *testing.T) {
 // TestBadInputErrorsQuoteNoBody: the reason a body is refused names the problem and where it
 // is, never the body's bytes (a 5,000-digit number, a prompt, a key).
 func TestBadInputErrorsQuoteNoBody(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	const marker = "og-body-marker"
 	for name, body := range map[string]string{
 		"duplicate key":   `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}],"` + marker + `":1,"` + marker + `":2}`,
@@ -244,7 +244,7 @@ func TestBadInputErrorsQuoteNoBody(t *testing.T) {
 // TestAnthropicTokenLimit: on /v1/messages max_tokens is required and bounded, refused in
 // Anthropic's error format.
 func TestAnthropicTokenLimit(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	msg := func(extra string) string {
 		b := `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}]`
@@ -294,7 +294,7 @@ func TestAnthropicTokenLimit(t *testing.T) {
 // TestBypassEchoesKey: with X-Allow-Duplicate, a client's valid Idempotency-Key is echoed as
 // sent (not replaced by a generated one), and each copy still executes on its own.
 func TestBypassEchoesKey(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	body := chatBody("oncegate-mock", "bypass with a key", "")
 	hdr := map[string]string{"X-Allow-Duplicate": "true", "Idempotency-Key": `"bp-1"`}
@@ -324,9 +324,9 @@ func TestBypassEchoesKey(t *testing.T) {
 // API key (Authorization: Bearer or x-api-key); a refused caller creates no job.
 func TestTenantAuth(t *testing.T) {
 	sum := sha256.Sum256([]byte("sk-acme"))
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Tenants = []config.Tenant{{ID: "acme", APIKeysSHA256: []string{hex.EncodeToString(sum[:])}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	mock := gw.Mock(t, "mock")
 
 	cases := []struct {
@@ -377,7 +377,7 @@ func TestTenantAuth(t *testing.T) {
 // TestMalformedHTTP: a request fasthttp cannot parse gets a fixed OpenAI-format 4xx that
 // echoes none of its bytes (its header block held the caller's API key), and creates no job.
 func TestMalformedHTTP(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	addr := strings.TrimPrefix(gw.URL, "http://")
 	const secret = "sk-og-secret-4f2a9c"
@@ -448,7 +448,7 @@ func rawExchange(t testing.TB, addr, req string) []byte {
 // TestEqualNumbersOneIntent: a retry whose numbers are spelled otherwise (0.5 as 0.50, 1 as
 // 1.0) is the same intent: replayed under its key, not a 422 for a different body.
 func TestEqualNumbersOneIntent(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	hdr := map[string]string{"Idempotency-Key": "numbers-1"}
 	first, b := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", `"temperature":0.5,"top_p":1`), hdr)
@@ -469,9 +469,9 @@ func TestEqualNumbersOneIntent(t *testing.T) {
 // TestBodyTooLargeFormat: a body over the limit is refused from its Content-Length, before
 // routing, yet in its route's error format (its header was read whole, so the route is known).
 func TestBodyTooLargeFormat(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.HTTP.MaxBodyBytes = 4 << 10
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	addr := strings.TrimPrefix(gw.URL, "http://")
 	for _, c := range []struct {
 		path      string

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // Benchmarks of the whole path (HTTP → claim → JOBS → worker → mock → CHUNKS → HTTP) against
@@ -88,9 +88,9 @@ func runGatewaySync(b *testing.B, extra string, replay bool, sync string) {
 	body := chatBody("oncegate-mock", "bench", extra)
 	for _, mode := range []string{"serial", "parallel"} {
 		b.Run(mode, func(b *testing.B) {
-			cfg := gwtest.Config(b)
+			cfg := gatewaykit.Config(b)
 			cfg.NATS.Sync = sync
-			gw := gwtest.Start(b, cfg)
+			gw := gatewaykit.StartGateway(b, cfg)
 			mock := gw.Mock(b, "mock")
 			c := benchClient(b)
 			url := gw.URL + chatPath

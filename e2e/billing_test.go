@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 func sha(s string) string {
@@ -20,7 +20,7 @@ func sha(s string) string {
 // from the config; replays cost nothing; the admin API shows entries and bills; a tenant at
 // its budget gets 429 budget_exceeded with no backend call, while its replays still succeed.
 func TestBilling(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Ledger.Prices = map[string]config.Price{"oncegate-mock": {InputPerMillion: 1_000_000, OutputPerMillion: 2_000_000}}
 	cfg.Admin.APIKeysSHA256 = []string{sha("admin-key")}
 	// One mock answer costs 1 µ per input token + 2 µ per output token: 16 tokens → 32 µ plus
@@ -30,7 +30,7 @@ func TestBilling(t *testing.T) {
 		{ID: "capped", APIKeysSHA256: []string{sha("sk-capped")}, Budget: &config.Budget{Limit: 60, Period: "day"}},
 		{ID: "free", APIKeysSHA256: []string{sha("sk-free")}},
 	}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	mock := gw.Mock(t, "mock")
 	capped := map[string]string{"Authorization": "Bearer sk-capped", "Idempotency-Key": "bill-1"}
 	body := chatBody("oncegate-mock", "charge me once", `"max_tokens":16`)
@@ -51,7 +51,7 @@ func TestBilling(t *testing.T) {
 			Estimated    bool   `json:"estimated"`
 		} `json:"data"`
 	}
-	gwtest.Eventually(t, 10e9, func() bool {
+	gatewaykit.Eventually(t, 10e9, func() bool {
 		r, b := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=capped", "", "", admin)
 		if r.StatusCode != http.StatusOK {
 			t.Fatalf("admin ledger: %d %s", r.StatusCode, b)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // rsSwitchUpstream answers 503 until healthy is set, then serves the mock.
@@ -37,13 +37,13 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	t.Parallel()
 	const openFor = time.Second
 	up, healthy := rsSwitchUpstream(t)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("flaky", config.TypeOpenAI, up.base(), "oncegate-mock")
 	b.MaxAttempts = 1
 	b.Breaker = config.Breaker{FailureRate: 0.5, Window: config.Duration(10 * time.Second), MinRequests: 4, OpenFor: config.Duration(openFor), Probes: 1}
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"flaky", "mock"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	fallback := gw.Mock(t, "mock")
 
 	n := 0
@@ -127,7 +127,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 // never stored: a same-key retry after healing gets a real answer.
 func TestBreakerDegradedMessage(t *testing.T) {
 	up, healthy := rsSwitchUpstream(t)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	for _, name := range []string{"down-a", "down-b"} {
 		b := rsBackend(name, config.TypeOpenAI, up.base(), "oncegate-mock")
 		b.MaxAttempts = 1
@@ -135,7 +135,7 @@ func TestBreakerDegradedMessage(t *testing.T) {
 	}
 	const degraded = "The assistant is busy right now; please try again in a minute."
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"down-a", "down-b"}, Degraded: &config.Degraded{Message: degraded}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	const msg, key = "row 7: everything is down", "rs-degraded"
 	body := chatBody("oncegate-mock", msg, "")
@@ -178,13 +178,13 @@ func TestBreakerDegradedMessage(t *testing.T) {
 // 503 with Retry-After, which an SDK may retry.
 func TestBreakerNoDegradedConfig(t *testing.T) {
 	up, _ := rsSwitchUpstream(t)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("down", config.TypeOpenAI, up.base(), "oncegate-mock")
 	b.MaxAttempts = 1
 	b.Breaker = config.Breaker{FailureRate: 0.5, Window: config.Duration(10 * time.Second), MinRequests: 2, OpenFor: config.Duration(time.Minute), Probes: 1}
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"down"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	for i := range 2 {
 		resp, body := postChat(t, gw.URL, chatBody("oncegate-mock", fmt.Sprintf("row 7: trip %d", i), ""), nil)
@@ -216,14 +216,14 @@ func TestBreakerNoDegradedConfig(t *testing.T) {
 // "nil = 503 with Retry-After when all backends are down").
 func TestBreakerNoDegradedConfigLiveFailure(t *testing.T) {
 	up, _ := rsSwitchUpstream(t)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	for _, name := range []string{"down-a", "down-b"} {
 		b := rsBackend(name, config.TypeOpenAI, up.base(), "oncegate-mock")
 		b.MaxAttempts = 1
 		cfg.Backends = append(cfg.Backends, b)
 	}
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"down-a", "down-b"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	resp, body := postChat(t, gw.URL, chatBody("oncegate-mock", "row 7: all backends answer 503", ""), map[string]string{"Idempotency-Key": "rs-no-degraded-live"})
 	ra, sr := resp.Header.Get("Retry-After"), resp.Header.Get("x-should-retry")

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // rsProxyCall is one request the recording proxy passed to the inner gateway.
@@ -76,16 +76,16 @@ func rsRecordingProxy(t testing.TB, target string) (string, func() []rsProxyCall
 }
 
 func TestChainGatewayInFrontOfGateway(t *testing.T) {
-	inner := gwtest.Start(t, nil)
+	inner := gatewaykit.StartGateway(t, nil)
 	innerSlow := inner.Mock(t, "slowmock")
 	proxyURL, calls := rsRecordingProxy(t, inner.URL)
 
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("inner", config.TypeOncegate, proxyURL+"/v1", "oncegate-mock-slow")
 	b.FirstByteTimeout = config.Duration(100 * time.Millisecond)
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock-slow", Backends: []string{"inner"}}}
-	outer := gwtest.Start(t, cfg)
+	outer := gatewaykit.StartGateway(t, cfg)
 
 	const msg, key = "row 9: a gateway in front of a gateway", "rs-chain"
 	body := chatBody("oncegate-mock-slow", msg, "")
@@ -147,10 +147,10 @@ func TestChainGatewayInFrontOfGateway(t *testing.T) {
 // another intent, never the client's.
 func TestChainForwardedKeyStable(t *testing.T) {
 	up := rsStartUpstream(t, nil)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Backends = append(cfg.Backends, rsBackend("og", config.TypeOncegate, up.base(), "oncegate-mock"))
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"og"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	// 3 attempts for the first intent, 2 for the second: 3 retries, the retry budget's floor.
 	keys := map[string][]string{}

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // rsTokenFrames counts the content-carrying chunks of SSE payloads.
@@ -67,7 +67,7 @@ func rsUsageChunk(data []string) int {
 }
 
 func TestContinuationNoneKeepsPartial(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	const key, n = "rs-drop-no-continuation", 3
 	body := rsMockBody("row 5: a stream that breaks, no continuation", fmt.Sprintf(`{"fault":"drop_after","fault_after":%d}`, n), `"stream":true`)
@@ -98,12 +98,12 @@ func TestContinuationNoneKeepsPartial(t *testing.T) {
 }
 
 func TestContinuationVLLM(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("contmock", config.TypeMock, "", "oncegate-mock")
 	b.Continuation = config.ContinuationVLLM
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"contmock"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	mock := gw.Mock(t, "contmock")
 
 	// The stream breaks once (fault_first_n: 1) after 3 tokens; the continuation request is in
@@ -148,12 +148,12 @@ func TestContinuationVLLM(t *testing.T) {
 // With stream_options.include_usage the client is owed a usage chunk before [DONE], also when
 // the stream was continued.
 func TestContinuationVLLMUsage(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("contmock", config.TypeMock, "", "oncegate-mock")
 	b.Continuation = config.ContinuationVLLM
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"contmock"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	const msg = "row 5: a continued stream owes its usage"
 	body := rsMockBody(msg, `{"fault":"drop_after","fault_after":3,"fault_first_n":1}`, `"stream":true,"stream_options":{"include_usage":true}`)

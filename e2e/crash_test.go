@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // TestWholeProcessCrashLosesNoAcceptedJob: a job answered 202 survives a SIGKILL of the only
@@ -61,9 +61,9 @@ backends:
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		client := gwtest.Client()
+		client := gatewaykit.Client()
 		defer client.CloseIdleConnections()
-		gwtest.Eventually(t, 20*time.Second, func() bool {
+		gatewaykit.Eventually(t, 20*time.Second, func() bool {
 			resp, err := client.Get("http://" + addr + "/readyz")
 			if err != nil {
 				return false
@@ -87,7 +87,7 @@ backends:
 		t.Fatalf("202 body %s: %v", b, err)
 	}
 	// Kill while the backend call is in flight (40 tokens × 50 ms = 2 s).
-	gwtest.Eventually(t, 10*time.Second, func() bool {
+	gatewaykit.Eventually(t, 10*time.Second, func() bool {
 		_, b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", "", nil)
 		return strings.Contains(string(b), `"status":"running"`) || strings.Contains(string(b), `"tokens_so_far":`) && !strings.Contains(string(b), `"tokens_so_far":0`)
 	}, "job running")
@@ -122,7 +122,7 @@ backends:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	gwtest.Eventually(t, 30*time.Second, func() bool {
+	gatewaykit.Eventually(t, 30*time.Second, func() bool {
 		_, b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", "", nil)
 		_ = json.Unmarshal(b, &job)
 		return job.Status == "completed" || job.Status == "failed" || ctx.Err() != nil

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // dlGated is an upstream that holds every request whose first message starts with "hold:"
@@ -38,13 +38,13 @@ func dlGated(t *testing.T) (*rsUpstream, func()) {
 	return up, release
 }
 
-func dlGateway(t *testing.T, up *rsUpstream, concurrency int) *gwtest.Gateway {
+func dlGateway(t *testing.T, up *rsUpstream, concurrency int) *gatewaykit.Gateway {
 	t.Helper()
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Workers.Concurrency = concurrency
 	cfg.Backends = append(cfg.Backends, rsBackend("up", config.TypeOpenAI, up.base(), "oncegate-mock"))
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"up"}}}
-	return gwtest.Start(t, cfg)
+	return gatewaykit.StartGateway(t, cfg)
 }
 
 func dlIntentHits(up *rsUpstream, intent string) int {
@@ -119,14 +119,14 @@ func TestClientDeadlineBeforeBackendReleasesKey(t *testing.T) {
 		}
 	}()
 	defer func() { release(); <-done }()
-	gwtest.Eventually(t, 10*time.Second, func() bool { return dlIntentHits(up, blocker) == 1 }, "the blocker reaches the backend")
+	gatewaykit.Eventually(t, 10*time.Second, func() bool { return dlIntentHits(up, blocker) == 1 }, "the blocker reaches the backend")
 
 	const msg, key = "queued past the client's deadline", "dl-released"
 	body := chatBody("oncegate-mock", msg, "")
 	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key, "Oncegate-Timeout": "0.2"})
 	dlAssertDeadline504(t, resp, b)
 	release()
-	gwtest.Eventually(t, 10*time.Second, func() bool { return rsIdem(t, gw, key)["state"] == "FAILED" }, "the key released")
+	gatewaykit.Eventually(t, 10*time.Second, func() bool { return rsIdem(t, gw, key)["state"] == "FAILED" }, "the key released")
 	if n := dlIntentHits(up, msg); n != 0 {
 		t.Fatalf("backend executions %d before the retry, want 0 (the deadline had passed)", n)
 	}

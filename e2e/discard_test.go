@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
 
@@ -22,9 +22,9 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 		wantEmpty bool
 	}{{200 * time.Millisecond, true}, {0, false}} {
 		t.Run(fmt.Sprintf("discard_chunks_after=%s", tc.after), func(t *testing.T) {
-			cfg := gwtest.Config(t)
+			cfg := gatewaykit.Config(t)
 			cfg.Workers.DiscardChunksAfter = config.Duration(tc.after)
-			gw := gwtest.Start(t, cfg)
+			gw := gatewaykit.StartGateway(t, cfg)
 			c := xoClient(t)
 			js := gw.JetStream(t, "discard-test")
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -50,7 +50,7 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 				return info.State.Msgs
 			}
 			if tc.wantEmpty {
-				gwtest.Eventually(t, 10*time.Second, func() bool { return chunks() == 0 }, "CHUNKS still holds finished executions")
+				gatewaykit.Eventually(t, 10*time.Second, func() bool { return chunks() == 0 }, "CHUNKS still holds finished executions")
 			} else {
 				time.Sleep(500 * time.Millisecond) // more than the other case's grace
 				if n := chunks(); n == 0 {

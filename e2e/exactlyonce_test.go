@@ -27,8 +27,8 @@ import (
 
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // TestExactlyOnceConcurrentCopies: 200 concurrent copies of one keyed intent, half of them
@@ -37,7 +37,7 @@ import (
 // bytes, every stream is the same bytes, and the streamed text equals the non-stream text and
 // the backend's own answer.
 func TestExactlyOnceConcurrentCopies(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "slowmock")
 	c := xoClient(t)
 	const n = 200
@@ -131,9 +131,9 @@ func TestExactlyOnceConcurrentCopies(t *testing.T) {
 // TestIdempotencyContract: the answers to a copy that is not a plain join, on one gateway with
 // max_wait 300 ms.
 func TestIdempotencyContract(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Idempotency.MaxWait = config.Duration(300 * time.Millisecond)
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	slow := gw.Mock(t, "slowmock")
 	fast := gw.Mock(t, "mock")
 	c := xoClient(t)
@@ -185,7 +185,7 @@ func TestIdempotencyContract(t *testing.T) {
 		_, wantContent := xoReference(t, xoSlowModel, a)
 		before := slow.Stats().Requests
 		firstc := xoGo(func() xoResult { return xoPost(c, gw.URL+xoChatPath, a, keyed(key)) })
-		gwtest.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight > 0 }, "the first request reaches the backend")
+		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight > 0 }, "the first request reaches the backend")
 		r := xoPost(c, gw.URL+xoChatPath, xoChatBody(xoSlowModel, "reuse pending B", false, `"mock":{"inter_token_ms":50}`), keyed(key))
 		xoWantError(t, r, http.StatusUnprocessableEntity, "idempotency_key_reused")
 		first := <-firstc
@@ -212,7 +212,7 @@ func TestIdempotencyContract(t *testing.T) {
 		_, wantContent := xoReference(t, xoSlowModel, a)
 		before := slow.Stats().Requests
 		firstc := xoGo(func() xoResult { return xoPost(c, gw.URL+xoChatPath, a, keyed(key)) })
-		gwtest.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight > 0 }, "the first request reaches the backend")
+		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight > 0 }, "the first request reaches the backend")
 
 		t0 := time.Now()
 		dup := xoPost(c, gw.URL+xoChatPath, a, keyed(key))
@@ -288,7 +288,7 @@ func TestIdempotencyContract(t *testing.T) {
 // never windowed.
 func TestAutoKey(t *testing.T) {
 	t.Run("identical keyless requests together", func(t *testing.T) {
-		gw := gwtest.Start(t, nil) // auto_window 3 s
+		gw := gatewaykit.StartGateway(t, nil) // auto_window 3 s
 		slow := gw.Mock(t, "slowmock")
 		c := xoClient(t)
 		body := xoChatBody(xoSlowModel, "keyless together", false, "")
@@ -331,9 +331,9 @@ func TestAutoKey(t *testing.T) {
 		}
 	})
 
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Idempotency.AutoWindow = config.Duration(time.Millisecond)
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	fast := gw.Mock(t, "mock")
 	c := xoClient(t)
 	for i, tc := range []struct {
@@ -358,7 +358,7 @@ func TestAutoKey(t *testing.T) {
 			xoWant(t, r1, http.StatusOK, "created")
 			// The window is 1 ms: wait it out on the record's own clock, not with a sleep.
 			created := time.Now()
-			gwtest.Eventually(t, time.Second, func() bool { return time.Since(created) > 5*time.Millisecond }, "window passes")
+			gatewaykit.Eventually(t, time.Second, func() bool { return time.Since(created) > 5*time.Millisecond }, "window passes")
 			r2 := xoPost(c, gw.URL+xoChatPath, body, tc.second)
 			xoWant(t, r2, http.StatusOK, tc.wantOutcome)
 			if tc.wantOutcome == "replayed" && !bytes.Equal(r2.Body, r1.Body) {
@@ -379,9 +379,9 @@ func TestAutoKey(t *testing.T) {
 func TestReplayByteIdentical(t *testing.T) {
 	for _, cacheBytes := range []int64{0, 32 << 20} {
 		t.Run(fmt.Sprintf("replay_cache_bytes=%d", cacheBytes), func(t *testing.T) {
-			cfg := gwtest.Config(t)
+			cfg := gatewaykit.Config(t)
 			cfg.Idempotency.ReplayCacheBytes = cacheBytes
-			gw := gwtest.Start(t, cfg)
+			gw := gatewaykit.StartGateway(t, cfg)
 			c := xoClient(t)
 			mock := gw.Mock(t, config.MockBackendName)
 			for _, stream := range []bool{false, true} {

@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // rsRow logs one row of the resilience table.
@@ -85,7 +85,7 @@ func rsContent(t testing.TB, msg string) string {
 }
 
 // rsIdem is GET /v1/idempotency/{key} (with the tenant's auth header, when given).
-func rsIdem(t testing.TB, gw *gwtest.Gateway, key string, auth ...map[string]string) map[string]any {
+func rsIdem(t testing.TB, gw *gatewaykit.Gateway, key string, auth ...map[string]string) map[string]any {
 	t.Helper()
 	var hdr map[string]string
 	if len(auth) > 0 {
@@ -183,7 +183,7 @@ func rsAttempts(resp *http.Response) string { return resp.Header.Get("Oncegate-A
 // Row 1: connection refused is never a run: retried up to max_attempts, then the next backend
 // of the route; with no next backend the client gets 502 backend_unreachable.
 func TestFaultConnectionRefused(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Backends = append(cfg.Backends,
 		rsBackend("refused", config.TypeOpenAI, rsClosedURL(t), "oncegate-mock"),
 		rsBackend("refused-alone", config.TypeOpenAI, rsClosedURL(t), "oncegate-refused"))
@@ -191,7 +191,7 @@ func TestFaultConnectionRefused(t *testing.T) {
 		{Model: "oncegate-mock", Backends: []string{"refused", "mock"}},
 		{Model: "oncegate-refused", Backends: []string{"refused-alone"}},
 	}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	mock, slow := gw.Mock(t, "mock"), gw.Mock(t, "slowmock")
 
 	t.Run("fallback", func(t *testing.T) {
@@ -249,12 +249,12 @@ func TestFaultConnectionRefused(t *testing.T) {
 // backend's whole timeout (first_byte_timeout alone proves nothing without a deduplicating
 // backend), then 504 backend_timeout; never re-sent.
 func TestFaultStallBeforeFirstByte(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("stallmock", config.TypeMock, "", "oncegate-mock")
 	b.FirstByteTimeout, b.Timeout = config.Duration(200*time.Millisecond), config.Duration(time.Second)
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"stallmock", "mock"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	stall, fallback := gw.Mock(t, "stallmock"), gw.Mock(t, "mock")
 
 	const key = "rs-stall"
@@ -290,12 +290,12 @@ func TestFaultStallBeforeFirstByte(t *testing.T) {
 // have run at the backend (a stall until the timeout, a response lost after completion, a body
 // cut off), so a copy of the request must not run it again.
 func TestFaultAmbiguousSameKeyRetry(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("ambig", config.TypeMock, "", "oncegate-mock")
 	b.FirstByteTimeout, b.Timeout = config.Duration(100*time.Millisecond), config.Duration(300*time.Millisecond)
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"ambig"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	mock := gw.Mock(t, "ambig")
 
 	for _, tc := range []struct{ fault, knobs string }{
@@ -369,12 +369,12 @@ func TestFaultStallHonorsIdempotencyKey(t *testing.T) {
 		return true
 	})
 	t.Cleanup(wg.Wait)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("dedup", config.TypeOpenAI, up.base(), "oncegate-mock")
 	b.FirstByteTimeout, b.HonorsIdempotencyKey = config.Duration(200*time.Millisecond), true
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"dedup"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	const msg, key = "row 2: a backend that honours Idempotency-Key", "rs-stall-dedup"
 	resp, rb := postChat(t, gw.URL, chatBody("oncegate-mock", msg, ""), map[string]string{"Idempotency-Key": key})
@@ -408,10 +408,10 @@ func TestFault429ThenOK(t *testing.T) {
 	}
 	t.Parallel()
 	up := rsStartUpstream(t, nil)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Backends = append(cfg.Backends, rsBackend("limited", config.TypeOpenAI, up.base(), "oncegate-mock"))
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"limited"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	const msg = "row 3: 429 then OK"
 	resp, b := postChat(t, gw.URL, rsMockBody(msg, `{"fault":"rate_limit","retry_after":"1","fault_first_n":2}`, ""), map[string]string{"Idempotency-Key": "rs-429"})
@@ -443,7 +443,7 @@ func TestFault429ThenOK(t *testing.T) {
 // Row 4: 5xx bursts are retried; a 500 may have done work and is passed through, not retried;
 // a 4xx is the answer: stored and replayed, never retried.
 func TestFaultStatusCodes(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 
 	t.Run("503 burst", func(t *testing.T) {
@@ -509,7 +509,7 @@ func TestFaultStatusCodes(t *testing.T) {
 // Row 6: the backend completed the work but the response never came back: one execution, an
 // error for the client, never re-sent.
 func TestFaultLostResponse(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	const key = "rs-lost"
 	resp, b := postChat(t, gw.URL, rsMockBody("row 6: completed, but the response was lost", `{"fault":"lost_response"}`, ""),
@@ -546,14 +546,14 @@ func TestFault429Storm(t *testing.T) {
 		}
 		return false
 	})
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("stormy", config.TypeOpenAI, up.base(), "oncegate-mock")
 	// The breaker (429s count as failures) would open after min_requests and stop every retry;
 	// kept closed here so that the retry budget alone is measured.
 	b.Breaker.MinRequests = 1000
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"stormy"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	// Three clients, each sending one new intent every 100 ms without waiting for earlier
 	// answers (an application with calls in flight), so all 30 arrive during the storm.

@@ -13,13 +13,13 @@ import (
 	"testing"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // ftGateway is a gateway whose tenants each see their own charges in the admin ledger.
-func ftGateway(t *testing.T, tenants ...string) *gwtest.Gateway {
+func ftGateway(t *testing.T, tenants ...string) *gatewaykit.Gateway {
 	t.Helper()
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Admin.APIKeysSHA256 = []string{sha("ft-admin")}
 	for _, id := range tenants {
 		cfg.Tenants = append(cfg.Tenants, config.Tenant{ID: id, APIKeysSHA256: []string{sha("sk-" + id)}})
@@ -29,14 +29,14 @@ func ftGateway(t *testing.T, tenants ...string) *gwtest.Gateway {
 			cfg.Backends[i].MaxAttempts = ftMaxAttempts
 		}
 	}
-	return gwtest.Start(t, cfg)
+	return gatewaykit.StartGateway(t, cfg)
 }
 
 // ftMaxAttempts is the mock backend's max_attempts in these tests.
 const ftMaxAttempts = 3
 
 // ftIdem is GET /v1/idempotency/{key} as tenant.
-func ftIdem(t *testing.T, gw *gwtest.Gateway, tenant, key string) map[string]any {
+func ftIdem(t *testing.T, gw *gatewaykit.Gateway, tenant, key string) map[string]any {
 	t.Helper()
 	return rsIdem(t, gw, key, map[string]string{"Authorization": "Bearer sk-" + tenant})
 }
@@ -65,7 +65,7 @@ var ftCases = []ftCase{
 }
 
 // ftCharges is the tenant's ledger charges.
-func ftCharges(t *testing.T, gw *gwtest.Gateway, tenant string) []map[string]any {
+func ftCharges(t *testing.T, gw *gatewaykit.Gateway, tenant string) []map[string]any {
 	t.Helper()
 	r, b := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant="+tenant, "", "", map[string]string{"Authorization": "Bearer ft-admin"})
 	if r.StatusCode != http.StatusOK {
@@ -106,7 +106,7 @@ func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
 				auth := "Bearer sk-" + tenant
 				_, clean := do(t, http.MethodPost, gw.URL+tc.path, "application/json", tc.body(msg, ""),
 					map[string]string{"Authorization": auth, "Idempotency-Key": "ft-clean"})
-				charged := len(gwtestCharges(t, gw, tenant, 1))
+				charged := len(waitCharges(t, gw, tenant, 1))
 
 				before := mock.Stats().Requests
 				const key = "ft-retried"
@@ -128,7 +128,7 @@ func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
 				if st["state"] != "COMPLETED" || st["attempts"] != float64(2) {
 					t.Errorf("record state %v attempts %v, want COMPLETED after 2", st["state"], st["attempts"])
 				}
-				if charges := gwtestCharges(t, gw, tenant, charged+1); len(charges) != charged+1 {
+				if charges := waitCharges(t, gw, tenant, charged+1); len(charges) != charged+1 {
 					t.Errorf("%d charges for the completed execution, want 1: %v", len(charges)-charged, charges)
 				}
 				// A replay is the same stream, and costs nothing.
@@ -141,12 +141,12 @@ func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
 	}
 }
 
-// gwtestCharges waits until the tenant has at least want charges (the charge follows the
+// waitCharges waits until the tenant has at least want charges (the charge follows the
 // answer) and returns them all: with the record COMPLETED, every charge of it is written by then.
-func gwtestCharges(t *testing.T, gw *gwtest.Gateway, tenant string, want int) []map[string]any {
+func waitCharges(t *testing.T, gw *gatewaykit.Gateway, tenant string, want int) []map[string]any {
 	t.Helper()
 	var charges []map[string]any
-	gwtest.Eventually(t, 10e9, func() bool {
+	gatewaykit.Eventually(t, 10e9, func() bool {
 		charges = ftCharges(t, gw, tenant)
 		return len(charges) >= want
 	}, fmt.Sprintf("%d charges for %s", want, tenant))

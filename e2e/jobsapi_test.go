@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
 
@@ -56,9 +56,9 @@ func xoEventBlocks(body []byte) []string {
 // with ids 0..n and [DONE] last, identical live and afterwards; Last-Event-ID and
 // ?starting_after=k resume exactly after k; a client that has everything gets 204.
 func TestJobsAPI(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Idempotency.RenewEvery = config.Duration(100 * time.Millisecond) // progress reaches the record every 100 ms
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	slow := gw.Mock(t, "slowmock")
 	c := xoClient(t)
 
@@ -96,7 +96,7 @@ func TestJobsAPI(t *testing.T) {
 			}
 
 			// Running: status and the key's state show progress.
-			gwtest.Eventually(t, 10*time.Second, func() bool {
+			gatewaykit.Eventually(t, 10*time.Second, func() bool {
 				j, _ := xoGetJob(t, c, gw.URL, id)
 				return j.Status == "running" && j.Tokens > 0
 			}, "the job is running with tokens so far")
@@ -112,7 +112,7 @@ func TestJobsAPI(t *testing.T) {
 				t.Fatalf("live events: %d %s", live.Status, live.Body)
 			}
 
-			gwtest.Eventually(t, 10*time.Second, func() bool {
+			gatewaykit.Eventually(t, 10*time.Second, func() bool {
 				j, _ := xoGetJob(t, c, gw.URL, id)
 				return j.Status == "completed"
 			}, "the job completes")
@@ -198,7 +198,7 @@ func TestJobsAPI(t *testing.T) {
 		r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": "xo-job-resume-live"})
 		xoWant(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
-		gwtest.Eventually(t, 10*time.Second, func() bool {
+		gatewaykit.Eventually(t, 10*time.Second, func() bool {
 			j, _ := xoGetJob(t, c, gw.URL, id)
 			return j.Status == "running" && j.Tokens > 3
 		}, "the job has output")
@@ -218,7 +218,7 @@ func TestJobsAPI(t *testing.T) {
 		r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": key})
 		xoWant(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
-		gwtest.Eventually(t, 10*time.Second, func() bool {
+		gatewaykit.Eventually(t, 10*time.Second, func() bool {
 			j, _ := xoGetJob(t, c, gw.URL, id)
 			return j.Status == "running" && slow.Stats().InFlight > 0
 		}, "the job runs")
@@ -240,7 +240,7 @@ func TestJobsAPI(t *testing.T) {
 		if del.Status != http.StatusOK || !xoContains(del.Body, `"status":"cancelled"`) {
 			t.Fatalf("DELETE: %d %s", del.Status, del.Body)
 		}
-		gwtest.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
+		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
 
 		for {
 			if _, err := cr.next(); err != nil {
@@ -308,9 +308,9 @@ func TestJobsAPI(t *testing.T) {
 // the first one included after the second reused its record. (Found by this test: the
 // second job's id was never indexed, then the first one's became a 404.)
 func TestJobsKeylessAfterWindow(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Idempotency.AutoWindow = config.Duration(time.Millisecond)
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	fast := gw.Mock(t, "mock")
 	c := xoClient(t)
 	body := xoChatBody(config.MockModel, "keyless job twice", false, "")
@@ -341,7 +341,7 @@ func TestJobsKeylessAfterWindow(t *testing.T) {
 	}
 }
 
-// xoPoll is gwtest.Eventually that reports instead of failing: cond every 10 ms until it holds
+// xoPoll is gatewaykit.Eventually that reports instead of failing: cond every 10 ms until it holds
 // (true) or timeout passes (false).
 func xoPoll(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 var xoJoinSeed = flag.Int64("e2e.joinseed", 0, "seed of TestJoinPointsProperty (0: from the clock; the seed is logged)")
@@ -33,7 +33,7 @@ func TestJoinPointsProperty(t *testing.T) {
 	t.Logf("seed %d (rerun with -e2e.joinseed=%d)", seed, seed)
 	rng := rand.New(rand.NewSource(seed))
 
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "slowmock")
 	c := xoClient(t)
 	rounds := 3
@@ -92,7 +92,7 @@ func TestJoinPointsProperty(t *testing.T) {
 				resp, err := xoOpen(c, http.MethodPost, gw.URL+xoChatPath, body, hdr)
 				openc <- opened{resp, err}
 			}()
-			gwtest.Eventually(t, 10*time.Second, func() bool {
+			gatewaykit.Eventually(t, 10*time.Second, func() bool {
 				return xoDo(c, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil).Status == http.StatusOK
 			}, "the creator's record exists")
 			openUpTo(0)

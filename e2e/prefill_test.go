@@ -18,7 +18,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/option"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // pfEvent is one named SSE event of an Anthropic stream.
@@ -75,14 +75,14 @@ func pfBody(msg, knobs string) string {
 	return body + "}"
 }
 
-func pfPost(t testing.TB, gw *gwtest.Gateway, msg, knobs, key string) (*http.Response, []byte) {
+func pfPost(t testing.TB, gw *gatewaykit.Gateway, msg, knobs, key string) (*http.Response, []byte) {
 	t.Helper()
 	return do(t, http.MethodPost, gw.URL+"/v1/messages", "application/json", pfBody(msg, knobs), map[string]string{"Idempotency-Key": key})
 }
 
 // pfSDKText reads a stream with the official Anthropic SDK (which must accept the "oncegate"
 // member of a continued stream's message_delta) and returns its accumulated text.
-func pfSDKText(t testing.TB, gw *gwtest.Gateway, body, key string) string {
+func pfSDKText(t testing.TB, gw *gatewaykit.Gateway, body, key string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -129,13 +129,13 @@ func pfBreakAfter(t testing.TB, text string, wantLetter func(byte) bool) int {
 
 func TestContinuationAnthropicPrefill(t *testing.T) {
 	up := rsStartUpstream(t, nil)
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	b := rsBackend("anthropic-up", config.TypeAnthropic, up.base(), "oncegate-mock")
 	b.Continuation = config.ContinuationAnthropic
 	b.PrefillModels = []string{"oncegate-mock"}
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"anthropic-up"}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
 	tests := []struct {
 		name   string

@@ -16,7 +16,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // xoAttempt is one HTTP attempt the SDK made, seen by a middleware.
@@ -69,10 +69,10 @@ func (a *xoAttempts) snapshot() []xoAttempt {
 // once without a retry (internal/requestconfig/requestconfig.go, "if ctx.Err() != nil { return
 // ctx.Err() }"). Both are exercised; the exactly-once result must not depend on it.
 func TestSDKRetriesWithoutKey(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Idempotency.AutoWindow = config.Duration(time.Millisecond)
 	cfg.Idempotency.RetryHeaders = []string{"X-App-Retry"}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	slow := gw.Mock(t, "slowmock")
 	long := xoClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -131,7 +131,7 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gwtest.Eventually(t, 20*time.Second, func() bool {
+			gatewaykit.Eventually(t, 20*time.Second, func() bool {
 				r := xoDo(long, http.MethodGet, gw.URL+"/v1/idempotency/"+url.PathEscape(key), "", nil)
 				return r.Status == http.StatusOK && xoContains(r.Body, `"state":"COMPLETED"`)
 			}, "the key's execution completes")

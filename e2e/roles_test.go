@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // rolesProc is one oncegate process of the test.
@@ -106,7 +106,7 @@ func TestSplitRoles(t *testing.T) {
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	worker := startProc(t, "worker", bin, "serve", "--role", "worker",
 		"--data-dir", filepath.Join(dir, "worker-data"), "--nats-listen", natsAddr)
-	gwtest.Eventually(t, 30*time.Second, func() bool {
+	gatewaykit.Eventually(t, 30*time.Second, func() bool {
 		if worker.exited() {
 			t.Fatalf("worker exited early: %v", worker.err)
 		}
@@ -120,7 +120,7 @@ func TestSplitRoles(t *testing.T) {
 	api := startProc(t, "api", bin, "serve", "--role", "api", "--nats-url", "nats://"+natsAddr,
 		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "api-data"))
 	base := "http://" + httpAddr
-	gwtest.Eventually(t, 30*time.Second, func() bool {
+	gatewaykit.Eventually(t, 30*time.Second, func() bool {
 		if api.exited() {
 			t.Fatalf("api exited early: %v", api.err)
 		}

@@ -10,11 +10,11 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // sdkClient is the official OpenAI Go SDK, unchanged but for its base URL, pointed at gw.
-func sdkClient(gw *gwtest.Gateway, opts ...option.RequestOption) openai.Client {
+func sdkClient(gw *gatewaykit.Gateway, opts ...option.RequestOption) openai.Client {
 	return openai.NewClient(append([]option.RequestOption{
 		option.WithBaseURL(gw.URL + "/v1"),
 		option.WithAPIKey("x"),
@@ -33,7 +33,7 @@ func sdkParams(msg string) openai.ChatCompletionNewParams {
 // TestSDK drives the gateway with the official OpenAI Go SDK: what it gets back is what the
 // mock backend answers directly, byte for byte in content and id.
 func TestSDK(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	client := sdkClient(gw)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -16,12 +16,12 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gateway"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
-// directGateway starts a gateway with gateway.Start, not gwtest: the test calls Stop itself.
+// directGateway starts a gateway with gateway.Start, not gatewaykit: the test calls Stop itself.
 // A cleanup stops it only if the test ended before doing so.
 func directGateway(t *testing.T, cfg *config.Config) (gw *gateway.Gateway, stop func(context.Context) error) {
 	t.Helper()
@@ -92,7 +92,7 @@ func TestShutdown(t *testing.T) {
 	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{}}
 
 	t.Run("in-flight stream completes", func(t *testing.T) {
-		cfg := gwtest.Config(t)
+		cfg := gatewaykit.Config(t)
 		cfg.HTTP.ShutdownGrace = config.Duration(20 * time.Second)
 		gw, stop := directGateway(t, cfg)
 		addr := gw.Addr()
@@ -127,7 +127,7 @@ func TestShutdown(t *testing.T) {
 			defer cancel()
 			stopErr <- stop(ctx)
 		}()
-		gwtest.Eventually(t, 5*time.Second, func() bool { return listenerClosed(addr) },
+		gatewaykit.Eventually(t, 5*time.Second, func() bool { return listenerClosed(addr) },
 			"the listener still accepts after Stop began")
 		afterClose := 0
 		for f := range frames {
@@ -159,7 +159,7 @@ func TestShutdown(t *testing.T) {
 	})
 
 	t.Run("in-flight non-stream completes", func(t *testing.T) {
-		cfg := gwtest.Config(t)
+		cfg := gatewaykit.Config(t)
 		cfg.HTTP.ShutdownGrace = config.Duration(20 * time.Second)
 		gw, stop := directGateway(t, cfg)
 		backend, _ := gw.Backend("slowmock")
@@ -183,7 +183,7 @@ func TestShutdown(t *testing.T) {
 			resp.Body.Close()
 			got <- result{status: resp.StatusCode, b: b, err: err}
 		}()
-		gwtest.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 1 }, "the backend call never started")
+		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 1 }, "the backend call never started")
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := stop(ctx); err != nil {
@@ -204,7 +204,7 @@ func TestShutdown(t *testing.T) {
 	// A stream that outlives shutdown_grace is ended with an explicit error event, never a
 	// silent end or a hang, and Stop returns.
 	t.Run("stream longer than the grace is ended explicitly", func(t *testing.T) {
-		cfg := gwtest.Config(t)
+		cfg := gatewaykit.Config(t)
 		cfg.HTTP.ShutdownGrace = config.Duration(200 * time.Millisecond)
 		gw, stop := directGateway(t, cfg)
 		body := chatBody("oncegate-mock-slow", "shutdown grace", `"stream":true,"mock":{"tokens":1000}`)

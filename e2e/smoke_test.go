@@ -6,12 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 func TestSmoke(t *testing.T) {
-	gw := gwtest.Start(t, nil)
-	resp, err := gwtest.Client().Post(gw.URL+"/v1/chat/completions", "application/json",
+	gw := gatewaykit.StartGateway(t, nil)
+	resp, err := gatewaykit.Client().Post(gw.URL+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"oncegate-mock","messages":[{"role":"user","content":"hello"}]}`))
 	if err != nil {
 		t.Fatal(err)

@@ -3,16 +3,14 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/e2e")
 
 // goldenDir holds this package's golden responses (the mock is deterministic, so whole bodies
 // are stable).
@@ -21,35 +19,13 @@ var goldenDir = filepath.Join("..", "testdata", "e2e")
 // checkGolden compares got with testdata/e2e/name byte for byte, or rewrites it with -update.
 func checkGolden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join(goldenDir, name)
-	if *update {
-		if err := os.MkdirAll(goldenDir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test ./e2e/ -run %s -update to create it)", err, t.Name())
-	}
-	if !bytes.Equal(got, want) {
-		i := 0
-		for i < len(got) && i < len(want) && got[i] == want[i] {
-			i++
-		}
-		lo := max(0, i-80)
-		t.Errorf("body differs from %s at byte %d (got %d bytes, want %d):\n got …%q\nwant …%q",
-			path, i, len(got), len(want), got[lo:min(len(got), i+80)], want[lo:min(len(want), i+80)])
-	}
+	testkit.Golden(t, filepath.Join(goldenDir, name), got)
 }
 
 // TestSSEGolden: the whole response body of a generation, streamed or not, is byte for byte
 // the golden one, live and on replay.
 func TestSSEGolden(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	cases := []struct {
 		name, golden, extra string
@@ -195,7 +171,7 @@ func readGolden(t *testing.T, name string) []byte {
 // Idempotency-Key, same body but for "stream") are served from ONE backend execution, in
 // either order and concurrently, and both carry the backend's answer.
 func TestStreamAndNonStreamOneIntent(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	want := parseCompletion(t, directMock(t, chatBody("oncegate-mock", "one intent", "")))
 	wantSlow := parseCompletion(t, directMock(t, chatBody("oncegate-mock-slow", "one intent", "")))
 

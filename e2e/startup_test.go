@@ -10,9 +10,9 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/oncegate/oncegate/internal/gateway"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/status"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // TestReadyzFollowsWorkers: with split roles, an API node's /readyz is false (503 with the
@@ -20,10 +20,10 @@ import (
 // worker stops. The api gateway owns the embedded NATS on a port; the worker is a second
 // gateway (role worker) connected to it over the network.
 func TestReadyzFollowsWorkers(t *testing.T) {
-	apiCfg := gwtest.Config(t)
+	apiCfg := gatewaykit.Config(t)
 	apiCfg.Role = "api"
 	apiCfg.NATS.Listen = "127.0.0.1:0"
-	api := gwtest.Start(t, apiCfg)
+	api := gatewaykit.StartGateway(t, apiCfg)
 
 	readyz := func() (int, string) {
 		resp, b := do(t, http.MethodGet, api.URL+"/readyz", "", "", nil)
@@ -33,7 +33,7 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 		t.Helper()
 		var code int
 		var body string
-		gwtest.Eventually(t, 30*time.Second, func() bool {
+		gatewaykit.Eventually(t, 30*time.Second, func() bool {
 			code, body = readyz()
 			return code == http.StatusServiceUnavailable
 		}, "/readyz false "+when)
@@ -43,7 +43,7 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 	}
 	notReady("before any worker")
 
-	wcfg := gwtest.Config(t)
+	wcfg := gatewaykit.Config(t)
 	wcfg.Role = "worker"
 	wcfg.NATS.URL = api.NATSURL()
 	if err := wcfg.Validate(); err != nil {
@@ -69,7 +69,7 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 	}
 	defer stopWorker()
 
-	gwtest.Eventually(t, 30*time.Second, func() bool {
+	gatewaykit.Eventually(t, 30*time.Second, func() bool {
 		code, _ := readyz()
 		return code == http.StatusOK
 	}, "/readyz true once the worker runs")

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // TestStatusShowsRunningWhileGenerating: while a 2 s non-stream generation runs, both
@@ -20,7 +20,7 @@ import (
 // execution read queued with 0 attempts for its whole run). Once completed, tokens_so_far is
 // the usage's completion tokens (it was 0 for non-stream records).
 func TestStatusShowsRunningWhileGenerating(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	c := xoClient(t)
 	const key = "status-running-1"
 	hdr := map[string]string{"Idempotency-Key": key}
@@ -98,7 +98,7 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 // continued) is FAILED with its partial output kept; its status view must not say
 // "status":200 as if it had succeeded: it says 502, partial, and the error.
 func TestStatusOfPartialStreamFailure(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	c := xoClient(t)
 	const key = "status-partial-1"
 	body := xoChatBody("oncegate-mock", "break after three", true, `"mock":{"fault":"drop_after","fault_after":3}`)
@@ -118,10 +118,10 @@ func TestStatusOfPartialStreamFailure(t *testing.T) {
 // (attempts 1, before: 0) and the ledger has exactly one entry for the job, estimated (before:
 // none, the cancel fenced the worker before it could charge anything).
 func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Ledger.Prices = map[string]config.Price{"*": {InputPerMillion: 1_000_000, OutputPerMillion: 1_000_000}}
 	cfg.Admin.APIKeysSHA256 = []string{sha("admin-key")}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	c := xoClient(t)
 	const key = "cancel-running-1"
 	// 16 tokens at 250 ms each: about 4 s, past the first lease renewal that notices the cancel.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // TestDuplicateStorm: 1,000 concurrent copies of one keyed intent (every third one streamed)
@@ -23,7 +23,7 @@ func TestDuplicateStorm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1,000 concurrent requests")
 	}
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	slow := gw.Mock(t, "slowmock")
 	c := xoClient(t)
 
@@ -112,7 +112,7 @@ func TestDuplicateStorm(t *testing.T) {
 // BenchmarkReplayCompletedKey: a non-stream copy of a completed keyed request, answered from
 // the stored record (one KV claim attempt, one read, no backend).
 func BenchmarkReplayCompletedKey(b *testing.B) {
-	gw := gwtest.Start(b, nil)
+	gw := gatewaykit.StartGateway(b, nil)
 	fast := gw.Mock(b, "mock")
 	c := xoClient(b)
 	body := xoChatBody(config.MockModel, "replay me", false, "")
@@ -149,7 +149,7 @@ func BenchmarkReplayCompletedKey(b *testing.B) {
 // history from the first chunk). One long execution (5 ms per token) runs for the whole
 // benchmark and is cancelled at the end; it is the only backend execution.
 func BenchmarkJoinDuplicate(b *testing.B) {
-	gw := gwtest.Start(b, nil)
+	gw := gatewaykit.StartGateway(b, nil)
 	slow := gw.Mock(b, "slowmock")
 	c := xoClient(b)
 	body := xoChatBody(xoSlowModel, "join me", true, `"mock":{"tokens":1000000,"inter_token_ms":5}`)
@@ -197,11 +197,11 @@ func BenchmarkJoinDuplicate(b *testing.B) {
 	})
 
 	// Stop the execution (the job id of a chat request is indexed asynchronously).
-	gwtest.Eventually(b, 10*time.Second, func() bool {
+	gatewaykit.Eventually(b, 10*time.Second, func() bool {
 		return xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+jobID, "", nil).Status == http.StatusOK
 	}, "cancel the long execution")
 	<-leaderDone
-	gwtest.Eventually(b, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
+	gatewaykit.Eventually(b, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
 	if n := slow.Stats().Requests; n != 1 {
 		b.Fatalf("backend executions = %d, want 1", n)
 	}

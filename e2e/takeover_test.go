@@ -31,12 +31,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
-	"github.com/oncegate/oncegate/internal/lease"
 	"github.com/oncegate/oncegate/internal/mockllm"
 	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/workers"
@@ -63,12 +63,12 @@ func TestTakeoverZombieWorker(t *testing.T) {
 }
 
 func xoTakeover(t *testing.T, zombieChunks int) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Role = "api"
 	cfg.NATS.Listen = "127.0.0.1:0" // an api-only process needs a NATS that workers can reach
 	cfg.Idempotency.Lease = config.Duration(2 * time.Second)
 	cfg.Idempotency.RenewEvery = config.Duration(500 * time.Millisecond)
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	c := xoClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -144,7 +144,7 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	if wire.Epoch != 1 || rec.Epoch != 1 || rec.State != kv.Pending || rec.JobID != wire.ID {
 		t.Fatalf("zombie: job epoch %d, record %s epoch %d job %s; want a PENDING epoch 1 of job %s", wire.Epoch, rec.State, rec.Epoch, rec.JobID, wire.ID)
 	}
-	job := lease.JobOf(wire.Key, rec)
+	job := intent.JobOf(wire.Key, rec)
 	pub := jobs.NewPublisher(zjs, job)
 	var zframes []byte
 	for i := range zombieChunks {
@@ -266,9 +266,9 @@ func xoZombieContent(n int) string {
 }
 
 // xoStartPool runs a worker pool beside an api-role gateway, wired like the gateway wires its
-// own (internal/gateway startWorkers), with fresh mock backends; it returns the slow mock. The
+// own (gateway startWorkers), with fresh mock backends; it returns the slow mock. The
 // pool stops, and its connection closes, before the gateway does.
-func xoStartPool(t testing.TB, gw *gwtest.Gateway, cfg *config.Config, id string) *mockllm.Server {
+func xoStartPool(t testing.TB, gw *gatewaykit.Gateway, cfg *config.Config, id string) *mockllm.Server {
 	t.Helper()
 	nc, err := gw.Connect(id)
 	if err != nil {
@@ -346,7 +346,7 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	xoProcess(t, dir, "api", bin, "serve", "--role", "api", "--nats-listen", natsAddr, "--config", cfgPath)
 	base := "http://" + httpAddr
 	c := xoClient(t)
-	gwtest.Eventually(t, 30*time.Second, func() bool {
+	gatewaykit.Eventually(t, 30*time.Second, func() bool {
 		// healthz, not readyz: A runs no worker, so it is ready only once worker B runs
 		return xoDo(c, http.MethodGet, base+"/healthz", "", nil).Status == http.StatusOK
 	}, "gateway A serving")
@@ -396,7 +396,7 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	}
 
 	var status map[string]any
-	gwtest.Eventually(t, 30*time.Second, func() bool {
+	gatewaykit.Eventually(t, 30*time.Second, func() bool {
 		status = xoIdem(t, c, base, key, nil)
 		return status["state"] != "PENDING"
 	}, "the key is finished by worker C")

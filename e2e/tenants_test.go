@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
 
 // xoTenants is a gateway config with tenants "a" (API key sk-a) and "b" (sk-b).
 func xoTenants(t testing.TB) *config.Config {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	for _, id := range []string{"a", "b"} {
 		sum := sha256.Sum256([]byte("sk-" + id))
 		cfg.Tenants = append(cfg.Tenants, config.Tenant{ID: id, APIKeysSHA256: []string{hex.EncodeToString(sum[:])}})
@@ -30,7 +30,7 @@ func xoTenants(t testing.TB) *config.Config {
 // exist for B: every way of reaching them answers exactly what a job or key that never
 // existed answers.
 func TestTenantIsolation(t *testing.T) {
-	gw := gwtest.Start(t, xoTenants(t))
+	gw := gatewaykit.StartGateway(t, xoTenants(t))
 	fast := gw.Mock(t, "mock")
 	c := xoClient(t)
 	asA := map[string]string{"Authorization": "Bearer sk-a"}
@@ -49,7 +49,7 @@ func TestTenantIsolation(t *testing.T) {
 	xoWant(t, ra, http.StatusOK, "created")
 	jobA := ra.Header.Get("Oncegate-Job-Id")
 	// The job index of a chat request is written asynchronously.
-	gwtest.Eventually(t, 5*time.Second, func() bool {
+	gatewaykit.Eventually(t, 5*time.Second, func() bool {
 		return xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+jobA, "", asA).Status == http.StatusOK
 	}, "tenant A sees its job")
 
@@ -120,7 +120,7 @@ func TestTenantIsolation(t *testing.T) {
 // is echoed to its tenant and accepted back as an Idempotency-Key. Another tenant presenting
 // such a key must neither learn whether the record exists nor take the record's place.
 func TestTenantCraftedAutoKey(t *testing.T) {
-	gw := gwtest.Start(t, xoTenants(t))
+	gw := gatewaykit.StartGateway(t, xoTenants(t))
 	c := xoClient(t)
 	asA := map[string]string{"Authorization": "Bearer sk-a"}
 	asBWith := func(key string) map[string]string {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/lease"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -389,7 +389,7 @@ func (s *Server) launch(ctx context.Context, g *generation, key string, rec *kv.
 			return nil, fmt.Errorf("httpapi: %w", err)
 		}
 	}
-	job := lease.JobEncoded(key, rec, rev, data)
+	job := intent.JobEncoded(key, rec, rev, data)
 	fl, err := s.hub.Open(ctx, job.Subject())
 	if err != nil {
 		s.release(key, rec, rev)
@@ -460,7 +460,7 @@ func (s *Server) attach(ctx context.Context, g *generation, held *kv.ExistsError
 	switch rec.State {
 	case kv.Pending:
 		if rec.LeaseExpired(now) && !s.stillQueued(ctx, g.recKey) {
-			job, nrec, nrev, err := lease.TakeOver(ctx, s.js, s.store, g.recKey, rec, rev, now, s.idem.Lease.D())
+			job, nrec, nrev, err := intent.TakeOver(ctx, s.js, s.store, g.recKey, rec, rev, now, s.idem.Lease.D())
 			if err != nil {
 				return nil, err
 			}

@@ -15,15 +15,15 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func setup(t *testing.T) (*natstest.Server, *jobs.Hub) {
+func setup(t *testing.T) (*testkit.JetStream, *jobs.Hub) {
 	t.Helper()
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	if err := jobs.EnsureStreams(context.Background(), srv.JS, jobs.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestLastFollowerStopsFeed(t *testing.T) {
 }
 
 func TestHubCloseWakesFollowers(t *testing.T) {
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	if err := jobs.EnsureStreams(context.Background(), srv.JS, jobs.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestBillable: which finished records have something to charge.
@@ -79,7 +79,7 @@ func TestWithProgress(t *testing.T) {
 // TestLeaseWatchBillable: the watch hands out each billable record it read once, only after
 // the cutoff passed its write, and on a first read only those of the last BillableWindow.
 func TestLeaseWatchBillable(t *testing.T) {
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := Open(ctx, srv.JS, BucketConfig{TTL: time.Hour})

@@ -10,15 +10,15 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/kv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func open(t *testing.T) (*kv.Store, *natstest.Server) {
+func open(t *testing.T) (*kv.Store, *testkit.JetStream) {
 	t.Helper()
-	s := natstest.Start(t, time.Second)
+	s := testkit.RunJetStream(t, time.Second)
 	st, err := kv.Open(context.Background(), s.JS, kv.BucketConfig{TTL: time.Hour})
 	if err != nil {
 		t.Fatal(err)

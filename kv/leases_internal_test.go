@@ -6,13 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestLeaseWatchReadsOnlyWhatIsNew: the first call reads the last record of every key, later
 // calls read only the records written since, and the answer follows each key's latest state.
 func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := Open(ctx, srv.JS, BucketConfig{TTL: time.Hour})

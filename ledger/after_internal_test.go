@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestRepeatFoundFromAfter: a charge repeated after the id index forgot it and past the stream's
@@ -13,7 +13,7 @@ import (
 // exist (ChargeInput.After); so is a continuation of it. The control at the end shows that
 // without After nothing else would have caught the repeat here.
 func TestRepeatFoundFromAfter(t *testing.T) {
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := StreamConfig()

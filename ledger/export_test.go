@@ -3,16 +3,14 @@ package ledger_test
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/ledger"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/ledger")
 
 const goldenDir = "../testdata/ledger"
 
@@ -65,22 +63,7 @@ func TestGoldenExports(t *testing.T) {
 				t.Fatal(err)
 			}
 			path := goldenPath(name, format)
-			if *update {
-				if err := os.MkdirAll(goldenDir, 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				continue
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create)", err)
-			}
-			if !bytes.Equal(buf.Bytes(), want) {
-				t.Errorf("%s differs from what the ledger produces now:\n%s", path, buf.String())
-			}
+			testkit.Golden(t, path, buf.Bytes())
 		}
 	}
 }

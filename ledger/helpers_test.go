@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -39,9 +39,9 @@ func (c *stepClock) Now() time.Time {
 }
 
 // start starts a synced embedded server with the LEDGER stream.
-func start(t testing.TB) *natstest.Server {
+func start(t testing.TB) *testkit.JetStream {
 	t.Helper()
-	srv := natstest.Start(t, 0)
+	srv := testkit.RunJetStream(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := ledger.EnsureStream(ctx, srv.JS); err != nil {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // settableClock is a clock the test moves.
@@ -31,7 +31,7 @@ func (c *settableClock) Add(d time.Duration) {
 // than it as newer ones are appended (its index stays the size of one horizon, as a fresh
 // process loads it), and a forgotten id is still found, in the stream, when asked for.
 func TestIDIndexKeepsOneHorizon(t *testing.T) {
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := EnsureStream(ctx, srv.JS); err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -132,7 +132,7 @@ func TestEnsureStreamRepairs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := natstest.Start(t, 0)
+			srv := testkit.RunJetStream(t, 0)
 			ctx := ctxT(t)
 			if _, err := srv.JS.CreateStream(ctx, tt.cfg); err != nil {
 				t.Fatal(err)
@@ -171,10 +171,10 @@ func TestChargeTwice(t *testing.T) {
 	tests := []struct {
 		name string
 		// second returns the ledger that charges again, given the first one.
-		second func(t *testing.T, srv *natstest.Server, first *ledger.Ledger) *ledger.Ledger
+		second func(t *testing.T, srv *testkit.JetStream, first *ledger.Ledger) *ledger.Ledger
 	}{
-		{"same process", func(t *testing.T, _ *natstest.Server, first *ledger.Ledger) *ledger.Ledger { return first }},
-		{"after a restart", func(t *testing.T, srv *natstest.Server, _ *ledger.Ledger) *ledger.Ledger {
+		{"same process", func(t *testing.T, _ *testkit.JetStream, first *ledger.Ledger) *ledger.Ledger { return first }},
+		{"after a restart", func(t *testing.T, srv *testkit.JetStream, _ *ledger.Ledger) *ledger.Ledger {
 			_, js := srv.Conn(t)
 			return ledger.New(js, testPrices, "USD")
 		}},

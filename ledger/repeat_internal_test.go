@@ -9,14 +9,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestRepeatedID: an id stored twice (a charge published again after both the dedup horizon
 // and the Nats-Msg-Id window, written here raw) is reported by Verify and Reconcile, and never
 // makes Reconcile reverse the charge (the reversal's id would cancel both).
 func TestRepeatedID(t *testing.T) {
-	srv := natstest.Start(t, 0)
+	srv := testkit.RunJetStream(t, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := EnsureStream(ctx, srv.JS); err != nil {

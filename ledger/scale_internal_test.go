@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestScale measures Bill, Entries and Reconcile on large ledgers. It is skipped under -short
@@ -78,7 +78,7 @@ func splitComma(s string) []string {
 }
 
 func measureScale(t *testing.T, n int) {
-	srv := natstest.Start(t, time.Minute)
+	srv := testkit.RunJetStream(t, time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	if err := EnsureStream(ctx, srv.JS); err != nil {

@@ -8,9 +8,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/lease"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
@@ -119,7 +119,7 @@ func TestTakerCrashBeforeChargeIsCharged(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := mustJob(t, key, rec, rev) // the message the taker worked from
-	_, taken, trev, err := lease.TakeOver(ctx, r.srv.JS, r.store, key, rec, rev, time.Now(), time.Minute)
+	_, taken, trev, err := intent.TakeOver(ctx, r.srv.JS, r.store, key, rec, rev, time.Now(), time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,10 +9,10 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/lease"
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
@@ -23,7 +23,7 @@ import (
 // redelivery can repair it. The next pool's sweep charges it once ChargeGrace passed since
 // the outcome was written — exactly once, however many sweeps follow.
 func TestChargeSweepChargesWhatACrashSkipped(t *testing.T) {
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
@@ -63,7 +63,7 @@ func TestChargeSweepChargesWhatACrashSkipped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	job, err := lease.Job(key, rec, rev)
+	job, err := intent.Job(key, rec, rev)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/oncegate/oncegate/internal/lease"
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/resilience"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -276,7 +276,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		_ = m.Ack()
 		return
 	}
-	job := lease.JobOf(wire.Key, rec)
+	job := intent.JobOf(wire.Key, rec)
 	if mdErr == nil && md.NumDelivered > 1 {
 		// A redelivery: the previous holder stopped acking. Take over only once its lease ran out.
 		now := p.opts.Now()
@@ -284,7 +284,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(rec.LeaseUntil.Sub(now) + 100*time.Millisecond)
 			return
 		}
-		job, rec, rev, err = lease.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, now, p.opts.Lease)
+		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, now, p.opts.Lease)
 		if err != nil {
 			log.Info().Err(err).Msg("takeover lost; dropping job")
 			_ = m.Ack()
@@ -370,7 +370,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		if err != nil || !rec.LeaseExpired(now) || rec.Cancelled {
 			continue
 		}
-		job, _, _, err := lease.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, now, p.opts.Lease)
+		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, now, p.opts.Lease)
 		if err != nil {
 			continue // another taker won, or the record moved on
 		}

@@ -12,10 +12,10 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/lease"
-	"github.com/oncegate/oncegate/internal/natstest"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/workers"
@@ -24,7 +24,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type rig struct {
-	srv   *natstest.Server
+	srv   *testkit.JetStream
 	store *kv.Store
 	mock  *backend.Client
 }
@@ -33,7 +33,7 @@ type rig struct {
 // the rig has no pool and no mock.
 func resources(t *testing.T) *rig {
 	t.Helper()
-	srv := natstest.Start(t, time.Second)
+	srv := testkit.RunJetStream(t, time.Second)
 	ctx := context.Background()
 	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
 		t.Fatal(err)
@@ -187,7 +187,7 @@ func TestStaleJobIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := mustJob(t, "stale", cur, curRev)
-	if _, _, _, err := lease.TakeOver(context.Background(), r.srv.JS, r.store, "stale", cur, curRev, time.Now(), time.Minute); err != nil {
+	if _, _, _, err := intent.TakeOver(context.Background(), r.srv.JS, r.store, "stale", cur, curRev, time.Now(), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := jobs.Submit(context.Background(), r.srv.JS, old); err != nil {
@@ -258,7 +258,7 @@ func TestSweepLeavesQueuedJobs(t *testing.T) {
 // mustJob is the submittable job of rec stored at rev.
 func mustJob(t *testing.T, key string, rec *kv.Record, rev uint64) *jobs.Job {
 	t.Helper()
-	job, err := lease.Job(key, rec, rev)
+	job, err := intent.Job(key, rec, rev)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,8 +13,8 @@ import (
 
 	"github.com/oncegate/oncegate/internal/bench"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 func TestBenchJSON(t *testing.T) {
@@ -90,10 +90,10 @@ func TestMsDurationFlag(t *testing.T) {
 // with --api-key (sent as Authorization: Bearer) or the same credentials as --header, every
 // request succeeds.
 func TestBenchAuthenticates(t *testing.T) {
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	sum := sha256.Sum256([]byte("sk-bench"))
 	cfg.Tenants = []config.Tenant{{ID: "acme", APIKeysSHA256: []string{hex.EncodeToString(sum[:])}}}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 	tests := []struct {
 		name string
 		args []string

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gwtest"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 func keyHash(t *testing.T, stdin string, args ...string) string {
@@ -30,12 +30,12 @@ func TestKeyHashAuthenticates(t *testing.T) {
 		t.Fatalf("stdin %s, argument %s: want the same hash", got, tenantHash)
 	}
 	adminHash := keyHash(t, "  sk-admin\r\n")
-	cfg := gwtest.Config(t)
+	cfg := gatewaykit.Config(t)
 	cfg.Tenants = []config.Tenant{{ID: "acme", APIKeysSHA256: []string{tenantHash}}}
 	cfg.Admin.APIKeysSHA256 = []string{adminHash}
-	gw := gwtest.Start(t, cfg)
+	gw := gatewaykit.StartGateway(t, cfg)
 
-	c := gwtest.Client()
+	c := gatewaykit.Client()
 	send := func(method, path, body string, hdr ...string) int {
 		t.Helper()
 		req, err := http.NewRequestWithContext(t.Context(), method, gw.URL+path, strings.NewReader(body))

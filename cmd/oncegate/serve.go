@@ -11,8 +11,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gateway"
 	"github.com/oncegate/oncegate/internal/natsrv"
 )
 

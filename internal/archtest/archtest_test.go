@@ -1,6 +1,7 @@
 package archtest
 
 import (
+	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
@@ -8,35 +9,153 @@ import (
 
 const module = "github.com/oncegate/oncegate"
 
-// forbidden lists, per package, project packages it must not depend on (directly or not).
-var forbidden = map[string][]string{
-	"httpapi":             {"workers", "internal/backend", "internal/gateway", "cmd/oncegate"},
-	"workers":             {"httpapi", "internal/gateway", "cmd/oncegate"},
-	"jobs":                {"kv", "httpapi", "workers", "internal/config", "internal/backend"},
-	"kv":                  {"jobs", "httpapi", "workers", "internal/config", "internal/backend"},
-	"internal/lease":      {"httpapi", "workers"},
-	"internal/openaiwire": {"jobs", "kv", "httpapi", "workers"},
-	"internal/config":     {"jobs", "kv", "httpapi", "workers"},
-	"internal/mockllm":    {"jobs", "kv", "httpapi", "workers", "internal/config"},
-	"ledger":              {"jobs", "kv", "httpapi", "workers", "internal/config", "internal/gateway", "cmd/oncegate"},
-	"internal/testkit":    {"jobs", "kv", "ledger", "httpapi", "workers", "internal/config", "internal/gateway", "cmd/oncegate"},
+// floors places every package of the module. A package may import (directly or not) only
+// packages on lower floors; on floor 0, the internal leaves may import each other, but above
+// it two rooms of one floor never import each other. A new package must be placed here.
+var floors = map[string]int{
+	// 0: leaves: provider adapters and wire formats, config, the embedded server, the JSON
+	// scanner, resilience, the mock backend, the bench tool, the status board, the test kit.
+	"internal/anthropicwire":    0,
+	"internal/backend":          0,
+	"internal/bench":            0,
+	"internal/clock":            0,
+	"internal/config":           0,
+	"internal/jsonscan":         0,
+	"internal/jsonscan/jsonref": 0,
+	"internal/mockllm":          0,
+	"internal/natsrv":           0,
+	"internal/openaiwire":       0,
+	"internal/resilience":       0,
+	"internal/status":           0,
+	"internal/testkit":          0,
+	// 1: the stores.
+	"kv":     1,
+	"jobs":   1,
+	"ledger": 1,
+	// 2: the exactly-once core.
+	"intent": 2,
+	// 3: the two faces of the core.
+	"httpapi": 3,
+	"workers": 3,
+	// 4: the composition root.
+	"gateway": 4,
+	// 5: the binary.
+	"cmd/oncegate": 5,
+}
+
+// testOnly are packages outside the floors: tests, examples, and the part of the test kit
+// that starts a whole gateway (it imports the composition root, and only tests import it).
+var testOnly = map[string]bool{
+	"e2e":                         true,
+	"examples/openai-go":          true,
+	"internal/archtest":           true,
+	"internal/testkit/gatewaykit": true,
+}
+
+// keepOut lists what a package must not depend on besides the floor rule: the core and the
+// stores know nothing of HTTP or providers.
+var keepOut = map[string][]string{
+	"intent":  {"github.com/gofiber/fiber/v2", module + "/internal/backend"},
+	"kv":      {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"jobs":    {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"ledger":  {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"workers": {"github.com/gofiber/fiber/v2"},
+	"httpapi": {module + "/internal/backend"},
+}
+
+// testKit may be imported by test files only.
+var testKit = []string{"internal/testkit", "internal/testkit/gatewaykit"}
+
+type pkg struct {
+	path string   // relative to the module
+	deps []string // every dependency, direct or not
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Deps " "}}`, module+"/...").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	var pkgs []pkg
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkgs = append(pkgs, pkg{path: rel(f[0]), deps: f[1:]})
+	}
+	return pkgs
+}
+
+func rel(importPath string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(importPath, module), "/")
 }
 
 func TestImportGraph(t *testing.T) {
-	for pkg, bad := range forbidden {
-		t.Run(pkg, func(t *testing.T) {
-			out, err := exec.Command("go", "list", "-deps", module+"/"+pkg).CombinedOutput()
-			if err != nil {
-				t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+	pkgs := listPackages(t)
+	if len(pkgs) < len(floors) {
+		t.Fatalf("go list found %d packages, fewer than the %d placed on floors", len(pkgs), len(floors))
+	}
+	for _, p := range pkgs {
+		t.Run(p.path, func(t *testing.T) {
+			_, placed := floors[p.path]
+			if !placed && !testOnly[p.path] {
+				t.Fatalf("%s is on no floor: place it in archtest's floors map (or testOnly)", p.path)
 			}
-			deps := map[string]bool{}
-			for _, d := range strings.Fields(string(out)) {
-				deps[d] = true
-			}
-			for _, b := range bad {
-				if deps[module+"/"+b] {
-					t.Errorf("%s depends on %s; dependencies must point cmd → httpapi/workers → jobs/kv", pkg, b)
+			for _, d := range p.deps {
+				for _, k := range testKit {
+					if !testOnly[p.path] && d == module+"/"+k {
+						t.Errorf("%s imports the test kit %s outside its tests", p.path, k)
+					}
 				}
+				for _, bad := range keepOut[p.path] {
+					if d == bad {
+						t.Errorf("%s depends on %s, which it must keep out of", p.path, bad)
+					}
+				}
+				if !placed || !strings.HasPrefix(d, module+"/") {
+					continue
+				}
+				if msg := climbs(p.path, rel(d)); msg != "" {
+					t.Error(msg)
+				}
+			}
+		})
+	}
+}
+
+// climbs says what is wrong with the arrow from → dep between two packages of the module
+// ("" when nothing is).
+func climbs(from, dep string) string {
+	floor, df, ok := floors[from], 0, false
+	if df, ok = floors[dep]; !ok {
+		return fmt.Sprintf("%s depends on %s, which is not on a lower floor", from, dep)
+	}
+	switch {
+	case df > floor:
+		return fmt.Sprintf("%s (floor %d) depends on %s (floor %d): arrows point down, cmd → gateway → httpapi, workers → intent → jobs, kv, ledger → internal", from, floor, dep, df)
+	case df == floor && floor > 0:
+		return fmt.Sprintf("%s depends on %s, a room of its own floor: they never import each other", from, dep)
+	}
+	return ""
+}
+
+// TestRulesCanFail shows the check catches each kind of bad arrow, and lets good ones pass.
+func TestRulesCanFail(t *testing.T) {
+	cases := []struct {
+		from, dep string
+		bad       bool
+	}{
+		{"kv", "intent", true},                         // climbing
+		{"internal/config", "kv", true},                // a leaf importing a room
+		{"httpapi", "workers", true},                   // same floor
+		{"kv", "jobs", true},                           // same floor
+		{"workers", "e2e", true},                       // not on a floor
+		{"httpapi", "intent", false},                   // down
+		{"internal/backend", "internal/config", false}, // leaves among themselves
+	}
+	for _, tc := range cases {
+		t.Run(tc.from+"→"+tc.dep, func(t *testing.T) {
+			if msg := climbs(tc.from, tc.dep); (msg != "") != tc.bad {
+				t.Errorf("climbs(%s, %s) = %q, want bad=%v", tc.from, tc.dep, msg, tc.bad)
 			}
 		})
 	}

@@ -12,8 +12,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // TestMain checks that every goroutine a run starts is joined. fasthttp (under the gateway
@@ -352,7 +352,7 @@ func TestCutShort(t *testing.T) {
 // TestAgainstGateway runs duplicates and retry-storm against a whole in-process gateway:
 // every copy and every SDK retry of one intent must cost one backend execution.
 func TestAgainstGateway(t *testing.T) {
-	gw := gwtest.Start(t, nil)
+	gw := gatewaykit.StartGateway(t, nil)
 	counter := func(name string) func(context.Context) (int64, error) {
 		m := gw.Mock(t, name)
 		return func(context.Context) (int64, error) { return m.Stats().Requests, nil }

@@ -2,7 +2,6 @@ package config
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,9 +12,9 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
-)
 
-var update = flag.Bool("update", false, "rewrite testdata/config/invalid/*.golden")
+	"github.com/oncegate/oncegate/internal/testkit"
+)
 
 var (
 	examplesDir = filepath.Join("..", "..", "testdata", "config")
@@ -224,19 +223,7 @@ func TestInvalid(t *testing.T) {
 			}
 			got = strings.ReplaceAll(got, f, name) + "\n"
 			golden := strings.TrimSuffix(f, ".yaml") + ".golden"
-			if *update {
-				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("error text mismatch (run go test -update to accept)\n--- got\n%s--- want\n%s", got, want)
-			}
+			testkit.Golden(t, golden, []byte(got))
 		})
 	}
 }

@@ -3,18 +3,16 @@ package mockllm
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-)
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/mockllm")
+	"github.com/oncegate/oncegate/internal/testkit"
+)
 
 const goldenDir = "../../testdata/mockllm"
 
@@ -31,25 +29,11 @@ func TestGolden(t *testing.T) {
 		t.Run(tt.file, func(t *testing.T) {
 			path := filepath.Join(goldenDir, tt.file)
 			body := chatReq(t, tt.body)
-			for i, tc := range transports {
+			for _, tc := range transports {
 				t.Run(tc.name, func(t *testing.T) {
 					h := tc.new(t, Options{})
 					_, got := h.chat(t, body, nil)
-					if *update && i == 0 {
-						if err := os.MkdirAll(goldenDir, 0o755); err != nil {
-							t.Fatal(err)
-						}
-						if err := os.WriteFile(path, got, 0o644); err != nil {
-							t.Fatal(err)
-						}
-					}
-					want, err := os.ReadFile(path)
-					if err != nil {
-						t.Fatalf("%v (run with -update to create)", err)
-					}
-					if !bytes.Equal(got, want) {
-						t.Errorf("output differs from %s\n got: %s\nwant: %s", path, got, want)
-					}
+					testkit.Golden(t, path, got) // every transport must produce the same bytes
 				})
 			}
 		})

@@ -4,31 +4,18 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"flag"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "rewrite golden files")
+	"github.com/oncegate/oncegate/internal/testkit"
+)
 
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("..", "..", "testdata", "openaiwire", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("golden %s: %v (run with -update)", name, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from golden:\n got: %s\nwant: %s", name, got, want)
-	}
+	testkit.Golden(t, filepath.Join("..", "..", "testdata", "openaiwire", name), got)
 }
 
 func readAll(t *testing.T, in string) ([]string, error) {

@@ -1,7 +1,10 @@
-// Package testkit holds the small helpers that tests across the repository share: a free
-// loopback address, and a buffer that a child process's output copier and the test can use
-// at once. It is imported by tests only and imports no project package, so any package's
-// tests, internal or external, can use it.
+// Package testkit is the one kit the repository's tests share: real NATS (RunJetStream, a
+// single embedded server; RunCluster, three clustered ones), CheckFor instead of hand-written
+// poll loops, RequireChanRead/RequireNoChanRead, Golden with one -update flag, a free loopback
+// address and a buffer safe for concurrent writers. It is imported by tests only, and imports
+// no project room (only the embedded-server leaf internal/natsrv), so any package's tests,
+// internal or external, can use it. Starting a whole gateway needs the composition root and
+// lives in the sub-package gatewaykit.
 package testkit
 
 import (

@@ -1,7 +1,4 @@
-// Package lease moves an execution whose owner vanished to a new epoch. It is the one place
-// where a record (kv) and the job plumbing (jobs) change together, used by workers (on a
-// redelivered job) and by httpapi (when a client finds a record whose lease ran out).
-package lease
+package intent
 
 import (
 	"context"
@@ -44,7 +41,7 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	next.Chunks = 0
 	nrev, err := store.Update(ctx, key, &next, rev)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("lease: take over %s epoch %d: %w", key, old, err)
+		return nil, nil, 0, fmt.Errorf("intent: take over %s epoch %d: %w", key, old, err)
 	}
 	if err := jobs.Fence(ctx, js, key, old); err != nil {
 		return nil, nil, 0, err
@@ -61,7 +58,7 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 func Job(key string, rec *kv.Record, rev uint64) (*jobs.Job, error) {
 	data, err := kv.Encode(rec)
 	if err != nil {
-		return nil, fmt.Errorf("lease: job of %s: %w", key, err)
+		return nil, fmt.Errorf("intent: job of %s: %w", key, err)
 	}
 	return JobEncoded(key, rec, rev, data), nil
 }

@@ -13,11 +13,11 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gateway"
-	"github.com/oncegate/oncegate/internal/gwtest"
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 func start(t *testing.T, cfg *config.Config) (*gateway.Gateway, error) {
@@ -46,7 +46,7 @@ func TestStartFailureStopsWhatStarted(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		cfg := gwtest.Config(t)
+		cfg := gatewaykit.Config(t)
 		cfg.Listen = ln.Addr().String()
 		cfg.DataDir = filepath.Join(t.TempDir(), "data")
 		gw, err := start(t, cfg)
@@ -60,8 +60,8 @@ func TestStartFailureStopsWhatStarted(t *testing.T) {
 	})
 
 	t.Run("data dir held by a running gateway", func(t *testing.T) {
-		first := gwtest.Start(t, nil)
-		cfg := gwtest.Config(t)
+		first := gatewaykit.StartGateway(t, nil)
+		cfg := gatewaykit.Config(t)
 		cfg.DataDir = first.Cfg.DataDir
 		cfg.Listen = testkit.FreeAddr(t)
 		gw, err := start(t, cfg)
@@ -77,12 +77,12 @@ func TestStartFailureStopsWhatStarted(t *testing.T) {
 	})
 
 	t.Run("failure after the embedded NATS started", func(t *testing.T) {
-		cfg := gwtest.Config(t)
+		cfg := gatewaykit.Config(t)
 		cfg.Backends[0].Type = "no-such-type" // not validated: fails when the workers start
 		if gw, err := start(t, cfg); gw != nil || err == nil {
 			t.Fatalf("gateway %v, err %v; want the backend error", gw, err)
 		}
-		good := gwtest.Config(t)
+		good := gatewaykit.Config(t)
 		good.DataDir = cfg.DataDir
 		if _, err := start(t, good); err != nil {
 			t.Fatalf("the failed start kept the data dir or port: %v", err)

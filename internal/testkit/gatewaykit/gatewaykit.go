@@ -1,7 +1,11 @@
-// Package gwtest starts a whole oncegate gateway in-process for tests: a real embedded
-// nats-server with JetStream in a temporary directory, the workers, the built-in mock backend
-// and the HTTP API on a 127.0.0.1 port. Nothing is mocked.
-package gwtest
+// Package gatewaykit is the part of the test kit that starts a whole oncegate gateway
+// in-process: a real embedded nats-server with JetStream in a temporary directory, the
+// workers, the built-in mock backend and the HTTP API on a 127.0.0.1 port. Nothing is mocked.
+//
+// It is a package of its own because it imports the composition root (gateway), which imports
+// kv, jobs, httpapi and workers: their own in-package tests could not import a kit that does
+// (an import cycle), so they use internal/testkit, which imports no project room.
+package gatewaykit
 
 import (
 	"context"
@@ -13,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/gateway"
 	"github.com/oncegate/oncegate/internal/mockllm"
 )
 
@@ -44,14 +48,14 @@ func Config(t testing.TB) *config.Config {
 	return cfg
 }
 
-// Start runs a gateway with cfg (Config(t) when nil) and stops it when the test ends.
-func Start(t testing.TB, cfg *config.Config) *Gateway {
+// StartGateway runs a gateway with cfg (Config(t) when nil) and stops it when the test ends.
+func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	t.Helper()
 	if cfg == nil {
 		cfg = Config(t)
 	}
 	if err := cfg.Validate(); err != nil {
-		t.Fatalf("gwtest: config: %v", err)
+		t.Fatalf("gatewaykit: config: %v", err)
 	}
 	log := zerolog.New(io.Discard)
 	if testing.Verbose() {
@@ -61,7 +65,7 @@ func Start(t testing.TB, cfg *config.Config) *Gateway {
 	defer cancel()
 	gw, err := gateway.Start(ctx, cfg, log, func(string) string { return "" })
 	if err != nil {
-		t.Fatalf("gwtest: start: %v", err)
+		t.Fatalf("gatewaykit: start: %v", err)
 	}
 	g := &Gateway{Gateway: gw, Cfg: cfg}
 	if gw.Addr() != "" {
@@ -71,7 +75,7 @@ func Start(t testing.TB, cfg *config.Config) *Gateway {
 		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if err := gw.Stop(sctx); err != nil {
-			t.Errorf("gwtest: stop: %v", err)
+			t.Errorf("gatewaykit: stop: %v", err)
 		}
 	})
 	return g
@@ -82,7 +86,7 @@ func (g *Gateway) Mock(t testing.TB, name string) *mockllm.Server {
 	t.Helper()
 	c, ok := g.Backend(name)
 	if !ok || c.Mock() == nil {
-		t.Fatalf("gwtest: no mock backend %q in this process", name)
+		t.Fatalf("gatewaykit: no mock backend %q in this process", name)
 	}
 	return c.Mock()
 }
@@ -93,12 +97,12 @@ func (g *Gateway) JetStream(t testing.TB, name string) jetstream.JetStream {
 	t.Helper()
 	nc, err := g.Connect(name)
 	if err != nil {
-		t.Fatalf("gwtest: connect: %v", err)
+		t.Fatalf("gatewaykit: connect: %v", err)
 	}
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
-		t.Fatalf("gwtest: jetstream: %v", err)
+		t.Fatalf("gatewaykit: jetstream: %v", err)
 	}
 	return js
 }
@@ -114,7 +118,7 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("gwtest: timed out after %s: %s", timeout, msg)
+			t.Fatalf("gatewaykit: timed out after %s: %s", timeout, msg)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
