@@ -21,6 +21,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/httpapi"
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/natsrv"
@@ -304,10 +305,12 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
-	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Store: store, Hub: g.hub, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
-		Ledger: led, Budgets: budgets, Prices: prices(g.cfg.Ledger), DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
-		AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256,
-		Idem:            g.cfg.Idempotency, HTTP: g.cfg.HTTP, Log: apiLog})
+	idem := g.cfg.Idempotency
+	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog,
+		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
+			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens}})
+	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
+		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog})
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
 	g.log.Info().Str("listen", "http://"+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
-	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -19,11 +18,6 @@ import (
 type LedgerReader interface {
 	Entries(ctx context.Context, tenant string, from, to time.Time) ([]ledger.Entry, error)
 	Bill(ctx context.Context, tenant string, from, to time.Time) (*ledger.Bill, error)
-}
-
-// Budgeter admits new executions against tenants' spend limits.
-type Budgeter interface {
-	Reserve(ctx context.Context, tenant string, estimateMicros int64) (release func(actualMicros int64), err error)
 }
 
 func (s *Server) routesAdmin(r fiber.Router) {
@@ -116,33 +110,6 @@ func period(p string) (from, to time.Time, err error) {
 		return from, from.AddDate(0, 1, 0), nil
 	}
 	return from, to, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")
-}
-
-// reserve admits a new execution against the tenant's budget (replays and joins never come
-// here). The estimate is the price of the request's input (4 bytes a token) and of its
-// max_tokens (or the configured default).
-func (s *Server) reserve(ctx context.Context, g *generation) (func(int64), error) {
-	if s.budgets == nil {
-		return func(int64) {}, nil
-	}
-	release, err := s.budgets.Reserve(ctx, g.tenant, s.estimate(g))
-	if errors.Is(err, ledger.ErrBudgetExceeded) {
-		return nil, &apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
-			Message: "this tenant's spend limit for the period is reached", ShouldRetry: &retryNo}
-	}
-	if err != nil {
-		return nil, err
-	}
-	return release, nil
-}
-
-// estimate is what a new execution of g may cost.
-func (s *Server) estimate(g *generation) int64 {
-	out := g.maxTokens
-	if out <= 0 {
-		out = s.defaultMaxTokens
-	}
-	return s.prices.Cost(g.model, ledger.EstimateTokens(g.body), out)
 }
 
 func decodeKeyHashes(hexes []string) [][]byte {

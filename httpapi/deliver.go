@@ -10,6 +10,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -23,42 +24,42 @@ const (
 )
 
 // setGenerationHeaders writes the headers every generation response carries.
-func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *admission) {
+func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *intent.Admission) {
 	c.Set("Idempotency-Key", g.echoKey)
-	c.Set("Oncegate-Idempotency", adm.outcome)
-	c.Set("Oncegate-Job-Id", adm.jobID)
+	c.Set("Oncegate-Idempotency", string(adm.Outcome))
+	c.Set("Oncegate-Job-Id", adm.JobID)
 	expires := s.now()
-	if adm.rec != nil && adm.rec.Result != nil && !adm.rec.Result.Finished.IsZero() {
-		expires = adm.rec.Result.Finished
+	if adm.Rec != nil && adm.Rec.Result != nil && !adm.Rec.Result.Finished.IsZero() {
+		expires = adm.Rec.Result.Finished
 	}
 	c.Set("Idempotency-Expires", expires.Add(s.idem.TTL.D()).UTC().Format(http.TimeFormat))
-	if adm.outcome == outcomeReplayed {
+	if adm.Outcome == intent.Replayed {
 		c.Set("Idempotent-Replayed", "true")
 	}
 }
 
 // deliver answers a generation request from its admission.
-func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
+func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) error {
 	streaming := false
 	defer func() {
 		if !streaming {
-			adm.done()
+			adm.Done()
 		}
 	}()
 	s.setGenerationHeaders(c, g, adm)
-	if adm.fl == nil {
-		return s.replay(c, g, adm.rec)
+	if adm.Follower() == nil {
+		return s.replay(c, g, adm.Rec)
 	}
 	// Wait for the first chunk in the handler: its kind decides the status line. A
 	// non-stream copy waits for the terminal chunk.
 	wait := maxGeneration
-	if adm.outcome == outcomeJoined && !g.stream {
+	if adm.Outcome == intent.Joined && !g.Stream {
 		wait = s.idem.MaxWait.D()
 	}
 	// The client's own deadline (Oncegate-Timeout) bounds the wait too: for a non-stream copy
 	// the whole answer, for a stream its first chunk (a stream that started is never cut).
-	if !g.deadline.IsZero() {
-		wait = min(wait, g.deadline.Sub(s.now()))
+	if !g.Deadline.IsZero() {
+		wait = min(wait, g.Deadline.Sub(s.now()))
 	}
 	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
 	defer cancel()
@@ -69,16 +70,16 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 	var frames, usage []byte
 	seen := 0 // chunks of the current epoch collected
 	for {
-		ch, err := s.nextChunk(ctx, g, adm)
+		ch, err := adm.Next(ctx)
 		if err != nil {
-			adm.fl.Close()
-			if errors.Is(err, errReplay) {
-				return s.replay(c, g, adm.rec)
+			adm.Close()
+			if errors.Is(err, intent.ErrFinished) {
+				return s.replay(c, g, adm.Rec)
 			}
-			if errors.Is(err, context.DeadlineExceeded) && !g.deadline.IsZero() && !s.now().Before(g.deadline) {
+			if errors.Is(err, context.DeadlineExceeded) && !g.Deadline.IsZero() && !s.now().Before(g.Deadline) {
 				return clientDeadlinePassed()
 			}
-			if errors.Is(err, context.DeadlineExceeded) && adm.outcome == outcomeJoined {
+			if errors.Is(err, context.DeadlineExceeded) && adm.Outcome == intent.Joined {
 				return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
 					Message: "a request with this Idempotency-Key is still in progress; retry shortly", ShouldRetry: &retryYes, RetryAfter: 1})
 			}
@@ -90,7 +91,7 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 		if ch.Idx == 0 { // a new epoch after a takeover starts over
 			frames, usage, seen = nil, nil, 0
 		}
-		if g.stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
+		if g.Stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
 			streaming = true // the stream writer settles when the stream ends
 			s.streamLive(c, g, adm, ch)
 			return nil
@@ -107,13 +108,13 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 		}
 		seen++
 	}
-	adm.fl.Close()
+	adm.Close()
 	switch first.Kind {
 	case jobs.KindResult:
 		switch {
 		case first.Status != http.StatusOK:
 			c.Set("x-should-retry", "false")
-		case g.stream: // a stream copy of a non-stream execution (or a degraded message)
+		case g.Stream: // a stream copy of a non-stream execution (or a degraded message)
 			return s.sendSynthesized(c, g, first.Payload)
 		}
 		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
@@ -131,8 +132,8 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 			return c.Status(first.Status).Send(first.Payload)
 		}
 	}
-	if first.Kind == jobs.KindDone && !g.stream && first.Idx > 0 && first.Idx == seen {
-		body, err := wireOf(g.api).assemble(frames, usage)
+	if first.Kind == jobs.KindDone && !g.Stream && first.Idx > 0 && first.Idx == seen {
+		body, err := wireOf(g.API).assemble(frames, usage)
 		if err == nil {
 			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 			return c.Status(http.StatusOK).Send(body)
@@ -140,7 +141,7 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *admission) error {
 	}
 	// Anything else is rendered from the stored record (a finished stream for a non-stream
 	// copy whose frames were not all seen, an error after output…).
-	rec, _, err := s.store.Get(c.UserContext(), adm.key)
+	rec, err := s.intents.Record(c.UserContext(), adm.Key)
 	if err != nil {
 		return unavailable("the result is not readable yet; retry")
 	}
@@ -172,7 +173,7 @@ func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
 
 // sendSynthesized answers a stream request from a complete (non-stream) response body.
 func (s *Server) sendSynthesized(c *fiber.Ctx, g *generation, body []byte) error {
-	w := wireOf(g.api)
+	w := wireOf(g.API)
 	events, usage, err := w.synthesize(body)
 	if err != nil {
 		return err
@@ -199,56 +200,17 @@ func sendStream(c *fiber.Ctx, w wire, events, usage []byte, includeUsage bool, f
 	return c.Status(http.StatusOK).Send(out)
 }
 
-var errReplay = errors.New("answer from the record")
-
-// nextChunk returns the next chunk, following a takeover to the new epoch when the client has
-// received nothing of the old one. errReplay means: render adm.rec instead.
-func (s *Server) nextChunk(ctx context.Context, g *generation, adm *admission) (jobs.Chunk, error) {
-	for {
-		ch, err := adm.fl.Next(ctx)
-		if errors.Is(err, jobs.ErrHistoryLost) {
-			rec, _, gerr := s.store.Get(ctx, adm.key)
-			if gerr == nil && rec.State != kv.Pending {
-				adm.rec = rec
-				return ch, errReplay
-			}
-			return ch, unavailable("this execution's early output is no longer retained; retry once it has finished")
-		}
-		if err != nil && !errors.Is(err, jobs.ErrEnded) {
-			return ch, err
-		}
-		if err == nil && ch.Kind != jobs.KindFence {
-			return ch, nil
-		}
-		// Fenced (taken over) or the feed ended: see what the record says now.
-		rec, _, gerr := s.store.Get(ctx, adm.key)
-		if gerr != nil {
-			return ch, unavailable("the execution was interrupted; retry")
-		}
-		adm.rec = rec
-		if rec.State != kv.Pending {
-			return ch, errReplay
-		}
-		adm.fl.Close()
-		fl, jerr := s.hub.Join(ctx, jobs.ChunkSubject(adm.key, rec.Epoch))
-		if jerr != nil {
-			return ch, unavailable("the execution was interrupted; retry")
-		}
-		adm.fl = fl
-	}
-}
-
 // streamLive writes an SSE stream that follows the execution live. It runs after the handler
 // returned, so it captures only owned values.
-func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *admission, first jobs.Chunk) {
+func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, first jobs.Chunk) {
 	out := s.newSSE(c)
 	c.Status(http.StatusOK)
-	fl, includeUsage, log, jobID, w := adm.fl, g.includeUsage, s.log, adm.jobID, wireOf(g.api)
+	fl, includeUsage, log, jobID, w := adm.Follower(), g.includeUsage, s.log, adm.JobID, wireOf(g.API)
 	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
 		out.w = bw
 		defer out.stop()
 		defer fl.Close()
-		defer adm.done()
+		defer adm.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
 		for ch := first; ; {
@@ -298,7 +260,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 		return c.Status(res.Status).Send(res.Body)
 	}
-	if rec.State == kv.Failed && (!res.Partial || !g.stream) {
+	if rec.State == kv.Failed && (!res.Partial || !g.Stream) {
 		c.Set("x-should-retry", "false")
 		status := res.Status
 		if status == http.StatusOK {
@@ -311,7 +273,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 		}
 		return c.Status(status).Send(body)
 	}
-	if !g.stream {
+	if !g.Stream {
 		body := res.Body
 		if rec.Stream {
 			var err error
@@ -337,13 +299,11 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 }
 
 // respondAccepted answers Prefer: respond-async with 202 and where to find the job.
-func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *admission) error {
-	if adm.fl != nil {
-		adm.fl.Close()
-	}
-	adm.done() // nobody follows an async job here: its cost counts through the budget's settle hold, then the ledger
+func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *intent.Admission) error {
+	adm.Close()
+	adm.Done() // nobody follows an async job here: its cost counts through the budget's settle hold, then the ledger
 	s.setGenerationHeaders(c, g, adm)
-	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.jobID)
-	status := jobStatus(adm.rec)
-	return c.Status(http.StatusAccepted).JSON(fiber.Map{"id": adm.jobID, "object": "job", "status": status})
+	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.JobID)
+	status := jobStatus(adm.Rec)
+	return c.Status(http.StatusAccepted).JSON(fiber.Map{"id": adm.JobID, "object": "job", "status": status})
 }

@@ -10,8 +10,10 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/ledger"
 )
 
 // apiError is an error the client sees: a status, an OpenAI-format body, extra headers.
@@ -45,11 +47,36 @@ func unavailable(msg string) *apiError {
 	return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "unavailable", Message: msg, ShouldRetry: &retryYes, RetryAfter: 1}
 }
 
-// errorHandler is the one mapping from errors to responses: apiError as is, Fiber's own errors
-// (404, 405, 413…) in OpenAI format, anything else as a 500 that does not leak err.Error().
+// sentinelAnswers maps the sentinel errors of the rooms below to what the client sees.
+var sentinelAnswers = []struct {
+	err    error
+	answer *apiError
+}{
+	{intent.ErrKeyReused, &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
+		Message: "this Idempotency-Key was already used with a different request body", ShouldRetry: &retryNo}},
+	{intent.ErrKeyForeign, &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
+		Message: "this Idempotency-Key was used with a different request", ShouldRetry: &retryNo}},
+	{ledger.ErrBudgetExceeded, &apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
+		Message: "this tenant's spend limit for the period is reached", ShouldRetry: &retryNo}},
+	{intent.ErrContended, unavailable("the idempotency key is contended; retry")},
+	{intent.ErrHistoryLost, unavailable("this execution's early output is no longer retained; retry once it has finished")},
+	{intent.ErrInterrupted, unavailable("the execution was interrupted; retry")},
+	{intent.ErrJobChanging, unavailable("the job is changing; retry")},
+	{intent.ErrNoJob, errNotFound("no such job")},
+	{intent.ErrNoRecord, errNotFound("no record for this Idempotency-Key")},
+}
+
+// errorHandler is the one mapping from errors to responses: apiError as is, the rooms'
+// sentinels by sentinelAnswers, Fiber's own errors (404, 405, 413…) in OpenAI format, anything
+// else as a 500 that does not leak err.Error().
 func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 	var ae *apiError
-	if !errors.As(err, &ae) {
+	for _, sa := range sentinelAnswers {
+		if ae == nil && errors.Is(err, sa.err) {
+			ae = sa.answer
+		}
+	}
+	if ae == nil && !errors.As(err, &ae) {
 		var fe *fiber.Error
 		if errors.As(err, &fe) {
 			ae = fiberError(fe)

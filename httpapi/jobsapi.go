@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
 	"time"
 
@@ -34,9 +33,8 @@ func (s *Server) createJob(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if g.auto {
-		g.recKey = hashParts(g.tenant, "auto", http.MethodPost, "/v1/chat/completions", g.fingerprint)
-		g.echoKey = autoKeyPrefix + g.recKey
+	if g.Auto { // the same intent as the identical POST /v1/chat/completions
+		g.setAuto(http.MethodPost, "/v1/chat/completions")
 	}
 	g.setAsync()
 	adm, err := s.admit(c.UserContext(), g)
@@ -46,35 +44,14 @@ func (s *Server) createJob(c *fiber.Ctx) error {
 	return s.respondAccepted(c, g, adm)
 }
 
-var errNoJob = errNotFound("no such job")
-
 // loadJob finds a job of the caller's tenant. A malformed, unknown or foreign id is the same 404.
-func (s *Server) loadJob(c *fiber.Ctx) (tenant, key string, rec *kv.Record, rev uint64, err error) {
-	if tenant, err = s.authenticate(c); err != nil {
-		return "", "", nil, 0, err
-	}
-	id := c.Params("id")
-	if !jobs.ParseID(id) {
-		return "", "", nil, 0, errNoJob
-	}
-	key, err = s.store.JobKey(c.UserContext(), id)
+func (s *Server) loadJob(c *fiber.Ctx) (key string, rec *kv.Record, err error) {
+	tenant, err := s.authenticate(c)
 	if err != nil {
-		if errors.Is(err, kv.ErrNotFound) {
-			return "", "", nil, 0, errNoJob
-		}
-		return "", "", nil, 0, err
+		return "", nil, err
 	}
-	rec, rev, err = s.store.Get(c.UserContext(), key)
-	if err != nil {
-		if errors.Is(err, kv.ErrNotFound) {
-			return "", "", nil, 0, errNoJob
-		}
-		return "", "", nil, 0, err
-	}
-	if rec.Tenant != tenant || rec.JobID != id {
-		return "", "", nil, 0, errNoJob
-	}
-	return tenant, key, rec, rev, nil
+	key, rec, _, err = s.intents.FindJob(c.UserContext(), tenant, c.Params("id"))
+	return key, rec, err
 }
 
 // jobView is the JSON of GET /v1/jobs/{id}.
@@ -94,11 +71,11 @@ type jobView struct {
 }
 
 func (s *Server) getJob(c *fiber.Ctx) error {
-	_, key, rec, _, err := s.loadJob(c)
+	key, rec, err := s.loadJob(c)
 	if err != nil {
 		return err
 	}
-	rec, _ = s.withProgress(c.UserContext(), key, rec)
+	rec, _ = s.intents.WithProgress(c.UserContext(), key, rec)
 	v := jobView{ID: rec.JobID, Object: "job", Status: jobStatus(rec), Model: rec.Model, CreatedAt: rec.Created.Unix(),
 		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: tokensOut(rec)}
 	if res := rec.Result; res != nil {
@@ -117,28 +94,6 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 		}
 	}
 	return c.JSON(v)
-}
-
-// withProgress is a PENDING record as its worker's progress shows it (running from the send
-// of its attempt, with the attempts, backend and tokens so far; see kv.ProgressStream), and
-// that progress; a finished record, or one whose execution has not sent anything, is returned
-// as it is, with a nil progress.
-func (s *Server) withProgress(ctx context.Context, key string, rec *kv.Record) (*kv.Record, *kv.Progress) {
-	if rec.State != kv.Pending {
-		return rec, nil
-	}
-	p, err := s.store.Progress(ctx, key, rec.Epoch)
-	if err != nil {
-		if !errors.Is(err, kv.ErrNotFound) {
-			s.log.Debug().Err(err).Str(fieldKey, key).Msg("reading progress")
-		}
-		return rec, nil
-	}
-	out := rec.WithProgress(p)
-	if out == rec {
-		return rec, nil
-	}
-	return out, p
 }
 
 // tokensOut is the output tokens of a record: the backend's usage once there is one (a
@@ -166,39 +121,17 @@ func errorObject(body []byte) json.RawMessage {
 // also fences its worker: the worker's next record or chunk write fails and it stops the
 // backend call), followers get an error event. A finished job is left as it is.
 func (s *Server) cancelJob(c *fiber.Ctx) error {
-	ctx := c.UserContext()
-	for attempt := 0; attempt < 5; attempt++ {
-		_, key, rec, rev, err := s.loadJob(c)
-		if err != nil {
-			return err
-		}
-		if rec.State != kv.Pending {
-			return c.JSON(fiber.Map{"id": rec.JobID, "object": "job", "status": jobStatus(rec)})
-		}
-		body := wireOf(rec.API).errorBody(http.StatusConflict, "invalid_request_error", "job_cancelled", "the job was cancelled")
-		next := *rec
-		// An attempt already sent keeps running at the backend until the worker sees the
-		// cancel: it is counted, and charged (estimated) from the record, never hidden.
-		next.Unfinished = slices.Clone(rec.Unfinished)
-		if p, err := s.store.Progress(ctx, key, rec.Epoch); err == nil && p.Epoch == rec.Epoch {
-			next.AddUnfinished(p, true)
-		}
-		next.RequestBytes = len(rec.Request)
-		next.State, next.Cancelled, next.Request = kv.Failed, true, nil
-		next.Result = &kv.Result{Status: http.StatusConflict, Body: body, Finished: s.now()}
-		if _, err := s.store.Update(ctx, key, &next, rev); err != nil {
-			if errors.Is(err, kv.ErrConflict) {
-				continue
-			}
-			return err
-		}
-		if err := jobs.Terminate(ctx, s.js, key, rec.Epoch, jobs.KindError, http.StatusConflict, body); err != nil {
-			s.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: notifying followers")
-		}
-		s.log.Info().Str(fieldJobID, rec.JobID).Msg("job cancelled")
-		return c.JSON(fiber.Map{"id": rec.JobID, "object": "job", "status": "cancelled"})
+	tenant, err := s.authenticate(c)
+	if err != nil {
+		return err
 	}
-	return unavailable("the job is changing; retry")
+	rec, err := s.intents.Cancel(c.UserContext(), tenant, c.Params("id"), func(api string) []byte {
+		return wireOf(api).errorBody(http.StatusConflict, "invalid_request_error", "job_cancelled", "the job was cancelled")
+	})
+	if err != nil {
+		return err
+	}
+	return c.JSON(fiber.Map{"id": rec.JobID, "object": "job", "status": jobStatus(rec)})
 }
 
 // getIdempotency is GET /v1/idempotency/{key}: where the work of a key stands.
@@ -215,15 +148,11 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	if err != nil {
 		return badRequest("invalid_idempotency_key", "", err.Error())
 	}
-	recKey := lookupKey(tenant, key)
-	rec, _, err := s.store.Get(c.UserContext(), recKey)
-	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
-		return errNotFound("no record for this Idempotency-Key")
-	}
+	recKey, rec, err := s.intents.Lookup(c.UserContext(), tenant, key)
 	if err != nil {
 		return err
 	}
-	rec, prog := s.withProgress(c.UserContext(), recKey, rec)
+	rec, prog := s.intents.WithProgress(c.UserContext(), recKey, rec)
 	out := fiber.Map{"key": key, "state": rec.State, "job_id": rec.JobID, "epoch": rec.Epoch,
 		"created": rec.Created.UTC().Format(time.RFC3339Nano), "started": rec.EpochStarted.UTC().Format(time.RFC3339Nano),
 		"attempts": rec.Attempts, "takeovers": rec.Takeovers, "progress": rec.Progress, "job_status": jobStatus(rec),
@@ -256,7 +185,7 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 // live; every event has an id (its index), and Last-Event-ID or ?starting_after=N resumes
 // right after N. A finished job whose events were all delivered answers 204.
 func (s *Server) jobEvents(c *fiber.Ctx) error {
-	_, key, rec, _, err := s.loadJob(c)
+	key, rec, err := s.loadJob(c)
 	if err != nil {
 		return err
 	}
@@ -282,12 +211,12 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 		c.Set(fiber.HeaderCacheControl, "no-cache")
 		return c.Send(appendEvents(nil, frames, 0, after))
 	}
-	fl, err := s.hub.Join(c.UserContext(), jobs.ChunkSubject(key, rec.Epoch))
+	fl, err := s.intents.Follow(c.UserContext(), key, rec.Epoch)
 	if err != nil {
 		return err
 	}
 	out := s.newSSE(c)
-	store, hub, log, w := s.store, s.hub, s.log, wireOf(rec.API)
+	core, log, w := s.intents, s.log, wireOf(rec.API)
 	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
 		out.w = bw
 		defer out.stop()
@@ -303,11 +232,11 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 			if err != nil || ch.Kind == jobs.KindFence {
 				// Taken over, or the feed ended: follow the new epoch if this client got nothing yet.
 				ev.fl = nil // what is written from here on ends the stream: flush it
-				rec, _, gerr := store.Get(ctx, key)
+				rec, gerr := core.Record(ctx, key)
 				if gerr == nil && ev.next == 0 {
 					if rec.State == kv.Pending {
 						fl.Close()
-						if fl, err = hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch)); err == nil {
+						if fl, err = core.Follow(ctx, key, rec.Epoch); err == nil {
 							ev.fl = fl
 							continue
 						}

@@ -91,48 +91,6 @@ func parseIdempotencyKey(raw string) (string, error) {
 	return v, nil
 }
 
-// hashParts is the record key for parts: hex of SHA-256, 128 bits, safe as a NATS subject
-// token, KV key and message id. Client text never reaches NATS raw.
-func hashParts(parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
-	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// autoKeyPrefix marks a generated key (echoed to the client, usable in the status API).
-const autoKeyPrefix = "auto-"
-
-// recordKey maps a client's Idempotency-Key to its record key: a hash scoped by tenant, so
-// no key of one tenant, however crafted, can reach another tenant's record.
-func recordKey(tenant, key string) string {
-	return hashParts(tenant, "key", key)
-}
-
-// lookupKey is the record key for the status API, where a generated key ("auto-<hash>", as
-// echoed in Idempotency-Key) names its record directly; the caller checks the record's tenant.
-func lookupKey(tenant, key string) string {
-	if strings.HasPrefix(key, autoKeyPrefix) && isHex32(key[len(autoKeyPrefix):]) {
-		return key[len(autoKeyPrefix):]
-	}
-	return recordKey(tenant, key)
-}
-
-func isHex32(s string) bool {
-	if len(s) != 32 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
-}
-
 // isTransportField reports the fields left out of the fingerprint ("stream",
 // "stream_options"): a streamed and a non-streamed copy of one intent are the same intent.
 func isTransportField(key string) bool { return key == "stream" || key == "stream_options" }

@@ -395,30 +395,6 @@ func FuzzCanonicalFingerprint(f *testing.F) {
 	})
 }
 
-func TestHashPartsAndRecordKey(t *testing.T) {
-	h := hashParts("tenant", "key", "k")
-	if !isHex32(h) {
-		t.Fatalf("hashParts = %q, want 32 lowercase hex characters", h)
-	}
-	if hashParts("ab", "c") == hashParts("a", "bc") || hashParts("a", "") == hashParts("a") {
-		t.Errorf("hashParts does not separate its parts")
-	}
-	if recordKey("a", "k1") != recordKey("a", "k1") {
-		t.Errorf("recordKey is not deterministic")
-	}
-	for _, k := range []string{"k1", "auto-" + hashParts("a", "auto", "POST", "/v1/chat/completions", "fp")} {
-		t.Run(k, func(t *testing.T) {
-			ra, rb := recordKey("a", k), recordKey("b", k)
-			if !isHex32(ra) || !isHex32(rb) {
-				t.Fatalf("record keys %q, %q: want 32 hex characters (safe as subject token and KV key)", ra, rb)
-			}
-			if ra == rb {
-				t.Fatalf("tenants a and b map key %q to the same record %s", k, ra)
-			}
-		})
-	}
-}
-
 // TestFingerprintErrorsNameNoPackage: the reason given to a client for a malformed body says
 // what and where, without internal package names.
 func TestFingerprintErrorsNameNoPackage(t *testing.T) {

@@ -1,8 +1,10 @@
 // Package httpapi is oncegate's HTTP face: a Fiber v2 app with the OpenAI-compatible chat
-// completions endpoint, the jobs and idempotency status APIs, models and health. Handlers are
-// thin: they copy what they need out of the borrowed *fiber.Ctx, authenticate the tenant,
-// validate, and hand the request to kv (the claim) and jobs (submit and follow). Every error
-// goes through one handler that writes the OpenAI error format.
+// completions and Anthropic messages endpoints, the jobs and idempotency status APIs, models,
+// admin and health. Handlers are thin: they copy what they need out of the borrowed *fiber.Ctx
+// into an owned request, authenticate the tenant, validate, ask intent (the exactly-once core)
+// what the request is attached to, and write the answer. The record store and the job queue
+// are intent's; httpapi never writes a record. Every error goes through one handler that
+// writes it in the route's provider format.
 //
 // A Server is safe for concurrent use; the goroutines it starts end with the request that
 // started them.
@@ -23,10 +25,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/jobs"
-	"github.com/oncegate/oncegate/kv"
-	"github.com/oncegate/oncegate/ledger"
 )
 
 // Router resolves a model name to the backends that serve it.
@@ -43,48 +43,39 @@ type StatusReader interface {
 
 // Deps is what the API needs.
 type Deps struct {
-	NC     *nats.Conn
-	JS     jetstream.JetStream
-	Store  *kv.Store
-	Hub    *jobs.Hub
-	Router Router
+	// NC and JS are for readiness only (/readyz).
+	NC *nats.Conn
+	JS jetstream.JetStream
+	// Intents decides every generation request (admission) and answers the status APIs.
+	Intents *intent.Core
+	Router  Router
 	// Status reads the workers' backend health (circuit breakers, retry budgets).
 	Status  StatusReader
 	Tenants []config.Tenant
-	// Ledger, Budgets and AdminKeys enable billing (admin API, spend limits); all optional.
-	Ledger           LedgerReader
-	Budgets          Budgeter
-	Prices           ledger.Prices
-	DefaultMaxTokens int
-	AdminKeysSHA256  []string
-	Idem             config.Idempotency
-	HTTP             config.HTTP
-	Log              zerolog.Logger
+	// Ledger and AdminKeys enable the admin API (entries, bills); optional.
+	Ledger          LedgerReader
+	AdminKeysSHA256 []string
+	Idem            config.Idempotency
+	HTTP            config.HTTP
+	Log             zerolog.Logger
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
 
 // Server holds the Fiber app.
 type Server struct {
-	app     *fiber.App
-	nc      *nats.Conn
-	js      jetstream.JetStream
-	store   *kv.Store
-	hub     *jobs.Hub
-	router  Router
-	status  StatusReader
-	tenants []tenantKeys
-	// billing
-	ledger           LedgerReader
-	budgets          Budgeter
-	prices           ledger.Prices
-	defaultMaxTokens int
-	adminKeys        [][]byte
-	idem             config.Idempotency
-	finished         *finishedCache // nil: off
-	live             *liveKeys
-	log              zerolog.Logger
-	now              func() time.Time
+	app       *fiber.App
+	nc        *nats.Conn
+	js        jetstream.JetStream
+	intents   *intent.Core
+	router    Router
+	status    StatusReader
+	tenants   []tenantKeys
+	ledger    LedgerReader
+	adminKeys [][]byte
+	idem      config.Idempotency
+	log       zerolog.Logger
+	now       func() time.Time
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
 	writeTimeout time.Duration
 	ready        readiness // /readyz's cached verdict
@@ -100,16 +91,11 @@ const anonymousTenant = "anonymous"
 
 // New builds the app and its routes.
 func New(d Deps) *Server {
-	s := &Server{nc: d.NC, js: d.JS, store: d.Store, hub: d.Hub, router: d.Router, status: d.Status, idem: d.Idem, log: d.Log,
-		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D()}
+	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, idem: d.Idem, log: d.Log,
+		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger}
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.live = newLiveKeys()
-	if d.Idem.ReplayCacheBytes > 0 {
-		s.finished = newFinishedCache(d.Idem.ReplayCacheBytes)
-	}
-	s.ledger, s.budgets, s.prices, s.defaultMaxTokens = d.Ledger, d.Budgets, d.Prices, d.DefaultMaxTokens
 	s.adminKeys = decodeKeyHashes(d.AdminKeysSHA256)
 	for _, t := range d.Tenants {
 		tk := tenantKeys{id: t.ID}

@@ -1,4 +1,4 @@
-package httpapi
+package intent
 
 import (
 	"sync"
@@ -57,34 +57,34 @@ func (l *liveKeys) forget(key string) {
 	l.mu.Unlock()
 }
 
-// joinLocal joins g to an execution of its key that this node is following, if it can decide
-// that without reading the record: same tenant and fingerprint, an auto key still inside its
-// window (or a declared retry), the remembered lease still running. ok false: take the normal
-// path, which reads the record and answers every other case (including the errors).
-func (s *Server) joinLocal(g *generation) (*admission, bool) {
-	if g.bypass {
+// joinLocal joins req to an execution of its key that this node is following, if it can
+// decide that without reading the record: same tenant and fingerprint, an auto key still
+// inside its window (or a declared retry), the remembered lease still running. ok false: take
+// the normal path, which reads the record and answers every other case (including the errors).
+func (c *Core) joinLocal(req *Request) (*Admission, bool) {
+	if req.Bypass {
 		return nil, false
 	}
-	rec, ok := s.live.get(g.recKey)
+	rec, ok := c.live.get(req.Key)
 	if !ok {
 		return nil, false
 	}
-	now := s.now()
-	if rec.Tenant != g.tenant || rec.Fingerprint != g.fingerprint || !now.Before(rec.LeaseUntil) ||
-		(g.auto && !g.retry && now.Sub(rec.Created) > s.idem.AutoWindow.D()) {
+	now := c.now()
+	if rec.Tenant != req.Tenant || rec.Fingerprint != req.Fingerprint || !now.Before(rec.LeaseUntil) ||
+		(req.Auto && !req.Retry && now.Sub(rec.Created) > c.opts.AutoWindow) {
 		return nil, false
 	}
-	fl, ok := s.hub.JoinLive(jobs.ChunkSubject(g.recKey, rec.Epoch))
+	fl, ok := c.hub.JoinLive(jobs.ChunkSubject(req.Key, rec.Epoch))
 	if !ok {
-		s.live.forget(g.recKey)
+		c.live.forget(req.Key)
 		return nil, false
 	}
-	return &admission{outcome: outcomeJoined, key: g.recKey, rec: rec, fl: fl, jobID: rec.JobID}, true
+	return c.admission(Joined, req.Key, rec, fl), true
 }
 
 // remember records that this node follows key's execution at rec.
-func (s *Server) remember(key string, rec *kv.Record) {
+func (c *Core) remember(key string, rec *kv.Record) {
 	if rec.State == kv.Pending && !rec.Bypassed {
-		s.live.put(key, rec, s.hub.Following)
+		c.live.put(key, rec, c.hub.Following)
 	}
 }

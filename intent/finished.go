@@ -1,4 +1,4 @@
-package httpapi
+package intent
 
 import (
 	"container/list"
@@ -121,10 +121,10 @@ func (c *finishedCache) len() int {
 	return len(c.byKey)
 }
 
-// finishedRecord is the cached final record of g's explicit key, if any.
-func (s *Server) finishedRecord(g *generation) (*kv.Record, uint64, bool) {
-	if g.auto || g.bypass {
+// finishedRecord is the cached final record of req's explicit key, if any.
+func (c *Core) finishedRecord(req *Request) (*kv.Record, uint64, bool) {
+	if req.Auto || req.Bypass {
 		return nil, 0, false
 	}
-	return s.finished.get(g.recKey, s.now())
+	return c.finished.get(req.Key, c.now())
 }

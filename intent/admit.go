@@ -1,0 +1,256 @@
+package intent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// errGone: the record read for a decision vanished (expired) in between; decide again.
+var errGone = errors.New("intent: record vanished")
+
+// maxDecisions bounds Admit's attempts when the record keeps changing under it.
+const maxDecisions = 5
+
+// Admit decides what req is attached to: it claims the key or finds what already holds it
+// (see the state table in kv/record.go). Only a claim, a reclaim, a takeover and the job
+// publish write; joins and replays only read, and a replay of a cached final record or a join
+// of an execution this node already follows does not even read.
+func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if req.Bypass {
+		jobID := jobs.NewID()
+		key := HashParts(req.Tenant, "bypass", jobID) // unique per execution, whatever the key
+		return c.create(ctx, req, key, jobID, Bypassed)
+	}
+	if rec, rev, ok := c.finishedRecord(req); ok {
+		adm, err := c.attach(ctx, req, &kv.ExistsError{Record: rec, Rev: rev})
+		if !errors.Is(err, errGone) && !errors.Is(err, kv.ErrConflict) {
+			return adm, err
+		}
+		c.finished.forget(req.Key)
+	}
+	if adm, ok := c.joinLocal(req); ok {
+		return adm, nil
+	}
+	for range maxDecisions {
+		adm, err := c.create(ctx, req, req.Key, jobs.NewID(), Created)
+		if !errors.Is(err, kv.ErrExists) {
+			return adm, err
+		}
+		var held *kv.ExistsError // the claim already read the record that holds the key
+		errors.As(err, &held)
+		adm, err = c.attach(ctx, req, held)
+		if errors.Is(err, errGone) || errors.Is(err, kv.ErrConflict) {
+			continue // expired or changed under us: decide again
+		}
+		if err == nil && held != nil && adm.Outcome == Replayed && !req.Auto {
+			c.finished.put(req.Key, held.Record, held.Rev, c.opts.TTL, c.now())
+		}
+		return adm, err
+	}
+	return nil, ErrContended
+}
+
+// newRecord is a PENDING claim for req: it names the job, the epoch, the fingerprint, a lease,
+// and carries the request so the job can be re-driven from it.
+func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
+	now := c.now()
+	return &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
+		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, EpochStarted: now,
+		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API,
+		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline}
+}
+
+// create claims key with a new record and publishes its job; kv.ErrExists if taken.
+func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outcome Outcome) (*Admission, error) {
+	settle, err := c.reserve(ctx, req)
+	if err != nil {
+		// A copy of an intent that already exists is never refused by a budget.
+		if _, _, gerr := c.store.Get(ctx, key); gerr == nil {
+			return nil, fmt.Errorf("intent: claim: %w", kv.ErrExists)
+		}
+		return nil, err
+	}
+	rec := c.newRecord(req, jobID, 1)
+	data, err := kv.Encode(rec) // written by the claim, and the body of the job message
+	if err != nil {
+		settle(0)
+		return nil, fmt.Errorf("intent: claim: %w", err)
+	}
+	rev, err := c.store.ClaimEncoded(ctx, key, rec, data)
+	if err != nil {
+		settle(0)
+		if errors.Is(err, kv.ErrExists) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("intent: claim: %w", err)
+	}
+	return c.launchSettled(ctx, req, key, rec, rev, data, outcome, true, settle)
+}
+
+// launchSettled launches a new execution holding a budget reservation.
+func (c *Core) launchSettled(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool, settle func(int64)) (*Admission, error) {
+	adm, err := c.launch(ctx, req, key, rec, rev, data, outcome, newJob)
+	if err != nil {
+		settle(0)
+		return nil, err
+	}
+	estimate := c.estimate(req)
+	adm.settle = func() { settle(estimate) } // the ledger charge replaces it once written
+	return adm, nil
+}
+
+// launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
+// can be missed), and indexes the job id. data is rec as stored at rev (nil: encode it here).
+func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
+	if data == nil {
+		var err error
+		if data, err = kv.Encode(rec); err != nil {
+			c.release(key, rec, rev)
+			return nil, fmt.Errorf("intent: %w", err)
+		}
+	}
+	job := JobEncoded(key, rec, rev, data)
+	fl, err := c.hub.Open(ctx, job.Subject())
+	if err != nil {
+		c.release(key, rec, rev)
+		return nil, fmt.Errorf("intent: follow %s: %w", job.ID, err)
+	}
+	if err := jobs.Submit(ctx, c.js, job); err != nil {
+		fl.Close()
+		c.release(key, rec, rev)
+		return nil, fmt.Errorf("intent: %w", err)
+	}
+	if newJob {
+		if err := c.store.IndexJob(ctx, job.ID, key, req.Async); err != nil {
+			c.log.Warn().Err(err).Str(fieldJobID, job.ID).Msg("indexing job id")
+		}
+	}
+	c.remember(key, rec)
+	return c.admission(outcome, key, rec, fl), nil
+}
+
+func (c *Core) admission(outcome Outcome, key string, rec *kv.Record, fl *jobs.Follower) *Admission {
+	return &Admission{Outcome: outcome, Key: key, Rec: rec, JobID: rec.JobID, core: c, fl: fl}
+}
+
+// release marks a claim whose job could not be published as a retryable failure, so the
+// client's retry re-executes.
+func (c *Core) release(key string, rec *kv.Record, rev uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	failed := *rec
+	failed.State, failed.Request = kv.Failed, nil
+	failed.Result = &kv.Result{Status: http.StatusServiceUnavailable, Retryable: true}
+	if _, err := c.store.Update(ctx, key, &failed, rev); err != nil {
+		c.log.Warn().Err(err).Str(fieldKey, key).Msg("releasing claim")
+	}
+}
+
+// attach handles a key that already has a record (held, when the claim already read it).
+func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (*Admission, error) {
+	var rec *kv.Record
+	var rev uint64
+	if held != nil {
+		rec, rev = held.Record, held.Rev
+	} else {
+		var err error
+		rec, rev, err = c.store.Get(ctx, req.Key)
+		if errors.Is(err, kv.ErrNotFound) {
+			return nil, errGone
+		}
+		if err != nil {
+			return nil, fmt.Errorf("intent: read record: %w", err)
+		}
+	}
+	if rec.Tenant != req.Tenant {
+		return nil, ErrKeyForeign
+	}
+	if rec.Fingerprint != req.Fingerprint {
+		return nil, ErrKeyReused
+	}
+	now := c.now()
+	if req.Auto && !req.Retry && now.Sub(rec.Created) > c.opts.AutoWindow {
+		// Identical content after the window is a new intent, not a copy.
+		if rec.State == kv.Pending {
+			jobID := jobs.NewID()
+			return c.create(ctx, req, HashParts(req.Key, jobID), jobID, Created)
+		}
+		c.archive(ctx, req.Key, rec)
+		return c.reclaim(ctx, req, rec, rev, jobs.NewID())
+	}
+	switch rec.State {
+	case kv.Pending:
+		if rec.LeaseExpired(now) && !c.stillQueued(ctx, req.Key) {
+			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, now, c.opts.Lease)
+			if err != nil {
+				return nil, err
+			}
+			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).Msg("lease expired; execution re-driven by a client request")
+			return c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
+		}
+		fl, err := c.hub.Join(ctx, jobs.ChunkSubject(req.Key, rec.Epoch))
+		if err != nil {
+			return nil, fmt.Errorf("intent: join: %w", err)
+		}
+		c.remember(req.Key, rec)
+		return c.admission(Joined, req.Key, rec, fl), nil
+	case kv.Failed:
+		if rec.Result != nil && rec.Result.Retryable && !rec.Cancelled {
+			return c.reclaim(ctx, req, rec, rev, rec.JobID)
+		}
+	}
+	return c.admission(Replayed, req.Key, rec, nil), nil
+}
+
+// archive keeps a finished execution reachable by its job id before its auto key moves on to
+// a newer identical request (the auto key matches the most recent one).
+func (c *Core) archive(ctx context.Context, key string, rec *kv.Record) {
+	archived := HashParts(key, rec.JobID)
+	if _, err := c.store.Claim(ctx, archived, rec); err != nil && !errors.Is(err, kv.ErrExists) {
+		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("archiving a finished execution")
+		return
+	}
+	if err := c.store.IndexJob(ctx, rec.JobID, archived, true); err != nil {
+		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("re-indexing an archived execution")
+	}
+}
+
+// stillQueued: the job of key is still in JOBS (waiting for a worker, or delivered and not
+// acked), so it will run or be redelivered; an expired lease alone does not make it lost.
+func (c *Core) stillQueued(ctx context.Context, key string) bool {
+	queued, err := jobs.Queued(ctx, c.js, key)
+	return err != nil || queued // when unsure, do not take over
+}
+
+// reclaim replaces a finished record by compare-and-set with a new PENDING epoch (epochs keep
+// growing on one key, so chunk subjects never repeat).
+func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev uint64, jobID string) (*Admission, error) {
+	rec := c.newRecord(req, jobID, old.Epoch+1)
+	if jobID == old.JobID {
+		rec.Created = old.Created
+	}
+	settle, err := c.reserve(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	nrev, err := c.store.Update(ctx, req.Key, rec, rev)
+	if err != nil {
+		settle(0)
+		return nil, err
+	}
+	return c.launchSettled(ctx, req, req.Key, rec, nrev, nil, Created, jobID != old.JobID, settle)
+}
+
+// Log field names.
+const (
+	fieldJobID = "job_id"
+	fieldKey   = "idem_key_hash"
+)

@@ -1,0 +1,31 @@
+package intent
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/oncegate/oncegate/ledger"
+)
+
+// reserve admits a new execution against the tenant's budget (replays and joins never come
+// here); ledger.ErrBudgetExceeded when the limit is reached.
+func (c *Core) reserve(ctx context.Context, req *Request) (func(int64), error) {
+	if c.budgets == nil {
+		return func(int64) {}, nil
+	}
+	release, err := c.budgets.Reserve(ctx, req.Tenant, c.estimate(req))
+	if err != nil {
+		return nil, fmt.Errorf("intent: budget of %s: %w", req.Tenant, err)
+	}
+	return release, nil
+}
+
+// estimate is what a new execution of req may cost: the price of its input (4 bytes a token)
+// and of its max_tokens (or the configured default).
+func (c *Core) estimate(req *Request) int64 {
+	out := req.MaxTokens
+	if out <= 0 {
+		out = c.opts.DefaultMaxTokens
+	}
+	return c.prices.Cost(req.Model, ledger.EstimateTokens(req.Body), out)
+}

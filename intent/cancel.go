@@ -1,0 +1,50 @@
+package intent
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// Cancel cancels tenant's job id: a PENDING record becomes FAILED and cancelled by
+// compare-and-set, which also fences its worker (its next record or chunk write fails and it
+// stops the backend call), and the execution's followers get errorBody(rec.API) as an error
+// event. A finished job is left as it is. It returns the record as it stands afterwards.
+func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api string) []byte) (*kv.Record, error) {
+	for range maxDecisions {
+		key, rec, rev, err := c.FindJob(ctx, tenant, id)
+		if err != nil {
+			return nil, err
+		}
+		if rec.State != kv.Pending {
+			return rec, nil
+		}
+		body := errorBody(rec.API)
+		next := *rec
+		// An attempt already sent keeps running at the backend until the worker sees the
+		// cancel: it is counted, and charged (estimated) from the record, never hidden.
+		next.Unfinished = slices.Clone(rec.Unfinished)
+		if p, err := c.store.Progress(ctx, key, rec.Epoch); err == nil && p.Epoch == rec.Epoch {
+			next.AddUnfinished(p, true)
+		}
+		next.RequestBytes = len(rec.Request)
+		next.State, next.Cancelled, next.Request = kv.Failed, true, nil
+		next.Result = &kv.Result{Status: http.StatusConflict, Body: body, Finished: c.now()}
+		if _, err := c.store.Update(ctx, key, &next, rev); err != nil {
+			if errors.Is(err, kv.ErrConflict) {
+				continue
+			}
+			return nil, err
+		}
+		if err := jobs.Terminate(ctx, c.js, key, rec.Epoch, jobs.KindError, http.StatusConflict, body); err != nil {
+			c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: notifying followers")
+		}
+		c.log.Info().Str(fieldJobID, rec.JobID).Msg("job cancelled")
+		return &next, nil
+	}
+	return nil, ErrJobChanging
+}

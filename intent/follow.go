@@ -1,0 +1,128 @@
+package intent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// Next returns the next chunk of the execution a follower holds, following a takeover to the
+// new epoch when the caller has received nothing of the old one (the chunk stream restarts at
+// index 0). ErrFinished means: answer from a.Rec, which now holds the finished record.
+func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
+	for {
+		ch, err := a.fl.Next(ctx)
+		if errors.Is(err, jobs.ErrHistoryLost) {
+			rec, _, gerr := a.core.store.Get(ctx, a.Key)
+			if gerr == nil && rec.State != kv.Pending {
+				a.Rec = rec
+				return ch, ErrFinished
+			}
+			return ch, ErrHistoryLost
+		}
+		if err != nil && !errors.Is(err, jobs.ErrEnded) {
+			return ch, err
+		}
+		if err == nil && ch.Kind != jobs.KindFence {
+			return ch, nil
+		}
+		// Fenced (taken over) or the feed ended: see what the record says now.
+		rec, _, gerr := a.core.store.Get(ctx, a.Key)
+		if gerr != nil {
+			return ch, ErrInterrupted
+		}
+		a.Rec = rec
+		if rec.State != kv.Pending {
+			return ch, ErrFinished
+		}
+		a.fl.Close()
+		fl, jerr := a.core.hub.Join(ctx, jobs.ChunkSubject(a.Key, rec.Epoch))
+		if jerr != nil {
+			return ch, ErrInterrupted
+		}
+		a.fl = fl
+	}
+}
+
+// Record reads the record of key as stored now.
+func (c *Core) Record(ctx context.Context, key string) (*kv.Record, error) {
+	rec, _, err := c.store.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("intent: read %s: %w", key, err)
+	}
+	return rec, nil
+}
+
+// Follow joins the live chunks of key's execution at epoch (replayed from the start).
+func (c *Core) Follow(ctx context.Context, key string, epoch int) (*jobs.Follower, error) {
+	fl, err := c.hub.Join(ctx, jobs.ChunkSubject(key, epoch))
+	if err != nil {
+		return nil, fmt.Errorf("intent: follow %s: %w", key, err)
+	}
+	return fl, nil
+}
+
+// FindJob finds the job id of tenant: its record key and record. A malformed, unknown,
+// expired or foreign id is the same ErrNoJob.
+func (c *Core) FindJob(ctx context.Context, tenant, id string) (key string, rec *kv.Record, rev uint64, err error) {
+	if !jobs.ParseID(id) {
+		return "", nil, 0, ErrNoJob
+	}
+	key, err = c.store.JobKey(ctx, id)
+	if errors.Is(err, kv.ErrNotFound) {
+		return "", nil, 0, ErrNoJob
+	}
+	if err != nil {
+		return "", nil, 0, fmt.Errorf("intent: job %s: %w", id, err)
+	}
+	rec, rev, err = c.store.Get(ctx, key)
+	if errors.Is(err, kv.ErrNotFound) {
+		return "", nil, 0, ErrNoJob
+	}
+	if err != nil {
+		return "", nil, 0, fmt.Errorf("intent: job %s: %w", id, err)
+	}
+	if rec.Tenant != tenant || rec.JobID != id {
+		return "", nil, 0, ErrNoJob
+	}
+	return key, rec, rev, nil
+}
+
+// Lookup is the record of tenant's Idempotency-Key key (a client key, or a generated
+// "auto-…" one) and its record key; ErrNoRecord if there is none for this tenant.
+func (c *Core) Lookup(ctx context.Context, tenant, key string) (string, *kv.Record, error) {
+	recKey := LookupKey(tenant, key)
+	rec, _, err := c.store.Get(ctx, recKey)
+	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
+		return "", nil, ErrNoRecord
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("intent: lookup: %w", err)
+	}
+	return recKey, rec, nil
+}
+
+// WithProgress is a PENDING record as its worker's progress shows it (running from the send
+// of its attempt, with the attempts, backend and tokens so far; see kv.ProgressStream), and
+// that progress; a finished record, or one whose execution has not sent anything, is returned
+// as it is, with a nil progress.
+func (c *Core) WithProgress(ctx context.Context, key string, rec *kv.Record) (*kv.Record, *kv.Progress) {
+	if rec.State != kv.Pending {
+		return rec, nil
+	}
+	p, err := c.store.Progress(ctx, key, rec.Epoch)
+	if err != nil {
+		if !errors.Is(err, kv.ErrNotFound) {
+			c.log.Debug().Err(err).Str(fieldKey, key).Msg("reading progress")
+		}
+		return rec, nil
+	}
+	out := rec.WithProgress(p)
+	if out == rec {
+		return rec, nil
+	}
+	return out, p
+}

@@ -1,0 +1,181 @@
+package intent
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/ledger"
+)
+
+// Outcome is what a request was attached to (the Oncegate-Idempotency header).
+type Outcome string
+
+// Outcomes of Admit. A conflict (ErrKeyReused, ErrKeyForeign) or a refusal (the budget,
+// ErrContended) is an error instead.
+const (
+	Created  Outcome = "created"  // a new execution, this request's own
+	Joined   Outcome = "joined"   // a live execution of the same intent
+	Replayed Outcome = "replayed" // the stored outcome of the same intent
+	Bypassed Outcome = "bypassed" // an execution of its own, deduplication off
+)
+
+// Sentinel errors. httpapi maps each to a status and a provider-format body in one table.
+var (
+	// ErrKeyReused: the key's record holds another request body (422, never the old answer).
+	ErrKeyReused = errors.New("intent: this Idempotency-Key was already used with a different request body")
+	// ErrKeyForeign: the key names another tenant's record (only a crafted "auto-" key can);
+	// it answers as a reused key, saying nothing of the other tenant.
+	ErrKeyForeign = errors.New("intent: this Idempotency-Key was used with a different request")
+	// ErrContended: the record changed under every one of Admit's attempts to decide.
+	ErrContended = errors.New("intent: the idempotency key is contended; retry")
+	// ErrHistoryLost: a follower joined too late for the execution's early output, which the
+	// chunk stream no longer holds; once it has finished, its record answers.
+	ErrHistoryLost = errors.New("intent: this execution's early output is no longer retained; retry once it has finished")
+	// ErrInterrupted: the execution was fenced or its feed ended, and its record could not be
+	// read or followed again.
+	ErrInterrupted = errors.New("intent: the execution was interrupted; retry")
+	// ErrFinished is not a failure: Next returns it when the execution ended in a way the
+	// feed does not carry to this follower (taken over and finished, history lost after the
+	// end); answer from Admission.Rec, which now holds the finished record.
+	ErrFinished = errors.New("intent: the execution finished; answer from its record")
+	// ErrNoJob: no job of this tenant has this id (malformed, unknown, expired or foreign:
+	// the same answer, so an id says nothing about other tenants).
+	ErrNoJob = errors.New("intent: no such job")
+	// ErrNoRecord: no record of this tenant for this Idempotency-Key.
+	ErrNoRecord = errors.New("intent: no record for this Idempotency-Key")
+	// ErrJobChanging: Cancel lost the compare-and-set on every attempt.
+	ErrJobChanging = errors.New("intent: the job is changing; retry")
+)
+
+// Budgeter admits new executions against tenants' spend limits (replays and joins never
+// reach it). Reserve returns ledger.ErrBudgetExceeded when the tenant's limit is reached.
+type Budgeter interface {
+	Reserve(ctx context.Context, tenant string, estimateMicros int64) (release func(actualMicros int64), err error)
+}
+
+// Options are the idempotency settings the core decides with.
+type Options struct {
+	// Lease is a new PENDING record's lease (renewed by its worker).
+	Lease time.Duration
+	// TTL is how long a finished record is kept; the replay cache keeps no entry longer.
+	TTL time.Duration
+	// AutoWindow: an identical request without a key, sent later than this after the first
+	// (and not declaring itself a retry), is a new intent.
+	AutoWindow time.Duration
+	// ReplayCacheBytes bounds the node's cache of final records (0: no cache).
+	ReplayCacheBytes int64
+	// DefaultMaxTokens prices a request that sets no max_tokens, for the budget estimate.
+	DefaultMaxTokens int
+}
+
+// Deps is what the core needs.
+type Deps struct {
+	JS    jetstream.JetStream
+	Store *kv.Store
+	Hub   *jobs.Hub
+	// Budgets enables spend limits; nil admits every execution.
+	Budgets Budgeter
+	Prices  ledger.Prices
+	Options Options
+	Log     zerolog.Logger
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// Core decides every intent's life on this node. It is safe for concurrent use; the replay
+// cache and the live-join map are its own, and every goroutine it starts belongs to a
+// follower the caller closes.
+type Core struct {
+	js       jetstream.JetStream
+	store    *kv.Store
+	hub      *jobs.Hub
+	budgets  Budgeter
+	prices   ledger.Prices
+	opts     Options
+	finished *finishedCache // nil: off
+	live     *liveKeys
+	log      zerolog.Logger
+	now      func() time.Time
+}
+
+// New builds the core.
+func New(d Deps) *Core {
+	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
+		live: newLiveKeys(), log: d.Log, now: d.Now}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if d.Options.ReplayCacheBytes > 0 {
+		c.finished = newFinishedCache(d.Options.ReplayCacheBytes)
+	}
+	return c
+}
+
+// Request is an owned copy of everything admission needs (nothing in it is borrowed from an
+// HTTP framework's reused memory).
+type Request struct {
+	Tenant string
+	// Key is the record key (RecordKey or AutoKey); empty for a bypass, which gets a record
+	// of its own per execution.
+	Key         string
+	Fingerprint string
+	// Auto: Key was derived from the content (no Idempotency-Key was sent).
+	Auto bool
+	// Retry: the request declares itself a retry of an earlier attempt (an SDK's retry
+	// header), so an auto key joins even outside AutoWindow.
+	Retry bool
+	// Bypass: deduplication is off for this request (X-Allow-Duplicate, or the route).
+	Bypass bool
+	// Async: the request is a background job (indexed as such; nobody follows it here).
+	Async    bool
+	Model    string
+	API      string // the wire format: "openai" or "anthropic"
+	Backends []string
+	Degraded *kv.Degraded
+	Header   map[string][]string // passed through to the backend
+	Deadline time.Time           // the client's overall deadline (zero: none)
+	Stream   bool
+	// MaxTokens is the request's output limit (0: not set), for the budget estimate.
+	MaxTokens int
+	Body      []byte
+}
+
+// Admission is the decision for one request: what it is attached to, and for a created,
+// joined or bypassed one, the live feed of that execution's chunks.
+type Admission struct {
+	Outcome Outcome
+	Key     string
+	// Rec is the record the decision was made on; Next replaces it when the execution moves
+	// (a takeover) or ends.
+	Rec   *kv.Record
+	JobID string
+
+	core   *Core
+	fl     *jobs.Follower // created, joined, bypassed; nil for a replay
+	settle func()         // ends a new execution's budget reservation; nil otherwise
+}
+
+// Follower is the live feed of the execution; nil for a replay (answer from Rec).
+func (a *Admission) Follower() *jobs.Follower { return a.fl }
+
+// Close stops following the execution (the execution goes on for its other copies).
+func (a *Admission) Close() {
+	if a.fl != nil {
+		a.fl.Close()
+	}
+}
+
+// Done settles the budget reservation of a new execution, if any; call it once the answer
+// is delivered (the ledger's charge replaces the reservation).
+func (a *Admission) Done() {
+	if a.settle != nil {
+		a.settle()
+		a.settle = nil
+	}
+}
