@@ -11,12 +11,16 @@
 //	           waits for the result up to max_wait, then 409 with Retry-After)
 //	COMPLETED  finished, the result kept for the TTL: gets the stored result (same status and
 //	           body; a stream gets the chunks replayed)
-//	FAILED     a retryable failure, a release, or a cancel: may claim it again (a new epoch); a
-//	           permanent failure is replayed instead
+//	FAILED     failed with a retryable cause, or released: may claim it again (a new epoch);
+//	           any other failure (an attempt that may have run at the backend, a stream broken
+//	           after output, a cancel) is replayed instead. A backend's 4xx, which would fail
+//	           the same way again, is stored COMPLETED
 //
 //	from       transition    to         called by (when)
 //	(none)     claim         PENDING    intent admission: a new record, epoch 1 (Store.Claim)
 //	FAILED     reclaim       PENDING    intent admission: a new record, epoch+1, when Retryable
+//	                                    and not Cancelled (also any finished record of an auto
+//	                                    key past its window: a new job)
 //	PENDING    Dispatched    PENDING    workers: the first attempt was sent (kept in memory;
 //	                                    the next renewal or the outcome writes it)
 //	PENDING    Renewed       PENDING    workers' renewal, every RenewEvery: lease extended, the
@@ -28,8 +32,8 @@
 //	                                    the same way again
 //	PENDING    Failed        FAILED     workers: no answer (Retryable when no attempt may have
 //	                                    run), or a stream that broke after output (Partial)
-//	PENDING    Cancelled     FAILED     intent (DELETE /v1/jobs/{id}): 409, the epoch's sent
-//	                                    attempts kept as Unfinished
+//	PENDING    CancelledAt   FAILED     intent (DELETE /v1/jobs/{id}): 409, Cancelled, the
+//	                                    epoch's sent attempts kept as Unfinished
 //	PENDING    Released      FAILED     intent: the claim's job could not be published;
 //	                                    retryable 503
 //	any        TTL           (none)     the bucket, TTL after the last write
@@ -44,6 +48,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"net/http"
+	"slices"
 	"time"
 )
 
@@ -223,4 +229,131 @@ func (r *Record) WithProgress(p *Progress) *Record {
 		out.Progress = ProgressStreaming
 	}
 	return &out
+}
+
+// The transitions. Each starts from clone, so it never edits its receiver; the fields they
+// share with it (Request, Header, Backends, Result's bytes) are replaced, never edited.
+
+// clone is a copy of r a transition may edit: Unfinished, the one slice a transition appends
+// to, is copied so the receiver's cannot be written through it.
+func (r *Record) clone() *Record {
+	out := *r
+	out.Unfinished = slices.Clone(r.Unfinished)
+	return &out
+}
+
+// Dispatched is r once its execution sent the first attempt to a backend (PENDING → PENDING).
+func (r *Record) Dispatched() *Record {
+	out := r.clone()
+	out.Progress = ProgressDispatched
+	return out
+}
+
+// Renewed is r with its lease extended to now+lease by worker (PENDING → PENDING). Once the
+// epoch has published chunks (chunks > 0) it reads as streaming, with the chunks and tokens
+// so far; before that its progress, chunks and tokens stay as they were.
+func (r *Record) Renewed(now time.Time, lease time.Duration, worker string, chunks, tokens int) *Record {
+	out := r.clone()
+	out.LeaseUntil = now.Add(lease)
+	out.Worker = worker
+	if chunks > 0 {
+		out.Progress, out.Chunks, out.Tokens = ProgressStreaming, chunks, tokens
+	}
+	return out
+}
+
+// TakenOver is r moved to its next epoch at now after its lease ran out (PENDING → PENDING):
+// a new lease, queued again with no worker and no chunks. The vanished owner's attempts are
+// counted, never hidden, and charged with the record's outcome (estimated): the backend may
+// have run and billed them. p, that epoch's progress as read (nil if none; one of another job
+// or epoch is ignored), says what it sent; without it (a restart of the memory stream), a
+// record a renewal marked dispatched or streaming certainly reached the backend, and any
+// other may or may not have (Takeovers counts it).
+func (r *Record) TakenOver(now time.Time, lease time.Duration, p *Progress) *Record {
+	old := r.Epoch
+	if p != nil && (p.JobID != r.JobID || p.Epoch != old) {
+		p = nil
+	}
+	if p == nil && (r.Progress == ProgressDispatched || r.Progress == ProgressStreaming) {
+		p = &Progress{JobID: r.JobID, Epoch: old, Attempt: 1, Backend: r.Backend, Tokens: r.Tokens}
+	}
+	out := r.clone()
+	out.Epoch = old + 1
+	out.EpochStarted = now
+	out.LeaseUntil = now.Add(lease)
+	out.Takeovers++
+	out.AddUnfinished(p, false)
+	out.Worker = ""
+	out.Progress = ProgressQueued
+	out.Chunks = 0
+	return out
+}
+
+// Execution is what one epoch's execution did, as its worker stores it with the outcome.
+type Execution struct {
+	Worker    string // the worker that ran it
+	Backend   string // the backend that answered ("" if none did)
+	Attempts  int    // backend attempts made (retries, fallbacks, continuations)
+	Ambiguous int    // attempts written that ended without an answer
+	Degraded  bool   // the route's degraded answer was given
+	Chunks    int    // chunks published in this epoch
+	Tokens    int    // output events (≈ tokens) published in this epoch
+}
+
+// Completed is r with the outcome res of execution ex stored at now (PENDING → COMPLETED):
+// an answer, or a backend error that would fail the same way again. See finished.
+func (r *Record) Completed(now time.Time, res *Result, ex Execution) *Record {
+	return r.finished(Completed, now, res, ex)
+}
+
+// Failed is r with the failure res of execution ex stored at now (PENDING → FAILED):
+// res.Retryable releases the key, res.Partial keeps a broken stream's output. See finished.
+func (r *Record) Failed(now time.Time, res *Result, ex Execution) *Record {
+	return r.finished(Failed, now, res, ex)
+}
+
+// finished is r in state with a copy of res as its result, stamped with now and what ex did.
+// The request is dropped (only its size is kept, for a charge's input estimate) and so is the
+// lease: a finished record is nobody's to renew.
+func (r *Record) finished(state State, now time.Time, res *Result, ex Execution) *Record {
+	result := *res
+	result.Finished = now
+	result.Backend, result.Attempts, result.Degraded, result.Ambiguous = ex.Backend, ex.Attempts, ex.Degraded, ex.Ambiguous
+	out := r.clone()
+	out.State = state
+	out.Result = &result
+	out.RequestBytes = len(r.Request)
+	out.Request = nil
+	out.Progress = ProgressFinished
+	out.Chunks, out.Tokens = ex.Chunks, ex.Tokens
+	out.LeaseUntil = time.Time{}
+	out.Worker = ex.Worker
+	out.Attempts += ex.Attempts
+	out.Backend = ex.Backend
+	return out
+}
+
+// CancelledAt is r cancelled at now by DELETE /v1/jobs/{id} (PENDING → FAILED, Cancelled),
+// its result the 409 error body. (Cancelled is the record's flag, so the transition cannot
+// take that name.) An attempt already sent keeps running at the backend until the worker sees
+// the cancel: p, the epoch's progress (nil if none; one of another epoch is ignored), adds it
+// to Unfinished, counted and charged (estimated) from the record, never hidden.
+func (r *Record) CancelledAt(now time.Time, body []byte, p *Progress) *Record {
+	out := r.clone()
+	if p != nil && p.Epoch == r.Epoch {
+		out.AddUnfinished(p, true)
+	}
+	out.RequestBytes = len(r.Request)
+	out.State, out.Cancelled, out.Request = Failed, true, nil
+	out.Result = &Result{Status: http.StatusConflict, Body: body, Finished: now}
+	return out
+}
+
+// Released is r given back (PENDING → FAILED, retryable 503): its claim's job could not be
+// published, so the client's retry claims the key again and executes.
+func (r *Record) Released() *Record {
+	out := r.clone()
+	out.State, out.Request = Failed, nil
+	out.Result = &Result{Status: http.StatusServiceUnavailable, Retryable: true}
+	return out
 }
