@@ -55,6 +55,20 @@ func TestTransitions(t *testing.T) {
 		r.Epoch, r.EpochStarted, r.LeaseUntil, r.Takeovers = 3, now, now.Add(lease), 2
 		r.Worker, r.Progress, r.Chunks = "", kv.ProgressQueued, 0
 	}
+	// takenOverCounting is a takeover that also keeps u, the vanished epoch's attempts.
+	takenOverCounting := func(u kv.Unfinished) func(r *kv.Record) {
+		return func(r *kv.Record) {
+			takenOver(r)
+			r.Unfinished = append(r.Unfinished, u)
+			r.Attempts += u.Attempts
+		}
+	}
+	// certain is the one attempt a dispatched record without progress certainly sent.
+	certain := kv.Unfinished{Epoch: 2, Attempts: 1, Backend: "b", Tokens: 7, RequestBytes: 8}
+	cancelled := func(r *kv.Record) {
+		r.RequestBytes, r.State, r.Cancelled, r.Request = 8, kv.Failed, true, nil
+		r.Result = &kv.Result{Status: http.StatusConflict, Body: cancelBody, Finished: now}
+	}
 	for _, tc := range []struct {
 		name string
 		from func(r *kv.Record) // how this row's record differs from pending()
@@ -98,29 +112,17 @@ func TestTransitions(t *testing.T) {
 		{
 			name: "taken over: the epoch's progress says what was sent",
 			to:   func(r *kv.Record) *kv.Record { return r.TakenOver(now, lease, sent(2)) },
-			want: func(r *kv.Record) {
-				takenOver(r)
-				r.Unfinished = append(r.Unfinished, kv.Unfinished{Epoch: 2, Attempts: 2, Backend: "b", Tokens: 4, RequestBytes: 8})
-				r.Attempts = 3
-			},
+			want: takenOverCounting(kv.Unfinished{Epoch: 2, Attempts: 2, Backend: "b", Tokens: 4, RequestBytes: 8}),
 		},
 		{
 			name: "taken over without progress, dispatched: one attempt certainly sent",
 			to:   func(r *kv.Record) *kv.Record { return r.TakenOver(now, lease, nil) },
-			want: func(r *kv.Record) {
-				takenOver(r)
-				r.Unfinished = append(r.Unfinished, kv.Unfinished{Epoch: 2, Attempts: 1, Backend: "b", Tokens: 7, RequestBytes: 8})
-				r.Attempts = 2
-			},
+			want: takenOverCounting(certain),
 		},
 		{
 			name: "taken over, another epoch's progress ignored, dispatched",
 			to:   func(r *kv.Record) *kv.Record { return r.TakenOver(now, lease, sent(1)) },
-			want: func(r *kv.Record) {
-				takenOver(r)
-				r.Unfinished = append(r.Unfinished, kv.Unfinished{Epoch: 2, Attempts: 1, Backend: "b", Tokens: 7, RequestBytes: 8})
-				r.Attempts = 2
-			},
+			want: takenOverCounting(certain),
 		},
 		{
 			name: "taken over without progress, queued: nothing known sent",
@@ -157,28 +159,21 @@ func TestTransitions(t *testing.T) {
 			name: "cancelled while an attempt runs",
 			to:   func(r *kv.Record) *kv.Record { return r.CancelledAt(now, cancelBody, sent(2)) },
 			want: func(r *kv.Record) {
+				cancelled(r)
 				r.Unfinished = append(r.Unfinished, kv.Unfinished{Epoch: 2, Attempts: 2, Backend: "b", Tokens: 4, RequestBytes: 8, Cancelled: true})
 				r.Attempts = 3
-				r.RequestBytes, r.State, r.Cancelled, r.Request = 8, kv.Failed, true, nil
-				r.Result = &kv.Result{Status: http.StatusConflict, Body: cancelBody, Finished: now}
 			},
 		},
 		{
 			name: "cancelled, another epoch's progress ignored",
 			to:   func(r *kv.Record) *kv.Record { return r.CancelledAt(now, cancelBody, sent(1)) },
-			want: func(r *kv.Record) {
-				r.RequestBytes, r.State, r.Cancelled, r.Request = 8, kv.Failed, true, nil
-				r.Result = &kv.Result{Status: http.StatusConflict, Body: cancelBody, Finished: now}
-			},
+			want: cancelled,
 		},
 		{
 			name: "cancelled while queued",
 			from: queued,
 			to:   func(r *kv.Record) *kv.Record { return r.CancelledAt(now, cancelBody, nil) },
-			want: func(r *kv.Record) {
-				r.RequestBytes, r.State, r.Cancelled, r.Request = 8, kv.Failed, true, nil
-				r.Result = &kv.Result{Status: http.StatusConflict, Body: cancelBody, Finished: now}
-			},
+			want: cancelled,
 		},
 		{
 			name: "released",
