@@ -3,7 +3,6 @@ package intent
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,39 +17,24 @@ import (
 // published; the caller runs it or submits it.
 func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, rev uint64, now time.Time, lease time.Duration) (*jobs.Job, *kv.Record, uint64, error) {
 	old := rec.Epoch
-	next := *rec
-	next.Epoch = old + 1
-	next.EpochStarted = now
-	next.LeaseUntil = now.Add(lease)
-	// The vanished owner's attempts are counted, never hidden, and charged with the record's
-	// outcome (estimated): the backend may have run and billed them. Its progress says what it
-	// sent; without progress (a restart of the memory stream), a record a renewal marked
-	// dispatched certainly reached the backend; any other may or may not have (Takeovers).
-	next.Takeovers++
-	next.Unfinished = slices.Clone(rec.Unfinished)
+	// The vanished owner's progress says what it sent; TakenOver counts it (nil: none read).
 	p, err := store.Progress(ctx, key, old)
-	if err != nil || p.JobID != rec.JobID || p.Epoch != old {
+	if err != nil {
 		p = nil
 	}
-	if p == nil && (rec.Progress == kv.ProgressDispatched || rec.Progress == kv.ProgressStreaming) {
-		p = &kv.Progress{JobID: rec.JobID, Epoch: old, Attempt: 1, Backend: rec.Backend, Tokens: rec.Tokens}
-	}
-	next.AddUnfinished(p, false)
-	next.Worker = ""
-	next.Progress = kv.ProgressQueued
-	next.Chunks = 0
-	nrev, err := store.Update(ctx, key, &next, rev)
+	next := rec.TakenOver(now, lease, p)
+	nrev, err := store.Update(ctx, key, next, rev)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("intent: take over %s epoch %d: %w", key, old, err)
 	}
 	if err := jobs.Fence(ctx, js, key, old); err != nil {
 		return nil, nil, 0, err
 	}
-	job, err := Job(key, &next, nrev)
+	job, err := Job(key, next, nrev)
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	return job, &next, nrev, nil
+	return job, next, nrev, nil
 }
 
 // Job is the submittable job of the current epoch of rec, stored at revision rev: the view of

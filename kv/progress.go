@@ -110,24 +110,3 @@ func (s *Store) Progress(ctx context.Context, key string, epoch int) (*Progress,
 	}
 	return &p, nil
 }
-
-// WithProgress is rec as its execution's progress p shows it: a PENDING record of p's job and
-// epoch whose attempt was sent reads as running, with the attempts, backend and tokens so far.
-// Any other record (finished, or of another epoch than p) is returned unchanged. rec is not
-// modified.
-func (r *Record) WithProgress(p *Progress) *Record {
-	if p == nil || r.State != Pending || p.JobID != r.JobID || p.Epoch != r.Epoch || p.Attempt == 0 {
-		return r
-	}
-	out := *r
-	out.Attempts = r.Attempts + p.Attempt
-	out.Backend = p.Backend
-	out.Tokens = max(r.Tokens, p.Tokens)
-	if out.Progress == "" || out.Progress == ProgressQueued {
-		out.Progress = ProgressDispatched
-	}
-	if out.Tokens > 0 {
-		out.Progress = ProgressStreaming
-	}
-	return &out
-}

@@ -78,7 +78,7 @@ func (ex *execution) run(ctx context.Context) {
 	defer ans.resp.Body.Close()
 	ex.backend = ans.backend.Name()
 	ex.pub.SetMeta(ex.meta())
-	ex.setProgress(kv.ProgressDispatched)
+	ex.dispatched()
 
 	if ans.resp.StatusCode != http.StatusOK {
 		// A 4xx that will fail the same way again is the outcome: stored and replayed.
@@ -227,33 +227,32 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 	if ex.rec == nil {
 		return errFenced
 	}
-	next := *ex.rec
-	next.State = state
-	res.Finished = ex.pool.opts.Now()
-	res.Backend, res.Attempts, res.Degraded, res.Ambiguous = ex.backend, ex.attempts, ex.degraded, ex.ambiguous
-	next.Result = res
-	next.Request = nil
-	next.Progress = kv.ProgressFinished
-	next.Chunks = ex.pub.Next()
-	next.Tokens = int(ex.tokens.Load())
-	next.LeaseUntil = time.Time{}
-	next.Worker = ex.pool.opts.ID
-	next.Attempts += ex.attempts
-	next.Backend = ex.backend
-	next.RequestBytes = len(ex.job.Body)
-	rev, err := ex.pool.store.Update(ctx, ex.job.Key, &next, ex.rev)
+	finish := ex.rec.Completed
+	if state == kv.Failed {
+		finish = ex.rec.Failed
+	}
+	next := finish(ex.pool.opts.Now(), res, ex.done())
+	rev, err := ex.pool.store.Update(ctx, ex.job.Key, next, ex.rev)
 	if err != nil {
 		ex.rec = nil
 		return fmt.Errorf("workers: finish %s: %w", ex.job.ID, err)
 	}
-	ex.rec, ex.rev = &next, rev
+	ex.rec, ex.rev = next, rev
 	return nil
 }
 
-func (ex *execution) setProgress(p string) {
+// done is what this execution did, as its outcome stores it.
+func (ex *execution) done() kv.Execution {
+	return kv.Execution{Worker: ex.pool.opts.ID, Backend: ex.backend, Attempts: ex.attempts, Ambiguous: ex.ambiguous,
+		Degraded: ex.degraded, Chunks: ex.pub.Next(), Tokens: int(ex.tokens.Load())}
+}
+
+// dispatched marks the record dispatched (the first attempt was sent); the next renewal or
+// the outcome writes it.
+func (ex *execution) dispatched() {
 	ex.mu.Lock()
 	if ex.rec != nil {
-		ex.rec.Progress = p
+		ex.rec = ex.rec.Dispatched()
 	}
 	ex.mu.Unlock()
 }
@@ -275,15 +274,10 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 			ex.mu.Unlock()
 			return
 		}
-		next := *ex.rec
-		next.LeaseUntil = ex.pool.opts.Now().Add(ex.pool.opts.Lease)
-		next.Worker = ex.pool.opts.ID
-		if c := ex.pub.Next(); c > 0 {
-			next.Progress, next.Chunks, next.Tokens = kv.ProgressStreaming, c, int(ex.tokens.Load())
-		}
-		rev, err := ex.pool.store.Update(ctx, ex.job.Key, &next, ex.rev)
+		next := ex.rec.Renewed(ex.pool.opts.Now(), ex.pool.opts.Lease, ex.pool.opts.ID, ex.pub.Next(), int(ex.tokens.Load()))
+		rev, err := ex.pool.store.Update(ctx, ex.job.Key, next, ex.rev)
 		if err == nil {
-			ex.rec, ex.rev = &next, rev
+			ex.rec, ex.rev = next, rev
 			ex.mu.Unlock()
 			continue
 		}
