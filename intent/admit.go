@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/oncegate/oncegate/jobs"
@@ -146,10 +145,7 @@ func (c *Core) admission(outcome Outcome, key string, rec *kv.Record, fl *jobs.F
 func (c *Core) release(key string, rec *kv.Record, rev uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	failed := *rec
-	failed.State, failed.Request = kv.Failed, nil
-	failed.Result = &kv.Result{Status: http.StatusServiceUnavailable, Retryable: true}
-	if _, err := c.store.Update(ctx, key, &failed, rev); err != nil {
+	if _, err := c.store.Update(ctx, key, rec.Released(), rev); err != nil {
 		c.log.Warn().Err(err).Str(fieldKey, key).Msg("releasing claim")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"slices"
 
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -24,17 +23,14 @@ func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api
 			return rec, nil
 		}
 		body := errorBody(rec.API)
-		next := *rec
 		// An attempt already sent keeps running at the backend until the worker sees the
-		// cancel: it is counted, and charged (estimated) from the record, never hidden.
-		next.Unfinished = slices.Clone(rec.Unfinished)
-		if p, err := c.store.Progress(ctx, key, rec.Epoch); err == nil && p.Epoch == rec.Epoch {
-			next.AddUnfinished(p, true)
+		// cancel: its progress puts it in the record, counted and charged, never hidden.
+		p, err := c.store.Progress(ctx, key, rec.Epoch)
+		if err != nil {
+			p = nil
 		}
-		next.RequestBytes = len(rec.Request)
-		next.State, next.Cancelled, next.Request = kv.Failed, true, nil
-		next.Result = &kv.Result{Status: http.StatusConflict, Body: body, Finished: c.now()}
-		if _, err := c.store.Update(ctx, key, &next, rev); err != nil {
+		next := rec.CancelledAt(c.now(), body, p)
+		if _, err := c.store.Update(ctx, key, next, rev); err != nil {
 			if errors.Is(err, kv.ErrConflict) {
 				continue
 			}
@@ -44,7 +40,7 @@ func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api
 			c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: notifying followers")
 		}
 		c.log.Info().Str(fieldJobID, rec.JobID).Msg("job cancelled")
-		return &next, nil
+		return next, nil
 	}
 	return nil, ErrJobChanging
 }

@@ -37,7 +37,7 @@ func TestBillable(t *testing.T) {
 }
 
 // TestWithProgress: progress shows a PENDING record of its job and epoch as running, and
-// nothing else; AddUnfinished counts what it sent once.
+// nothing else; addUnfinished counts what it sent once.
 func TestWithProgress(t *testing.T) {
 	base := Record{State: Pending, JobID: "J", Epoch: 2, Attempts: 1, Progress: ProgressQueued, Request: []byte("12345678")}
 	sent := &Progress{JobID: "J", Epoch: 2, Attempt: 1, Backend: "b"}
@@ -69,10 +69,10 @@ func TestWithProgress(t *testing.T) {
 		})
 	}
 	rec := base
-	rec.AddUnfinished(sent, false)
-	rec.AddUnfinished(sent, false) // the same epoch again: already there
+	rec.addUnfinished(sent, false)
+	rec.addUnfinished(sent, false) // the same epoch again: already there
 	if rec.Attempts != 2 || len(rec.Unfinished) != 1 || rec.Unfinished[0] != (Unfinished{Epoch: 2, Attempts: 1, Backend: "b", RequestBytes: 8}) {
-		t.Fatalf("after AddUnfinished: attempts %d, unfinished %+v", rec.Attempts, rec.Unfinished)
+		t.Fatalf("after addUnfinished: attempts %d, unfinished %+v", rec.Attempts, rec.Unfinished)
 	}
 }
 

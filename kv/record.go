@@ -192,11 +192,11 @@ type Unfinished struct {
 	Cancelled bool `json:"cancelled,omitempty"`
 }
 
-// AddUnfinished records in r the attempts of progress p as unfinished (epoch p.Epoch ends
+// addUnfinished records in r the attempts of progress p as unfinished (epoch p.Epoch ends
 // without an outcome) and counts them in Attempts. A p of another job or
 // with nothing sent adds nothing. It is how a takeover and a cancel keep an attempt the
 // backend may have run and billed: counted and reported, never hidden.
-func (r *Record) AddUnfinished(p *Progress, cancelled bool) {
+func (r *Record) addUnfinished(p *Progress, cancelled bool) {
 	if p == nil || p.JobID != r.JobID || p.Attempt == 0 {
 		return
 	}
@@ -282,7 +282,7 @@ func (r *Record) TakenOver(now time.Time, lease time.Duration, p *Progress) *Rec
 	out.EpochStarted = now
 	out.LeaseUntil = now.Add(lease)
 	out.Takeovers++
-	out.AddUnfinished(p, false)
+	out.addUnfinished(p, false)
 	out.Worker = ""
 	out.Progress = ProgressQueued
 	out.Chunks = 0
@@ -341,7 +341,7 @@ func (r *Record) finished(state State, now time.Time, res *Result, ex Execution)
 func (r *Record) CancelledAt(now time.Time, body []byte, p *Progress) *Record {
 	out := r.clone()
 	if p != nil && p.Epoch == r.Epoch {
-		out.AddUnfinished(p, true)
+		out.addUnfinished(p, true)
 	}
 	out.RequestBytes = len(r.Request)
 	out.State, out.Cancelled, out.Request = Failed, true, nil
