@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 )
 
@@ -44,20 +45,16 @@ func TestDiscarderRemovesOnlyScheduledSubjects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		_, err := stream.GetLastMsgForSubject(ctx, finished.Subject())
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return nil
+		case err != nil:
+			return err
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the finished execution's chunks were not discarded")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return errors.New("the finished execution's chunks were not discarded")
+	})
 	if d.Pending() != 0 {
 		t.Fatalf("%d discards still pending", d.Pending())
 	}

@@ -341,13 +341,12 @@ func TestFollowerReady(t *testing.T) {
 	if err := pub.Publish(ctx, jobs.KindDone, 200, nil); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !fl.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("the terminal chunk never became ready")
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if !fl.Ready() {
+			return errors.New("the terminal chunk never became ready")
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	if c, err := fl.Next(ctx); err != nil || !c.Terminal() {
 		t.Fatalf("after Ready: %+v %v", c, err)
 	}

@@ -3,6 +3,7 @@ package kv_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -223,16 +224,15 @@ func TestJobIndexMemory(t *testing.T) {
 	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR8", "def", false); err != nil {
 		t.Fatal(err)
 	}
-	var k string
-	var err error
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if k, err = st.JobKey(ctx, "01M8M6KBZQ869HNGDFDZKX9GR8"); err == nil {
-			break
+	// The index write is asynchronous by design.
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		k, err := st.JobKey(ctx, "01M8M6KBZQ869HNGDFDZKX9GR8")
+		if err != nil {
+			return fmt.Errorf("JobKey: %w", err)
 		}
-		time.Sleep(5 * time.Millisecond) // the index write is asynchronous by design
-	}
-	if err != nil || k != "def" {
-		t.Fatalf("JobKey = %q %v", k, err)
-	}
+		if k != "def" {
+			return fmt.Errorf("JobKey = %q, want %q", k, "def")
+		}
+		return nil
+	})
 }

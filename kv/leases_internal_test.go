@@ -2,6 +2,7 @@ package kv
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -64,19 +65,16 @@ func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
 
 	// No consumer is left behind (nats.go deletes the ones a fetch replaced asynchronously,
 	// so allow it a moment).
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testkit.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		info, err := srv.JS.Stream(ctx, "KV_"+Bucket)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		n := info.CachedInfo().State.Consumers
-		if n == 0 {
-			break
+		if n := info.CachedInfo().State.Consumers; n != 0 {
+			return fmt.Errorf("%d consumers left on the bucket after the sweeps", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d consumers left on the bucket after the sweeps", n)
-		}
-	}
+		return nil
+	})
 
 	// Records past the bucket's TTL are dropped by the server unseen: the watch forgets them.
 	short := *st

@@ -3,9 +3,11 @@ package kv_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/kv"
 )
 
@@ -26,20 +28,20 @@ func TestProgressOfAnEpochSurvivesTheOldOwner(t *testing.T) {
 	if err := st.PutProgress(key, &kv.Progress{JobID: "J", Epoch: 1, Attempt: 1, Backend: "b1", Tokens: 40}); err != nil {
 		t.Fatal(err)
 	}
-	var got *kv.Progress
-	deadline := time.Now().Add(5 * time.Second) // the writes are asynchronous: poll until both landed
-	for time.Now().Before(deadline) {
+	// The writes are asynchronous: poll until the old owner's landed.
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		old, err := st.Progress(ctx, key, 1)
-		if err == nil && old.Tokens == 40 {
-			if got, err = st.Progress(ctx, key, 2); err != nil {
-				t.Fatalf("epoch 2's progress after the old owner wrote epoch 1's: %v", err)
-			}
-			break
+		if err != nil {
+			return fmt.Errorf("the old owner's progress never landed: %w", err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if got == nil {
-		t.Fatal("the old owner's progress never landed")
+		if old.Tokens != 40 {
+			return fmt.Errorf("the old owner's progress has %d tokens, want 40", old.Tokens)
+		}
+		return nil
+	})
+	got, err := st.Progress(ctx, key, 2)
+	if err != nil {
+		t.Fatalf("epoch 2's progress after the old owner wrote epoch 1's: %v", err)
 	}
 	if got.Epoch != 2 || got.Backend != "b2" || got.Attempt != 1 {
 		t.Fatalf("epoch 2's progress = %+v, want the new owner's", got)

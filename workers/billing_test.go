@@ -2,6 +2,7 @@ package workers_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
@@ -58,7 +60,7 @@ func TestRedeliveredFinishedJobChargesOnce(t *testing.T) {
 	if _, err := gone.Charge(ctx, in); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // past the Nats-Msg-Id window: the time passing is what the test needs, not a synchronization
 
 	l := ledger.New(r.srv.JS, prices, "USD", ledger.WithDedupHorizon(time.Nanosecond))
 	run(t, workers.New(r.srv.JS, r.store, workers.Options{ID: "w2", Lease: time.Second, RenewEvery: 100 * time.Millisecond,
@@ -66,13 +68,7 @@ func TestRedeliveredFinishedJobChargesOnce(t *testing.T) {
 	if err := jobs.Submit(ctx, r.srv.JS, job); err != nil {
 		t.Fatal(err)
 	}
-	for q := true; q; {
-		if ctx.Err() != nil {
-			t.Fatal("the redelivered job was never acked")
-		}
-		time.Sleep(10 * time.Millisecond)
-		q, _ = jobs.Queued(ctx, r.srv.JS, "done")
-	}
+	waitAcked(t, r, "done", "the redelivered job")
 	es, err := l.Entries(ctx, "", time.Time{}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
@@ -133,23 +129,9 @@ func TestTakerCrashBeforeChargeIsCharged(t *testing.T) {
 	if err := jobs.Submit(ctx, r.srv.JS, old); err != nil {
 		t.Fatal(err)
 	}
-	var es []ledger.Entry
-	for len(es) == 0 {
-		if ctx.Err() != nil {
-			t.Fatal("the taker's outcome was never charged")
-		}
-		time.Sleep(10 * time.Millisecond)
-		if es, err = l.Entries(context.Background(), "", time.Time{}, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for q := true; q; q, _ = jobs.Queued(ctx, r.srv.JS, key) {
-		if ctx.Err() != nil {
-			t.Fatal("the old message was never acked")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if es, err = l.Entries(ctx, "", time.Time{}, time.Time{}); err != nil || len(es) != 1 || es[0].Epoch != 2 || !es[0].Completed {
+	waitEntries(t, l, 1, "the taker's outcome charged")
+	waitAcked(t, r, key, "the old message")
+	if es, err := l.Entries(ctx, "", time.Time{}, time.Time{}); err != nil || len(es) != 1 || es[0].Epoch != 2 || !es[0].Completed {
 		t.Fatalf("entries %+v (%v); want one completed charge of epoch 2", es, err)
 	}
 	if n := r.mock.Mock().Stats().Requests; n != 0 {
@@ -173,15 +155,16 @@ func TestTakeoverCountsAndChargesTheLostAttempt(t *testing.T) {
 	if err := r.store.PutProgress(key, &kv.Progress{JobID: rec.JobID, Epoch: 1, Attempt: 1, Backend: "mock", Sent: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if p, err := r.store.Progress(ctx, key, 1); err == nil && p.Attempt == 1 {
-			break
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		p, err := r.store.Progress(ctx, key, 1)
+		if err != nil {
+			return fmt.Errorf("progress never stored: %w", err)
 		}
-		if ctx.Err() != nil {
-			t.Fatal("progress never stored")
+		if p.Attempt != 1 {
+			return fmt.Errorf("progress names attempt %d, want 1", p.Attempt)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	rec.LeaseUntil = time.Now().Add(-time.Second) // gone, and its job message with it
 	if _, err := r.store.Update(ctx, key, rec, rev); err != nil {
 		t.Fatal(err)
@@ -192,17 +175,7 @@ func TestTakeoverCountsAndChargesTheLostAttempt(t *testing.T) {
 		t.Fatalf("record after the takeover: state %s epoch %d attempts %d takeovers %d unfinished %+v; want COMPLETED, 2, 2, 1, epoch 1's attempt",
 			got.State, got.Epoch, got.Attempts, got.Takeovers, got.Unfinished)
 	}
-	var es []ledger.Entry
-	for len(es) < 2 {
-		if ctx.Err() != nil {
-			t.Fatalf("entries %+v; want the lost attempt's and the completed one's", es)
-		}
-		time.Sleep(10 * time.Millisecond)
-		var err error
-		if es, err = l.Entries(ctx, "", time.Time{}, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	es := waitEntries(t, l, 2, "the lost attempt's and the completed one's charges")
 	byEpoch := map[int]ledger.Entry{}
 	for _, e := range es {
 		byEpoch[e.Epoch] = e

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"reflect"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/ledger"
 	"github.com/oncegate/oncegate/workers"
 )
 
@@ -97,16 +99,52 @@ func (r *rig) claim(t *testing.T, key, body string, stream bool) (*kv.Record, ui
 
 func (r *rig) waitFinal(t *testing.T, key string) *kv.Record {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		rec, _, err := r.store.Get(context.Background(), key)
-		if err == nil && rec.State != kv.Pending {
-			return rec
+	var rec *kv.Record
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		got, _, err := r.store.Get(context.Background(), key)
+		if err != nil {
+			return fmt.Errorf("record %s: %w", key, err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("record %s never left PENDING", key)
-	return nil
+		if got.State == kv.Pending {
+			return fmt.Errorf("record %s never left PENDING", key)
+		}
+		rec = got
+		return nil
+	})
+	return rec
+}
+
+// waitAcked waits until key's job message (what names it in the failure) is no longer queued.
+func waitAcked(t *testing.T, r *rig, key, what string) {
+	t.Helper()
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		q, err := jobs.Queued(context.Background(), r.srv.JS, key)
+		if err != nil {
+			return fmt.Errorf("%s: queued: %w", what, err)
+		}
+		if q {
+			return fmt.Errorf("%s was never acked", what)
+		}
+		return nil
+	})
+}
+
+// waitEntries waits until the ledger holds at least n entries (what names them in the
+// failure), and returns them.
+func waitEntries(t *testing.T, l *ledger.Ledger, n int, what string) []ledger.Entry {
+	t.Helper()
+	var es []ledger.Entry
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		var err error
+		if es, err = l.Entries(context.Background(), "", time.Time{}, time.Time{}); err != nil {
+			return err
+		}
+		if len(es) < n {
+			return fmt.Errorf("%d ledger entries %+v, want at least %d: %s", len(es), es, n, what)
+		}
+		return nil
+	})
+	return es
 }
 
 // TestOutcomes: what is stored for each kind of backend outcome.
@@ -193,16 +231,7 @@ func TestStaleJobIsDropped(t *testing.T) {
 	if err := jobs.Submit(context.Background(), r.srv.JS, old); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		if q, _ := jobs.Queued(context.Background(), r.srv.JS, "stale"); !q {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if q, _ := jobs.Queued(context.Background(), r.srv.JS, "stale"); q {
-		t.Fatal("stale job was never acked")
-	}
+	waitAcked(t, r, "stale", "the stale job")
 	if n := r.mock.Mock().Stats().Requests; n != 0 {
 		t.Fatalf("backend executions = %d, want 0", n)
 	}

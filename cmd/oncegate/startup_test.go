@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/oncegate/oncegate/internal/testkit"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // runMainEnv makes the test binary run main instead of the tests: the start-up tests need
@@ -161,20 +163,17 @@ func TestServeSecondProcessOnDataDir(t *testing.T) {
 
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	testkit.CheckFor(t, time.Minute, 20*time.Millisecond, func() error {
 		resp, err := client.Get("http://" + addr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
+		if err != nil {
+			return fmt.Errorf("first gateway never ready: %w\n%s", err, firstLog.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("first gateway never ready:\n%s", firstLog.String())
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("first gateway never ready: /readyz %d\n%s", resp.StatusCode, firstLog.String())
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 
 	pid := "pid " + strconv.Itoa(first.Process.Pid)
 	for _, tc := range []struct {

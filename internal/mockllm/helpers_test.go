@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -99,17 +102,14 @@ func (h *harness) chat(t *testing.T, body string, hdr map[string]string) (*http.
 // settle waits until no chat request is in flight and returns the stats.
 func settle(t *testing.T, s *Server) Stats {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		st := s.Stats()
-		if st.InFlight == 0 {
-			return st
+	var st Stats
+	testkit.CheckFor(t, 5*time.Second, 2*time.Millisecond, func() error {
+		if st = s.Stats(); st.InFlight != 0 {
+			return fmt.Errorf("requests still in flight: %+v", st)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("requests still in flight: %+v", st)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return nil
+	})
+	return st
 }
 
 // chatReq builds a request body.

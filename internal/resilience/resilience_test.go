@@ -2,11 +2,14 @@ package resilience
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 func TestBackoffWithinBounds(t *testing.T) {
@@ -279,11 +282,10 @@ func TestBreakerHalfOpen(t *testing.T) {
 
 func waitState(t *testing.T, b *Breaker, want string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for b.State() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("breaker still %s, want %s", b.State(), want)
+	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if got := b.State(); got != want {
+			return fmt.Errorf("breaker still %s, want %s", got, want)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
