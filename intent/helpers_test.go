@@ -164,16 +164,25 @@ func (e *env) take(t *testing.T, key string) *jobs.Job {
 	return job
 }
 
-// finish plays the worker's last write, as workers/execution.go writeFinal does it: the record
-// becomes state with res, without its request and lease.
+// finish plays a worker's end of an epoch that has no chunks yet, in the worker's order: the
+// record becomes state with res, without its request and lease (as workers/execution.go
+// writeFinal writes it), then the terminal chunk ends the feed.
 func (e *env) finish(t *testing.T, key string, state kv.State, res kv.Result) {
 	t.Helper()
+	ctx := context.Background()
 	rec, rev := e.get(t, key)
 	next := *rec
 	res.Finished = e.clock.Now()
 	next.State, next.Result, next.Request = state, &res, nil
 	next.Progress, next.LeaseUntil, next.Worker = kv.ProgressFinished, time.Time{}, "test-worker"
-	if _, err := e.store.Update(context.Background(), key, &next, rev); err != nil {
+	if _, err := e.store.Update(ctx, key, &next, rev); err != nil {
+		t.Fatal(err)
+	}
+	kind := jobs.KindResult
+	if state == kv.Failed {
+		kind = jobs.KindError
+	}
+	if err := jobs.NewPublisher(e.srv.JS, intent.JobOf(key, rec)).Publish(ctx, kind, res.Status, res.Body); err != nil {
 		t.Fatal(err)
 	}
 }
