@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,23 +32,11 @@ const (
 	recordTTL  = time.Hour
 )
 
-// clock is the cores' controllable clock (Deps.Now).
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
+// clock is the cores' controllable clock (Deps.Now), in nanoseconds since the epoch.
+type clock struct{ ns atomic.Int64 }
 
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
+func (c *clock) Now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *clock) Add(d time.Duration) { c.ns.Add(int64(d)) }
 
 // env is one real JetStream with the streams and bucket the gateway creates, and the core of
 // one API node on it. No workers run: tests play the worker with take, finish and publisher.
@@ -58,6 +45,9 @@ type env struct {
 	store *kv.Store
 	clock *clock
 	core  *intent.Core
+	hub   *jobs.Hub // core's
+	// conns are the connections the nodes publish on (the first one also the test worker's).
+	conns []*nats.Conn
 	// Spies on the subjects admission writes and reads.
 	records *spy // claim and update attempts on the IDEM bucket
 	reads   *spy // record reads (the bucket's direct get)
@@ -75,8 +65,9 @@ func newEnv(t *testing.T, budgets intent.Budgeter) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{srv: srv, store: store, clock: &clock{t: time.Now()}}
-	e.core = e.node(t, srv.NC, srv.JS, budgets)
+	e := &env{srv: srv, store: store, clock: &clock{}, conns: []*nats.Conn{srv.NC}}
+	e.clock.ns.Store(time.Now().UnixNano())
+	e.core, e.hub = e.node(t, srv.NC, srv.JS, budgets)
 	e.records = e.spy(t, "$KV."+kv.Bucket+".>")
 	e.reads = e.spy(t, "$JS.API.DIRECT.GET.KV_"+kv.Bucket+".>")
 	e.jobs = e.spy(t, jobs.JobsSubjects)
@@ -85,7 +76,7 @@ func newEnv(t *testing.T, budgets intent.Budgeter) *env {
 
 // node is the core of an API node on connection nc, with its own store handle and hub (as
 // gateway builds them), sharing e's JetStream and clock.
-func (e *env) node(t *testing.T, nc *nats.Conn, js jetstream.JetStream, budgets intent.Budgeter) *intent.Core {
+func (e *env) node(t *testing.T, nc *nats.Conn, js jetstream.JetStream, budgets intent.Budgeter) (*intent.Core, *jobs.Hub) {
 	t.Helper()
 	store, err := kv.Open(context.Background(), js, kv.BucketConfig{TTL: recordTTL})
 	if err != nil {
@@ -94,14 +85,16 @@ func (e *env) node(t *testing.T, nc *nats.Conn, js jetstream.JetStream, budgets 
 	hub := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true})
 	t.Cleanup(hub.Close)
 	return intent.New(intent.Deps{JS: js, Store: store, Hub: hub, Budgets: budgets, Log: zerolog.Nop(), Now: e.clock.Now,
-		Options: intent.Options{Lease: lease, TTL: recordTTL, AutoWindow: autoWindow, ReplayCacheBytes: 1 << 20}})
+		Options: intent.Options{Lease: lease, TTL: recordTTL, AutoWindow: autoWindow, ReplayCacheBytes: 1 << 20}}), hub
 }
 
 // otherNode is a second API node on its own connection to the same JetStream.
 func (e *env) otherNode(t *testing.T) *intent.Core {
 	t.Helper()
 	nc, js := e.srv.Conn(t)
-	return e.node(t, nc, js, nil)
+	e.conns = append(e.conns, nc)
+	c, _ := e.node(t, nc, js, nil)
+	return c
 }
 
 // request is a chat request of tenant with the client key key.
@@ -210,6 +203,7 @@ func next(t *testing.T, adm *intent.Admission) jobs.Chunk {
 // even of a publish JetStream refuses (a failed claim) or drops as a duplicate (a job
 // re-published with the same message id), so it counts attempts, not only writes.
 type spy struct {
+	e   *env
 	nc  *nats.Conn
 	sub *nats.Subscription
 }
@@ -224,17 +218,20 @@ func (e *env) spy(t *testing.T, subject string) *spy {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	return &spy{nc: nc, sub: sub}
+	return &spy{e: e, nc: nc, sub: sub}
 }
 
 // count is the number of messages whose subject ends in "."+key seen since the last count
-// (every message when key is empty). A call that returned has had its requests answered, so
-// the server has already routed their copies here; the flush's round trip comes back after
-// them, so they are all queued when it returns.
+// (every message when key is empty). A JetStream ack can overtake the copy of its message
+// to this subscriber, so first each publishing connection's flush: the server answers it only
+// after it has routed everything that connection sent before; then this connection's flush,
+// answered after those copies.
 func (s *spy) count(t *testing.T, key string) int {
 	t.Helper()
-	if err := s.nc.Flush(); err != nil {
-		t.Fatal(err)
+	for _, nc := range append(s.e.conns, s.nc) {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	queued, _, err := s.sub.Pending()
 	if err != nil {
