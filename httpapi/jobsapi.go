@@ -126,7 +126,7 @@ func (s *Server) cancelJob(c *fiber.Ctx) error {
 		return err
 	}
 	rec, err := s.intents.Cancel(c.UserContext(), tenant, c.Params("id"), func(api string) []byte {
-		return wireOf(api).errorBody(http.StatusConflict, "invalid_request_error", "job_cancelled", "the job was cancelled")
+		return wireOf(api).errorBody(errJobCancelled)
 	})
 	if err != nil {
 		return err
@@ -142,11 +142,11 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	}
 	raw, err := url.PathUnescape(c.Params("key"))
 	if err != nil {
-		return badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")
+		return errKeyNotPathText
 	}
 	key, err := parseIdempotencyKey(raw)
 	if err != nil {
-		return badRequest("invalid_idempotency_key", "", err.Error())
+		return keyPathInvalid(err)
 	}
 	recKey, rec, err := s.intents.Lookup(c.UserContext(), tenant, key)
 	if err != nil {
@@ -192,11 +192,11 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	after := -1
 	if v := c.Get("Last-Event-ID"); v != "" {
 		if after, err = strconv.Atoi(v); err != nil || after < -1 {
-			return badRequest("invalid_last_event_id", "", "Last-Event-ID must be an event id from this stream")
+			return errBadLastEventID
 		}
 	} else if v := c.Query("starting_after"); v != "" {
 		if after, err = strconv.Atoi(v); err != nil || after < -1 {
-			return badRequest("invalid_value", "starting_after", "starting_after must be an integer")
+			return errBadStartingAfter
 		}
 	}
 	if rec.State != kv.Pending {
