@@ -37,9 +37,14 @@ func errorCases() []errorCase {
 		{"keyHeaderInvalid", keyHeaderInvalid(errKeyTooLong)},
 		{"keyPathInvalid", keyPathInvalid(errKeyCharset)},
 		{"unavailable", unavailable("JetStream is not available")},
+		{"fiberError 404", fiber.ErrNotFound},
+		{"fiberError 405", fiber.ErrMethodNotAllowed},
 		{"fiberError 408", fiber.ErrRequestTimeout},
+		{"fiberError 413", fiber.ErrRequestEntityTooLarge},
 		{"fiberError 418", fiber.ErrTeapot},
 		{"fiberError 502", fiber.ErrBadGateway},
+		// An error without a row is a 500 that does not quote it.
+		{"no row", fmt.Errorf("kv: claim: %w", errors.New("secret detail"))},
 	}...)
 }
 
@@ -75,4 +80,47 @@ func TestErrorTable(t *testing.T) {
 		}
 	}
 	testkit.Golden(t, "testdata/errors.golden", []byte(out.String()))
+}
+
+// TestForwardErrorRetryHeaders: an error body the execution produced keeps its status and
+// body, and gets the gateway's retry advice through the same headers as the table's answers.
+func TestForwardErrorRetryHeaders(t *testing.T) {
+	body := []byte(`{"error":{"message":"upstream said no"}}`)
+	cases := []struct {
+		name       string
+		status     int
+		retry      retryAdvice
+		after      int
+		wantRetry  string
+		wantAfter  string
+		wantMillis string
+	}{
+		{name: "backend answer", status: http.StatusBadRequest, retry: retryNo, wantRetry: "false"},
+		{name: "failed after dispatch", status: http.StatusBadGateway, retry: retryIf(false), wantRetry: "false"},
+		{name: "nothing ran, come back later", status: http.StatusServiceUnavailable, retry: retryIf(true), after: 3,
+			wantRetry: "true", wantAfter: "3", wantMillis: "3000"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			app := fiber.New(fiber.Config{DisableStartupMessage: true})
+			app.Get("/", func(c *fiber.Ctx) error { return forwardError(c, tc.status, body, tc.retry, tc.after) })
+			resp, err := app.Test(httptest.NewRequest(http.MethodGet, "/", nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			got, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := resp.Header
+			if resp.StatusCode != tc.status || string(got) != string(body) || h.Get("Content-Type") != fiber.MIMEApplicationJSON {
+				t.Errorf("status %d, content type %q, body %s; want %d, JSON, %s", resp.StatusCode, h.Get("Content-Type"), got, tc.status, body)
+			}
+			if h.Get("x-should-retry") != tc.wantRetry || h.Get("Retry-After") != tc.wantAfter || h.Get("retry-after-ms") != tc.wantMillis {
+				t.Errorf("x-should-retry %q, Retry-After %q, retry-after-ms %q; want %q, %q, %q", h.Get("x-should-retry"),
+					h.Get("Retry-After"), h.Get("retry-after-ms"), tc.wantRetry, tc.wantAfter, tc.wantMillis)
+			}
+		})
+	}
 }
