@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"net/http"
@@ -179,21 +178,15 @@ func sendStream(c *fiber.Ctx, w wire, events, usage []byte, includeUsage bool, f
 		}
 		out = append(out, w.doneFrame()...)
 	}
-	c.Set(fiber.HeaderContentType, mimeSSE)
-	c.Set(fiber.HeaderCacheControl, "no-cache")
-	return c.Status(http.StatusOK).Send(out)
+	return (&sseWriter{}).whole(c, out)
 }
 
 // streamLive writes an SSE stream that follows the execution live. It runs after the handler
 // returned, so it captures only owned values.
 func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, first jobs.Chunk) {
-	out := s.newSSE(c)
-	c.Status(http.StatusOK)
-	fl, includeUsage, log, jobID, w := adm.Follower(), g.includeUsage, s.log, adm.JobID, wireOf(g.API)
-	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
-		out.w = bw
-		defer out.stop()
-		defer fl.Close()
+	out := &sseWriter{}
+	includeUsage, log, jobID, w := g.includeUsage, s.log, adm.JobID, wireOf(g.API)
+	out.live(c, adm.Follower(), s.writeTimeout, func() {
 		defer adm.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
@@ -201,28 +194,28 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 			var err error
 			switch ch.Kind {
 			case jobs.KindData:
-				err = out.sendBatched(fl, w.chunkEvents(ch, includeUsage))
+				err = out.write(w.chunkEvents(ch, includeUsage))
 			case jobs.KindUsage:
 				if includeUsage {
-					err = out.sendBatched(fl, ch.Payload)
+					err = out.write(ch.Payload)
 				}
 			case jobs.KindDone:
-				_ = out.send(w.doneFrame())
+				_ = out.end(w.doneFrame())
 				return
 			case jobs.KindError:
-				_ = out.send(w.errorFrame(ch.Payload))
+				_ = out.end(w.errorFrame(ch.Payload))
 				return
 			default: // fence (or a stray result): the execution restarted after this client got output
-				_ = out.send(w.errorFrame(w.restarted()))
+				_ = out.end(w.errorFrame(w.restarted()))
 				return
 			}
 			if err != nil {
 				return // client gone; the execution goes on for its other copies
 			}
-			if ch, err = out.next(ctx, fl); err != nil {
+			if ch, err = out.nextChunk(ctx); err != nil {
 				if !errors.Is(err, errClientGone) { // never a silent end
 					log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-					_ = out.send(w.errorFrame(w.interrupted()))
+					_ = out.end(w.errorFrame(w.interrupted()))
 				}
 				return
 			}
