@@ -32,6 +32,9 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.Message }
 
+// ptr is a copy of e to return as an error (a row of the table is never handed out itself).
+func (e apiError) ptr() *apiError { return &e }
+
 // body is the error body in the OpenAI or the Anthropic format.
 func (e *apiError) body(anthropic bool) []byte {
 	if anthropic {
@@ -188,50 +191,43 @@ var errorTable = []struct {
 // Answers that carry a part of the request (a field name, the model, the parse error).
 
 func invalidJSON(err error) *apiError {
-	ae := badRequest("invalid_json", "", "request body is not a valid JSON object: "+err.Error())
-	return &ae
+	return badRequest("invalid_json", "", "request body is not a valid JSON object: "+err.Error()).ptr()
 }
 
 func modelNotFound(model string) *apiError {
-	ae := invalid(http.StatusNotFound, "model_not_found", "model",
-		fmt.Sprintf("The model `%s` does not exist or is not served by this gateway on this API", model))
-	return &ae
+	return invalid(http.StatusNotFound, "model_not_found", "model",
+		fmt.Sprintf("The model `%s` does not exist or is not served by this gateway on this API", model)).ptr()
 }
 
 // The token-limit answers name the field and never quote its value (which may be 5,000 digits).
 
 func tokenNotInteger(name string) *apiError {
-	ae := badRequest("invalid_type", name, fmt.Sprintf("Invalid '%s': expected an integer.", name))
-	return &ae
+	return badRequest("invalid_type", name, fmt.Sprintf("Invalid '%s': expected an integer.", name)).ptr()
 }
 
 func tokenBelowMin(name string) *apiError {
-	ae := badRequest("integer_below_min_value", name, fmt.Sprintf("Invalid '%s': expected a value >= 1.", name))
-	return &ae
+	return badRequest("integer_below_min_value", name, fmt.Sprintf("Invalid '%s': expected a value >= 1.", name)).ptr()
 }
 
 func tokenAboveMax(name string) *apiError {
-	ae := badRequest("integer_above_max_value", name, fmt.Sprintf("Invalid '%s': expected a value <= %d.", name, maxTokenLimit))
-	return &ae
+	return badRequest("integer_above_max_value", name, fmt.Sprintf("Invalid '%s': expected a value <= %d.", name, maxTokenLimit)).ptr()
 }
 
 // keyHeaderInvalid answers a malformed Idempotency-Key header: sending it again cannot help.
 func keyHeaderInvalid(err error) *apiError {
-	ae := badRequest("invalid_idempotency_key", "", err.Error())
+	ae := keyPathInvalid(err)
 	ae.Retry = retryNo
-	return &ae
+	return ae
 }
 
 // keyPathInvalid answers a malformed key in GET /v1/idempotency/{key}.
 func keyPathInvalid(err error) *apiError {
-	ae := badRequest("invalid_idempotency_key", "", err.Error())
-	return &ae
+	return badRequest("invalid_idempotency_key", "", err.Error()).ptr()
 }
 
 // unavailable is a 503 that says when to come back (the readiness reasons).
 func unavailable(msg string) *apiError {
-	ae := unavailableAnswer(msg)
-	return &ae
+	return unavailableAnswer(msg).ptr()
 }
 
 // answerOf is what the client sees for err: its row of errorTable, an apiError as it is, or
@@ -239,8 +235,7 @@ func unavailable(msg string) *apiError {
 func answerOf(err error) (ae *apiError, ok bool) {
 	for i := range errorTable {
 		if errors.Is(err, errorTable[i].err) {
-			a := errorTable[i].answer
-			return &a, true
+			return errorTable[i].answer.ptr(), true
 		}
 	}
 	if errors.As(err, &ae) {
@@ -322,8 +317,7 @@ func fiberError(fe *fiber.Error) *apiError {
 	case http.StatusRequestEntityTooLarge:
 		return answer(errBodyTooLarge)
 	case http.StatusRequestTimeout:
-		ae := invalid(fe.Code, "request_timeout", "", fe.Message)
-		return &ae
+		return invalid(fe.Code, "request_timeout", "", fe.Message).ptr()
 	}
 	if fe.Code >= 500 {
 		ae := answer(errInternal)
@@ -331,8 +325,7 @@ func fiberError(fe *fiber.Error) *apiError {
 		return ae
 	}
 	// A fixed text: a fiber.Error's message may quote the request.
-	ae := invalid(fe.Code, "", "", strings.ToLower(http.StatusText(fe.Code)))
-	return &ae
+	return invalid(fe.Code, "", "", strings.ToLower(http.StatusText(fe.Code))).ptr()
 }
 
 // malformedRequest is the fasthttp server's ErrorHandler: it answers a request that could not
