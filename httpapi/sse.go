@@ -47,7 +47,7 @@ type sseWriter struct {
 // eventStream is the writer of a job's events, resuming after the event id after (-1: all).
 func eventStream(after int) *sseWriter { return &sseWriter{ids: true, after: after} }
 
-// setHeaders marks the response as SSE, unbuffered by proxies.
+// setSSEHeaders marks the response as SSE, not to be cached or buffered by proxies.
 func setSSEHeaders(c *fiber.Ctx) {
 	c.Set(fiber.HeaderContentType, mimeSSE)
 	c.Set(fiber.HeaderCacheControl, "no-cache")
