@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
-	"net/http"
 	"strings"
 	"time"
 
@@ -29,7 +28,7 @@ func (s *Server) routesAdmin(r fiber.Router) {
 // key configured the admin API does not exist (404).
 func (s *Server) authenticateAdmin(c *fiber.Ctx) error {
 	if len(s.adminKeys) == 0 || s.ledger == nil {
-		return errNotFound("unknown URL")
+		return errAdminDisabled
 	}
 	key := c.Get("x-api-key")
 	if auth := c.Get(fiber.HeaderAuthorization); key == "" && len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
@@ -41,7 +40,7 @@ func (s *Server) authenticateAdmin(c *fiber.Ctx) error {
 		ok |= subtle.ConstantTimeCompare(sum[:], h)
 	}
 	if key == "" || ok != 1 {
-		return &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key", Message: "an admin API key is required"}
+		return errAdminKeyRequired
 	}
 	return nil
 }
@@ -82,16 +81,16 @@ func timeRange(fromS, toS string) (from, to time.Time, err error) {
 	to = time.Now().Add(time.Minute)
 	if fromS != "" {
 		if from, err = time.Parse(time.RFC3339, fromS); err != nil {
-			return from, to, badRequest("invalid_value", "from", "from must be an RFC 3339 time")
+			return from, to, errBadFrom
 		}
 	}
 	if toS != "" {
 		if to, err = time.Parse(time.RFC3339, toS); err != nil {
-			return from, to, badRequest("invalid_value", "to", "to must be an RFC 3339 time")
+			return from, to, errBadTo
 		}
 	}
 	if !to.After(from) {
-		return from, to, badRequest("invalid_value", "to", "to must be after from")
+		return from, to, errToBeforeFrom
 	}
 	return from, to, nil
 }
@@ -109,7 +108,7 @@ func period(p string) (from, to time.Time, err error) {
 	if from, err = time.Parse("2006-01", p); err == nil {
 		return from, from.AddDate(0, 1, 0), nil
 	}
-	return from, to, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")
+	return from, to, errBadPeriod
 }
 
 func decodeKeyHashes(hexes []string) [][]byte {

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -50,8 +48,7 @@ func (s *Server) generate(c *fiber.Ctx, api string) error {
 // parseGeneration authenticates, validates and copies the request. It changes no state.
 func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) {
 	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
-		return nil, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Code: "unsupported_media_type",
-			Message: "Content-Type must be application/json"}
+		return nil, errUnsupportedMediaType
 	}
 	tenant, err := s.authenticate(c)
 	if err != nil {
@@ -60,21 +57,21 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	g := &generation{Request: intent.Request{Tenant: tenant, Body: bytes.Clone(c.Body())}}
 	fp, fields, err := canonicalFingerprint(g.Body)
 	if err != nil {
-		return nil, badRequest("invalid_json", "", "request body is not a valid JSON object: "+err.Error())
+		return nil, invalidJSON(err)
 	}
 	model, ok := fields.str("model")
 	if !ok || model == "" {
-		return nil, badRequest("missing_required_parameter", "model", "you must provide a model parameter")
+		return nil, errNoModel
 	}
 	if !fields.nonEmptyArray("messages") {
-		return nil, badRequest("missing_required_parameter", "messages", "messages must be a non-empty array")
+		return nil, errNoMessages
 	}
 	maxTokens, err := tokenLimit(fields, "max_tokens")
 	if err != nil {
 		return nil, err
 	}
 	if api == apiAnthropic && maxTokens == 0 {
-		return nil, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")
+		return nil, errNoMaxTokens
 	}
 	maxCompletion, err := tokenLimit(fields, "max_completion_tokens")
 	if err != nil {
@@ -83,7 +80,7 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	g.MaxTokens = cmp.Or(maxCompletion, maxTokens) // the newer parameter wins
 	if v, present := fields["stream"]; present && string(v) != "null" {
 		if string(v) != "true" && string(v) != "false" {
-			return nil, badRequest("invalid_type", "stream", "stream must be a boolean")
+			return nil, errStreamNotBool
 		}
 		g.Stream = string(v) == "true"
 	}
@@ -93,8 +90,7 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	rt, ok := s.router.Resolve(model)
 	backends := s.compatible(rt.Backends, api)
 	if !ok || len(backends) == 0 {
-		return nil, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
-			Message: fmt.Sprintf("The model `%s` does not exist or is not served by this gateway on this API", model)}
+		return nil, modelNotFound(model)
 	}
 	g.Model, g.Backends, g.Fingerprint, g.API = model, backends, fp, api
 	if api == apiAnthropic {
@@ -122,8 +118,7 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 		g.echoKey, err = parseIdempotencyKey(raw)
 	}
 	if err != nil {
-		return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_idempotency_key",
-			Message: err.Error(), ShouldRetry: &retryNo}
+		return nil, keyHeaderInvalid(err)
 	}
 	switch {
 	case g.Bypass: // its record key is made per execution by intent.Admit
@@ -178,14 +173,14 @@ func tokenLimit(fields bodyFields, name string) (int, error) {
 	}
 	n, ok := fields.number(name)
 	if !ok || strings.ContainsAny(string(n), ".eE") {
-		return 0, badRequest("invalid_type", name, fmt.Sprintf("Invalid '%s': expected an integer.", name))
+		return 0, tokenNotInteger(name)
 	}
 	v, err := n.Int64()
 	switch {
 	case n[0] == '-' || err == nil && v < 1:
-		return 0, badRequest("integer_below_min_value", name, fmt.Sprintf("Invalid '%s': expected a value >= 1.", name))
+		return 0, tokenBelowMin(name)
 	case err != nil || v > maxTokenLimit:
-		return 0, badRequest("integer_above_max_value", name, fmt.Sprintf("Invalid '%s': expected a value <= %d.", name, maxTokenLimit))
+		return 0, tokenAboveMax(name)
 	}
 	return int(v), nil
 }
@@ -207,7 +202,7 @@ func (s *Server) readDeadline(c *fiber.Ctx, g *generation) error {
 	}
 	secs, err := strconv.ParseFloat(v, 64)
 	if err != nil || secs <= 0 || secs > 24*3600 {
-		return badRequest("invalid_header", "Oncegate-Timeout", "Oncegate-Timeout must be a number of seconds between 0 and 86400")
+		return errBadTimeout
 	}
 	g.Deadline = s.now().Add(time.Duration(secs * float64(time.Second)))
 	return nil

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"net/http"
@@ -77,11 +76,10 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 				return s.replay(c, g, adm.Rec)
 			}
 			if errors.Is(err, context.DeadlineExceeded) && !g.Deadline.IsZero() && !s.now().Before(g.Deadline) {
-				return clientDeadlinePassed()
+				return errDeadlinePassed
 			}
 			if errors.Is(err, context.DeadlineExceeded) && adm.Outcome == intent.Joined {
-				return writeAPIError(c, &apiError{Status: http.StatusConflict, Type: "invalid_request_error", Code: "idempotency_key_in_use",
-					Message: "a request with this Idempotency-Key is still in progress; retry shortly", ShouldRetry: &retryYes, RetryAfter: 1})
+				return errKeyInUse
 			}
 			return err
 		}
@@ -112,8 +110,8 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 	switch first.Kind {
 	case jobs.KindResult:
 		switch {
-		case first.Status != http.StatusOK:
-			c.Set("x-should-retry", "false")
+		case first.Status != http.StatusOK: // the backend's answer: sending it again gets the same
+			return forwardError(c, first.Status, first.Payload, retryNo, 0)
 		case g.Stream: // a stream copy of a non-stream execution (or a degraded message)
 			return s.sendSynthesized(c, g, first.Payload)
 		}
@@ -123,13 +121,8 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 		if first.Status != http.StatusOK { // failed after dispatch before output (released), or cancelled
 			// The gateway decided: an SDK must not re-send on its own, except where nothing ran
 			// (the backends refused, or none was available), which says when to come back.
-			c.Set("x-should-retry", strconv.FormatBool(first.Meta.RetryAfter > 0))
-			if ra := first.Meta.RetryAfter; ra > 0 {
-				c.Set(fiber.HeaderRetryAfter, strconv.Itoa(ra))
-				c.Set("retry-after-ms", retryAfterMillis(ra))
-			}
-			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-			return c.Status(first.Status).Send(first.Payload)
+			ra := first.Meta.RetryAfter
+			return forwardError(c, first.Status, first.Payload, retryIf(ra > 0), ra)
 		}
 	}
 	if first.Kind == jobs.KindDone && !g.Stream && first.Idx > 0 && first.Idx == seen {
@@ -143,19 +136,9 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 	// copy whose frames were not all seen, an error after output…).
 	rec, err := s.intents.Record(c.UserContext(), adm.Key)
 	if err != nil {
-		return unavailable("the result is not readable yet; retry")
+		return errRecordUnreadable
 	}
 	return s.replay(c, g, rec)
-}
-
-// clientDeadlinePassed answers a copy whose Oncegate-Timeout passed before its answer. The
-// deadline is this client's, not the intent's outcome: nothing is stored, the execution goes on
-// (a copy sent later joins it or gets its result), so a later call with the same key is safe.
-// x-should-retry is false all the same: the client chose to stop waiting at this point, and an
-// SDK that re-sent at once would only wait again; when to come back is the client's decision.
-func clientDeadlinePassed() error {
-	return &apiError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "deadline_exceeded", ShouldRetry: &retryNo,
-		Message: "Oncegate-Timeout passed before the answer; the execution goes on, and a request with the same Idempotency-Key joins it or gets its result"}
 }
 
 // setMetaHeaders says how the answer was obtained.
@@ -195,21 +178,15 @@ func sendStream(c *fiber.Ctx, w wire, events, usage []byte, includeUsage bool, f
 		}
 		out = append(out, w.doneFrame()...)
 	}
-	c.Set(fiber.HeaderContentType, mimeSSE)
-	c.Set(fiber.HeaderCacheControl, "no-cache")
-	return c.Status(http.StatusOK).Send(out)
+	return (&sseWriter{}).whole(c, out)
 }
 
 // streamLive writes an SSE stream that follows the execution live. It runs after the handler
 // returned, so it captures only owned values.
 func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, first jobs.Chunk) {
-	out := s.newSSE(c)
-	c.Status(http.StatusOK)
-	fl, includeUsage, log, jobID, w := adm.Follower(), g.includeUsage, s.log, adm.JobID, wireOf(g.API)
-	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
-		out.w = bw
-		defer out.stop()
-		defer fl.Close()
+	out := &sseWriter{}
+	includeUsage, log, jobID, w := g.includeUsage, s.log, adm.JobID, wireOf(g.API)
+	out.live(c, adm.Follower(), s.writeTimeout, func() {
 		defer adm.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
@@ -217,28 +194,28 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 			var err error
 			switch ch.Kind {
 			case jobs.KindData:
-				err = out.sendBatched(fl, w.chunkEvents(ch, includeUsage))
+				err = out.write(w.chunkEvents(ch, includeUsage))
 			case jobs.KindUsage:
 				if includeUsage {
-					err = out.sendBatched(fl, ch.Payload)
+					err = out.write(ch.Payload)
 				}
 			case jobs.KindDone:
-				_ = out.send(w.doneFrame())
+				_ = out.end(w.doneFrame())
 				return
 			case jobs.KindError:
-				_ = out.send(w.errorFrame(ch.Payload))
+				_ = out.end(w.errorFrame(ch.Payload))
 				return
 			default: // fence (or a stray result): the execution restarted after this client got output
-				_ = out.send(w.errorFrame(w.restarted()))
+				_ = out.end(w.errorFrame(w.restarted()))
 				return
 			}
 			if err != nil {
 				return // client gone; the execution goes on for its other copies
 			}
-			if ch, err = out.next(ctx, fl); err != nil {
+			if ch, err = out.nextChunk(ctx); err != nil {
 				if !errors.Is(err, errClientGone) { // never a silent end
 					log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-					_ = out.send(w.errorFrame(w.interrupted()))
+					_ = out.end(w.errorFrame(w.interrupted()))
 				}
 				return
 			}
@@ -251,27 +228,23 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 	res := rec.Result
 	if res == nil {
-		return unavailable("the result is not available yet; retry")
+		return errNoResult
 	}
 	setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded})
 	w := wireOf(rec.API)
 	if rec.State == kv.Completed && res.Status != http.StatusOK {
-		c.Set("x-should-retry", "false")
-		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-		return c.Status(res.Status).Send(res.Body)
+		return forwardError(c, res.Status, res.Body, retryNo, 0)
 	}
 	if rec.State == kv.Failed && (!res.Partial || !g.Stream) {
-		c.Set("x-should-retry", "false")
 		status := res.Status
 		if status == http.StatusOK {
 			status = http.StatusBadGateway
 		}
-		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 		body := res.Body
 		if len(body) == 0 {
-			body = w.errorBody(http.StatusBadGateway, "server_error", "execution_failed", "the execution failed")
+			body = w.errorBody(errExecutionFailed)
 		}
-		return c.Status(status).Send(body)
+		return forwardError(c, status, body, retryNo, 0)
 	}
 	if !g.Stream {
 		body := res.Body

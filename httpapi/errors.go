@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -16,74 +17,253 @@ import (
 	"github.com/oncegate/oncegate/ledger"
 )
 
-// apiError is an error the client sees: a status, an OpenAI-format body, extra headers.
+// apiError is what the client sees for an error: a status, the fields of the body (rendered
+// in the route's provider format) and the retry advice the SDKs obey.
 type apiError struct {
 	Status  int
 	Type    string
 	Code    string
 	Param   string
 	Message string
-	// ShouldRetry sets x-should-retry (which the official SDKs obey over the status code).
-	ShouldRetry *bool
-	RetryAfter  int // seconds; 0 = none
+	Retry   retryAdvice
+	// RetryAfter is in seconds (Retry-After and retry-after-ms); 0 = none.
+	RetryAfter int
 }
 
 func (e *apiError) Error() string { return e.Message }
 
-var (
-	retryYes = true
-	retryNo  = false
+// ptr is a copy of e to return as an error (a row of the table is never handed out itself).
+func (e apiError) ptr() *apiError { return &e }
+
+// body is the error body in the OpenAI or the Anthropic format.
+func (e *apiError) body(anthropic bool) []byte {
+	if anthropic {
+		return anthropicwire.ErrorBody(anthropicwire.ErrorType(e.Status), e.Message)
+	}
+	return openaiwire.ErrorBody(e.Message, e.Type, e.Code, e.Param)
+}
+
+// retryAdvice is the x-should-retry header, which the official SDKs obey over the status code.
+type retryAdvice int8
+
+const (
+	retryUnsaid retryAdvice = iota // no header: the SDK decides by the status
+	retryNo
+	retryYes
 )
 
-func badRequest(code, param, msg string) *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code, Param: param, Message: msg}
+func retryIf(ok bool) retryAdvice {
+	if ok {
+		return retryYes
+	}
+	return retryNo
 }
 
-func errNotFound(msg string) *apiError {
-	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found", Message: msg}
+// Errors of this package. Each is a row of errorTable, which says what the client sees.
+var (
+	errUnsupportedMediaType = errors.New("httpapi: Content-Type is not application/json")
+	errMissingAPIKey        = errors.New("httpapi: no API key")
+	errInvalidAPIKey        = errors.New("httpapi: invalid API key")
+	errAdminKeyRequired     = errors.New("httpapi: no valid admin API key")
+	// errAdminDisabled: no admin key or no ledger is configured, so the admin API does not exist.
+	errAdminDisabled = errors.New("httpapi: the admin API is not configured")
+	// errKeyInUse: a joined copy waited its MaxWait and the execution still runs.
+	errKeyInUse = errors.New("httpapi: the Idempotency-Key is in use")
+	// errDeadlinePassed: the client's Oncegate-Timeout passed before its answer.
+	errDeadlinePassed   = errors.New("httpapi: Oncegate-Timeout passed")
+	errRecordUnreadable = errors.New("httpapi: the record is not readable")
+	errNoResult         = errors.New("httpapi: the record has no result")
+	errStatusUnreadable = errors.New("httpapi: the status board is not readable")
+	// errInternal answers any error without a row; it never quotes err.Error().
+	errInternal         = errors.New("httpapi: internal error")
+	errUnknownURL       = errors.New("httpapi: unknown URL")
+	errMethodNotAllowed = errors.New("httpapi: method not allowed")
+	errBodyTooLarge     = errors.New("httpapi: request body too large")
+	errHeaderTooLarge   = errors.New("httpapi: request header too large")
+	errReadTimeout      = errors.New("httpapi: request not received in time")
+	// errMalformed: the request is not valid HTTP; the answer quotes nothing of it.
+	errMalformed        = errors.New("httpapi: malformed HTTP request")
+	errNoModel          = errors.New("httpapi: no model")
+	errNoMessages       = errors.New("httpapi: no messages")
+	errNoMaxTokens      = errors.New("httpapi: no max_tokens")
+	errStreamNotBool    = errors.New("httpapi: stream is not a boolean")
+	errBadTimeout       = errors.New("httpapi: invalid Oncegate-Timeout")
+	errBadLastEventID   = errors.New("httpapi: invalid Last-Event-ID")
+	errBadStartingAfter = errors.New("httpapi: invalid starting_after")
+	errBadFrom          = errors.New("httpapi: invalid from")
+	errBadTo            = errors.New("httpapi: invalid to")
+	errToBeforeFrom     = errors.New("httpapi: to is not after from")
+	errBadPeriod        = errors.New("httpapi: invalid period")
+	errKeyNotPathText   = errors.New("httpapi: key is not URL path text")
+	// Errors carried in a record's or a stream's body (under the record's status, or a 200).
+	errExecutionFailed = errors.New("httpapi: the execution failed")
+	errJobCancelled    = errors.New("httpapi: the job was cancelled")
+	errRestarted       = errors.New("httpapi: the execution restarted")
+	errStreamCut       = errors.New("httpapi: the stream was interrupted")
+)
+
+const (
+	typeInvalid = "invalid_request_error"
+	typeServer  = "server_error"
+	// resumeHint ends the message of a stream that cannot be completed on this connection.
+	resumeHint = "; retry with the same Idempotency-Key to receive the complete answer"
+)
+
+func invalid(status int, code, param, msg string) apiError {
+	return apiError{Status: status, Type: typeInvalid, Code: code, Param: param, Message: msg}
 }
 
-func unavailable(msg string) *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "unavailable", Message: msg, ShouldRetry: &retryYes, RetryAfter: 1}
+func badRequest(code, param, msg string) apiError {
+	return invalid(http.StatusBadRequest, code, param, msg)
 }
 
-// sentinelAnswers maps the sentinel errors of the rooms below to what the client sees.
-var sentinelAnswers = []struct {
+func notFound(msg string) apiError { return invalid(http.StatusNotFound, "not_found", "", msg) }
+
+func unavailableAnswer(msg string) apiError {
+	return apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "unavailable", Message: msg, Retry: retryYes, RetryAfter: 1}
+}
+
+// errorTable is the one mapping from errors (the rooms' sentinels and this package's) to what
+// the client sees. Rows are matched with errors.Is, in order; nothing changes a row.
+var errorTable = []struct {
 	err    error
-	answer *apiError
+	answer apiError
 }{
-	{intent.ErrKeyReused, &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
-		Message: "this Idempotency-Key was already used with a different request body", ShouldRetry: &retryNo}},
-	{intent.ErrKeyForeign, &apiError{Status: http.StatusUnprocessableEntity, Type: "invalid_request_error", Code: "idempotency_key_reused",
-		Message: "this Idempotency-Key was used with a different request", ShouldRetry: &retryNo}},
-	{ledger.ErrBudgetExceeded, &apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
-		Message: "this tenant's spend limit for the period is reached", ShouldRetry: &retryNo}},
-	{intent.ErrContended, unavailable("the idempotency key is contended; retry")},
-	{intent.ErrHistoryLost, unavailable("this execution's early output is no longer retained; retry once it has finished")},
-	{intent.ErrInterrupted, unavailable("the execution was interrupted; retry")},
-	{intent.ErrJobChanging, unavailable("the job is changing; retry")},
-	{intent.ErrNoJob, errNotFound("no such job")},
-	{intent.ErrNoRecord, errNotFound("no record for this Idempotency-Key")},
+	{intent.ErrKeyReused, apiError{Status: http.StatusUnprocessableEntity, Type: typeInvalid, Code: "idempotency_key_reused",
+		Message: "this Idempotency-Key was already used with a different request body", Retry: retryNo}},
+	{intent.ErrKeyForeign, apiError{Status: http.StatusUnprocessableEntity, Type: typeInvalid, Code: "idempotency_key_reused",
+		Message: "this Idempotency-Key was used with a different request", Retry: retryNo}},
+	{ledger.ErrBudgetExceeded, apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
+		Message: "this tenant's spend limit for the period is reached", Retry: retryNo}},
+	{intent.ErrContended, unavailableAnswer("the idempotency key is contended; retry")},
+	{intent.ErrHistoryLost, unavailableAnswer("this execution's early output is no longer retained; retry once it has finished")},
+	{intent.ErrInterrupted, unavailableAnswer("the execution was interrupted; retry")},
+	{intent.ErrJobChanging, unavailableAnswer("the job is changing; retry")},
+	{intent.ErrNoJob, notFound("no such job")},
+	{intent.ErrNoRecord, notFound("no record for this Idempotency-Key")},
+
+	{errUnsupportedMediaType, invalid(http.StatusUnsupportedMediaType, "unsupported_media_type", "", "Content-Type must be application/json")},
+	{errMissingAPIKey, invalid(http.StatusUnauthorized, "missing_api_key", "", "an API key is required (Authorization: Bearer <key> or x-api-key)")},
+	{errInvalidAPIKey, invalid(http.StatusUnauthorized, "invalid_api_key", "", "invalid API key")},
+	{errAdminKeyRequired, invalid(http.StatusUnauthorized, "invalid_api_key", "", "an admin API key is required")},
+	{errAdminDisabled, notFound("unknown URL")},
+	{errKeyInUse, apiError{Status: http.StatusConflict, Type: typeInvalid, Code: "idempotency_key_in_use",
+		Message: "a request with this Idempotency-Key is still in progress; retry shortly", Retry: retryYes, RetryAfter: 1}},
+	// The deadline is this client's, not the intent's outcome: nothing is stored, the execution
+	// goes on (a copy sent later joins it or gets its result), so a later call with the same key
+	// is safe. x-should-retry is false all the same: the client chose to stop waiting here, and
+	// an SDK that re-sent at once would only wait again; when to come back is the client's call.
+	{errDeadlinePassed, apiError{Status: http.StatusGatewayTimeout, Type: "timeout_error", Code: "deadline_exceeded", Retry: retryNo,
+		Message: "Oncegate-Timeout passed before the answer; the execution goes on, and a request with the same Idempotency-Key joins it or gets its result"}},
+	{errRecordUnreadable, unavailableAnswer("the result is not readable yet; retry")},
+	{errNoResult, unavailableAnswer("the result is not available yet; retry")},
+	{errStatusUnreadable, unavailableAnswer("status is not readable right now")},
+	{errInternal, apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: "internal_error", Message: "internal error"}},
+
+	{errUnknownURL, invalid(http.StatusNotFound, "unknown_url", "", "unknown URL")},
+	{errMethodNotAllowed, invalid(http.StatusMethodNotAllowed, "method_not_allowed", "", "method not allowed for this URL")},
+	{errBodyTooLarge, invalid(http.StatusRequestEntityTooLarge, "request_too_large", "", "request body exceeds the size limit")},
+	{errHeaderTooLarge, invalid(http.StatusRequestHeaderFieldsTooLarge, "request_header_too_large", "", "the request header is too large")},
+	{errReadTimeout, invalid(http.StatusRequestTimeout, "request_timeout", "", "the request was not received in time")},
+	{errMalformed, badRequest("malformed_request", "", "the HTTP request is malformed")},
+
+	{errNoModel, badRequest("missing_required_parameter", "model", "you must provide a model parameter")},
+	{errNoMessages, badRequest("missing_required_parameter", "messages", "messages must be a non-empty array")},
+	{errNoMaxTokens, badRequest("missing_required_parameter", "max_tokens", "max_tokens: a positive integer is required")},
+	{errStreamNotBool, badRequest("invalid_type", "stream", "stream must be a boolean")},
+	{errBadTimeout, badRequest("invalid_header", "Oncegate-Timeout", "Oncegate-Timeout must be a number of seconds between 0 and 86400")},
+	{errBadLastEventID, badRequest("invalid_last_event_id", "", "Last-Event-ID must be an event id from this stream")},
+	{errBadStartingAfter, badRequest("invalid_value", "starting_after", "starting_after must be an integer")},
+	{errBadFrom, badRequest("invalid_value", "from", "from must be an RFC 3339 time")},
+	{errBadTo, badRequest("invalid_value", "to", "to must be an RFC 3339 time")},
+	{errToBeforeFrom, badRequest("invalid_value", "to", "to must be after from")},
+	{errBadPeriod, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")},
+	{errKeyNotPathText, badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")},
+
+	{errExecutionFailed, apiError{Status: http.StatusBadGateway, Type: typeServer, Code: "execution_failed", Message: "the execution failed"}},
+	{errJobCancelled, invalid(http.StatusConflict, "job_cancelled", "", "the job was cancelled")},
+	{errRestarted, apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: "execution_restarted",
+		Message: "the execution was restarted after a worker was lost" + resumeHint}},
+	{errStreamCut, apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: "stream_interrupted",
+		Message: "the stream was interrupted" + resumeHint}},
 }
 
-// errorHandler is the one mapping from errors to responses: apiError as is, the rooms'
-// sentinels by sentinelAnswers, Fiber's own errors (404, 405, 413…) in OpenAI format, anything
-// else as a 500 that does not leak err.Error().
-func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
-	var ae *apiError
-	for _, sa := range sentinelAnswers {
-		if ae == nil && errors.Is(err, sa.err) {
-			ae = sa.answer
+// Answers that carry a part of the request (a field name, the model, the parse error).
+
+func invalidJSON(err error) *apiError {
+	return badRequest("invalid_json", "", "request body is not a valid JSON object: "+err.Error()).ptr()
+}
+
+func modelNotFound(model string) *apiError {
+	return invalid(http.StatusNotFound, "model_not_found", "model",
+		fmt.Sprintf("The model `%s` does not exist or is not served by this gateway on this API", model)).ptr()
+}
+
+// The token-limit answers name the field and never quote its value (which may be 5,000 digits).
+
+func tokenNotInteger(name string) *apiError {
+	return badRequest("invalid_type", name, fmt.Sprintf("Invalid '%s': expected an integer.", name)).ptr()
+}
+
+func tokenBelowMin(name string) *apiError {
+	return badRequest("integer_below_min_value", name, fmt.Sprintf("Invalid '%s': expected a value >= 1.", name)).ptr()
+}
+
+func tokenAboveMax(name string) *apiError {
+	return badRequest("integer_above_max_value", name, fmt.Sprintf("Invalid '%s': expected a value <= %d.", name, maxTokenLimit)).ptr()
+}
+
+// keyHeaderInvalid answers a malformed Idempotency-Key header: sending it again cannot help.
+func keyHeaderInvalid(err error) *apiError {
+	ae := keyPathInvalid(err)
+	ae.Retry = retryNo
+	return ae
+}
+
+// keyPathInvalid answers a malformed key in GET /v1/idempotency/{key}.
+func keyPathInvalid(err error) *apiError {
+	return badRequest("invalid_idempotency_key", "", err.Error()).ptr()
+}
+
+// unavailable is a 503 that says when to come back (the readiness reasons).
+func unavailable(msg string) *apiError {
+	return unavailableAnswer(msg).ptr()
+}
+
+// answerOf is what the client sees for err: its row of errorTable, an apiError as it is, or
+// Fiber's own errors (404, 405, 413…); ok is false for anything else.
+func answerOf(err error) (ae *apiError, ok bool) {
+	for i := range errorTable {
+		if errors.Is(err, errorTable[i].err) {
+			return errorTable[i].answer.ptr(), true
 		}
 	}
-	if ae == nil && !errors.As(err, &ae) {
-		var fe *fiber.Error
-		if errors.As(err, &fe) {
-			ae = fiberError(fe)
-		} else {
-			s.log.Error().Err(err).Str("path", c.Path()).Msg("internal error")
-			ae = &apiError{Status: http.StatusInternalServerError, Type: "server_error", Code: "internal_error", Message: "internal error"}
-		}
+	if errors.As(err, &ae) {
+		return ae, true
+	}
+	var fe *fiber.Error
+	if errors.As(err, &fe) {
+		return fiberError(fe), true
+	}
+	return nil, false
+}
+
+// answer is the answer to err, the internal error's when it has none.
+func answer(err error) *apiError {
+	if ae, ok := answerOf(err); ok {
+		return ae
+	}
+	ae, _ := answerOf(errInternal)
+	return ae
+}
+
+// errorHandler writes every error a handler returns, by answerOf; anything without an answer
+// is a 500 that does not leak err.Error().
+func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
+	ae, ok := answerOf(err)
+	if !ok {
+		s.log.Error().Err(err).Str("path", c.Path()).Msg("internal error")
+		ae = answer(errInternal)
 	}
 	return writeAPIError(c, ae)
 }
@@ -95,45 +275,57 @@ func isAnthropicRoute(c *fiber.Ctx) bool {
 }
 
 func writeAPIError(c *fiber.Ctx, ae *apiError) error {
-	if ae.ShouldRetry != nil {
-		c.Set("x-should-retry", strconv.FormatBool(*ae.ShouldRetry))
-	}
-	if ae.RetryAfter > 0 {
-		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(ae.RetryAfter))
-		c.Set("retry-after-ms", retryAfterMillis(ae.RetryAfter))
-	}
+	setRetryHeaders(c, ae.Retry, ae.RetryAfter)
 	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-	if isAnthropicRoute(c) {
-		return c.Status(ae.Status).Send(anthropicwire.ErrorBody(anthropicwire.ErrorType(ae.Status), ae.Message))
+	return c.Status(ae.Status).Send(ae.body(isAnthropicRoute(c)))
+}
+
+// setRetryHeaders is the one place the retry advice is written (x-should-retry, and the delay
+// in Retry-After and retry-after-ms), for an answer of the table and for an error body the
+// execution produced (forwardError) alike. h is a *fiber.Ctx or a fasthttp response header.
+func setRetryHeaders(h interface{ Set(key, value string) }, r retryAdvice, afterSecs int) {
+	if r != retryUnsaid {
+		h.Set("x-should-retry", strconv.FormatBool(r == retryYes))
 	}
-	return c.Status(ae.Status).Send(openaiwire.ErrorBody(ae.Message, ae.Type, ae.Code, ae.Param))
+	if afterSecs > 0 {
+		h.Set(fiber.HeaderRetryAfter, strconv.Itoa(afterSecs))
+		h.Set("retry-after-ms", retryAfterMillis(afterSecs))
+	}
+}
+
+// forwardError answers with an error body the execution produced (a backend's, or the
+// gateway's stored in the record) under its own status, with the gateway's retry advice.
+func forwardError(c *fiber.Ctx, status int, body []byte, r retryAdvice, afterSecs int) error {
+	setRetryHeaders(c, r, afterSecs)
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(status).Send(body)
 }
 
 // retryAfterMillis is the retry-after-ms header for a Retry-After of secs seconds: the same
 // delay in milliseconds. The OpenAI SDKs read retry-after-ms before Retry-After, so the two
 // must say the same thing, or a client waits for what the header it reads says, not what the
-// gateway meant. Every response that sets Retry-After sets retry-after-ms through this.
+// gateway meant.
 func retryAfterMillis(secs int) string { return strconv.Itoa(secs * 1000) }
 
+// fiberError is the answer to one of Fiber's own errors.
 func fiberError(fe *fiber.Error) *apiError {
-	ae := &apiError{Status: fe.Code, Type: "invalid_request_error", Message: fe.Message}
 	switch fe.Code {
 	case http.StatusNotFound:
-		ae.Code, ae.Message = "unknown_url", "unknown URL"
+		return answer(errUnknownURL)
 	case http.StatusMethodNotAllowed:
-		ae.Code, ae.Message = "method_not_allowed", "method not allowed for this URL"
+		return answer(errMethodNotAllowed)
 	case http.StatusRequestEntityTooLarge:
-		ae.Code, ae.Message = "request_too_large", "request body exceeds the size limit"
+		return answer(errBodyTooLarge)
 	case http.StatusRequestTimeout:
-		ae.Code = "request_timeout"
-	default:
-		// A fixed text: a fiber.Error's message may quote the request.
-		ae.Message = strings.ToLower(http.StatusText(fe.Code))
-		if fe.Code >= 500 {
-			ae.Type, ae.Code, ae.Message = "server_error", "internal_error", "internal error"
-		}
+		return invalid(fe.Code, "request_timeout", "", fe.Message).ptr()
 	}
-	return ae
+	if fe.Code >= 500 {
+		ae := answer(errInternal)
+		ae.Status = fe.Code
+		return ae
+	}
+	// A fixed text: a fiber.Error's message may quote the request.
+	return invalid(fe.Code, "", "", strings.ToLower(http.StatusText(fe.Code))).ptr()
 }
 
 // malformedRequest is the fasthttp server's ErrorHandler: it answers a request that could not
@@ -144,34 +336,26 @@ func fiberError(fe *fiber.Error) *apiError {
 // OpenAI's error shape; only a body over the limit (its header was read whole) gets its
 // route's format, as before. fasthttp closes the connection after it.
 func (s *Server) malformedRequest(ctx *fasthttp.RequestCtx, err error) {
-	ae := errMalformed()
+	kind := errMalformed
 	anthropic := false
 	var small *fasthttp.ErrSmallBuffer
 	var timeout interface{ Timeout() bool }
 	var nothing fasthttp.ErrNothingRead
 	switch {
 	case errors.As(err, &small):
-		ae.Status, ae.Code, ae.Message = http.StatusRequestHeaderFieldsTooLarge, "request_header_too_large", "the request header is too large"
+		kind = errHeaderTooLarge
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		ae.Status, ae.Code, ae.Message = http.StatusRequestEntityTooLarge, "request_too_large", "request body exceeds the size limit"
+		kind = errBodyTooLarge
 		anthropic = strings.HasPrefix(string(ctx.Path()), "/v1/messages")
 	case errors.As(err, &timeout) && timeout.Timeout(), errors.As(err, &nothing):
-		ae.Status, ae.Code, ae.Message = http.StatusRequestTimeout, "request_timeout", "the request was not received in time"
+		kind = errReadTimeout
 	}
+	ae := answer(kind)
 	s.log.Debug().Int("status", ae.Status).Str("code", ae.Code).Msg("unreadable HTTP request") // never err: it quotes the request
+	setRetryHeaders(&ctx.Response.Header, ae.Retry, ae.RetryAfter)
 	ctx.Response.Header.SetContentType(fiber.MIMEApplicationJSON)
 	ctx.SetStatusCode(ae.Status)
-	if anthropic {
-		ctx.SetBody(anthropicwire.ErrorBody(anthropicwire.ErrorType(ae.Status), ae.Message))
-		return
-	}
-	ctx.SetBody(openaiwire.ErrorBody(ae.Message, ae.Type, ae.Code, ae.Param))
-}
-
-// errMalformed is the answer to a request that is not valid HTTP: fixed, it quotes nothing.
-func errMalformed() *apiError {
-	return &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "malformed_request",
-		Message: "the HTTP request is malformed"}
+	ctx.SetBody(ae.body(anthropic))
 }
 
 // checkHeaders refuses what fasthttp parses but HTTP forbids: a field name that is not a token
@@ -184,7 +368,7 @@ func checkHeaders(c *fiber.Ctx) error {
 		bad = bad || !isToken(k) || bytes.ContainsAny(v, "\r\n\x00")
 	})
 	if bad {
-		return errMalformed()
+		return errMalformed
 	}
 	return c.Next()
 }

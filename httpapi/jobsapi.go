@@ -1,8 +1,6 @@
 package httpapi
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,7 +124,7 @@ func (s *Server) cancelJob(c *fiber.Ctx) error {
 		return err
 	}
 	rec, err := s.intents.Cancel(c.UserContext(), tenant, c.Params("id"), func(api string) []byte {
-		return wireOf(api).errorBody(http.StatusConflict, "invalid_request_error", "job_cancelled", "the job was cancelled")
+		return wireOf(api).errorBody(errJobCancelled)
 	})
 	if err != nil {
 		return err
@@ -142,11 +140,11 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	}
 	raw, err := url.PathUnescape(c.Params("key"))
 	if err != nil {
-		return badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")
+		return errKeyNotPathText
 	}
 	key, err := parseIdempotencyKey(raw)
 	if err != nil {
-		return badRequest("invalid_idempotency_key", "", err.Error())
+		return keyPathInvalid(err)
 	}
 	recKey, rec, err := s.intents.Lookup(c.UserContext(), tenant, key)
 	if err != nil {
@@ -192,81 +190,80 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	after := -1
 	if v := c.Get("Last-Event-ID"); v != "" {
 		if after, err = strconv.Atoi(v); err != nil || after < -1 {
-			return badRequest("invalid_last_event_id", "", "Last-Event-ID must be an event id from this stream")
+			return errBadLastEventID
 		}
 	} else if v := c.Query("starting_after"); v != "" {
 		if after, err = strconv.Atoi(v); err != nil || after < -1 {
-			return badRequest("invalid_value", "starting_after", "starting_after must be an integer")
+			return errBadStartingAfter
 		}
 	}
 	if rec.State != kv.Pending {
-		frames, err := finishedFrames(rec)
+		events, err := finishedEvents(rec)
 		if err != nil {
 			return err
 		}
-		if after >= len(frames)-1 {
+		if after >= len(splitFrames(events))-1 {
 			return c.SendStatus(http.StatusNoContent)
 		}
-		c.Set(fiber.HeaderContentType, mimeSSE)
-		c.Set(fiber.HeaderCacheControl, "no-cache")
-		return c.Send(appendEvents(nil, frames, 0, after))
+		return eventStream(after).whole(c, events)
 	}
 	fl, err := s.intents.Follow(c.UserContext(), key, rec.Epoch)
 	if err != nil {
 		return err
 	}
-	out := s.newSSE(c)
+	out := eventStream(after)
 	core, log, w := s.intents, s.log, wireOf(rec.API)
-	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
-		out.w = bw
-		defer out.stop()
-		ev := &eventWriter{out: out, after: after, fl: fl}
-		defer func() { fl.Close() }()
+	out.live(c, fl, s.writeTimeout, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
 		for {
-			ch, err := out.next(ctx, fl)
+			ch, err := out.nextChunk(ctx)
 			if err != nil && !errors.Is(err, jobs.ErrEnded) && !errors.Is(err, jobs.ErrHubClosed) {
 				return // client gone or out of time
 			}
 			if err != nil || ch.Kind == jobs.KindFence {
-				// Taken over, or the feed ended: follow the new epoch if this client got nothing yet.
-				ev.fl = nil // what is written from here on ends the stream: flush it
+				// Taken over, or the feed ended: follow the new epoch if this client got nothing
+				// yet; whatever is written from here on ends the stream.
 				rec, gerr := core.Record(ctx, key)
-				if gerr == nil && ev.next == 0 {
+				if gerr == nil && out.next == 0 {
 					if rec.State == kv.Pending {
-						fl.Close()
+						out.follow(nil)
+						var fl *jobs.Follower
 						if fl, err = core.Follow(ctx, key, rec.Epoch); err == nil {
-							ev.fl = fl
+							out.follow(fl)
 							continue
 						}
-					} else if frames, ferr := finishedFrames(rec); ferr == nil {
-						_ = ev.frames(frames)
+					} else if events, ferr := finishedEvents(rec); ferr == nil {
+						_ = out.end(events)
 						return
 					}
 				}
 				log.Warn().Err(err).Str(fieldKey, key).Msg("job events: execution interrupted")
-				_ = ev.frames(splitFrames(w.errorFrame(w.restarted())))
+				_ = out.end(w.errorFrame(w.restarted()))
 				return
 			}
-			var frames [][]byte
+			var events []byte
 			switch ch.Kind {
 			case jobs.KindData, jobs.KindUsage:
-				frames = splitFrames(ch.Payload)
+				events = ch.Payload
 			case jobs.KindDone:
-				frames = splitFrames(w.doneFrame())
+				events = w.doneFrame()
 			case jobs.KindResult:
 				if ch.Status == http.StatusOK {
-					if f, err := synthesizedFrames(w, ch.Payload); err == nil {
-						frames = f
+					if synth, err := synthesizedEvents(w, ch.Payload); err == nil {
+						events = synth
 						break
 					}
 				}
-				frames = splitFrames(w.errorFrame(ch.Payload))
+				events = w.errorFrame(ch.Payload)
 			case jobs.KindError:
-				frames = splitFrames(w.errorFrame(ch.Payload))
+				events = w.errorFrame(ch.Payload)
 			}
-			if ev.frames(frames) != nil || ch.Terminal() {
+			if ch.Terminal() {
+				_ = out.end(events)
+				return
+			}
+			if out.write(events) != nil {
 				return
 			}
 		}
@@ -274,80 +271,33 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	return nil
 }
 
-// synthesizedFrames are the events of a complete body, usage and end included.
-func synthesizedFrames(w wire, body []byte) ([][]byte, error) {
+// synthesizedEvents are the events of a complete body, usage and end included.
+func synthesizedEvents(w wire, body []byte) ([]byte, error) {
 	events, usage, err := w.synthesize(body)
 	if err != nil {
 		return nil, err
 	}
-	return splitFrames(append(append(append([]byte{}, events...), usage...), w.doneFrame()...)), nil
+	return append(append(append([]byte{}, events...), usage...), w.doneFrame()...), nil
 }
 
-// finishedFrames are every event of a finished job, in order, as complete SSE frames.
-func finishedFrames(rec *kv.Record) ([][]byte, error) {
+// finishedEvents are every event of a finished job, in order.
+func finishedEvents(rec *kv.Record) ([]byte, error) {
 	res := rec.Result
 	if res == nil {
 		return nil, fmt.Errorf("httpapi: record of %s has no result", rec.JobID)
 	}
 	w := wireOf(rec.API)
 	if (rec.State == kv.Failed && !res.Partial) || (rec.State == kv.Completed && res.Status != http.StatusOK) {
-		return splitFrames(w.errorFrame(res.Body)), nil
+		return w.errorFrame(res.Body), nil
 	}
 	if !rec.Stream {
-		return synthesizedFrames(w, res.Body)
+		return synthesizedEvents(w, res.Body)
 	}
 	all := append(append([]byte{}, res.Events...), res.UsageEvent...)
 	if rec.State == kv.Failed {
-		return splitFrames(append(all, w.errorFrame(res.Body)...)), nil
+		return append(all, w.errorFrame(res.Body)...), nil
 	}
-	return splitFrames(append(all, w.doneFrame()...)), nil
-}
-
-// splitFrames cuts SSE bytes into frames (each without its closing blank line).
-func splitFrames(b []byte) [][]byte {
-	var out [][]byte
-	for len(b) > 0 {
-		frame, rest, _ := bytes.Cut(b, []byte("\n\n"))
-		b = rest
-		if len(bytes.TrimSpace(frame)) > 0 {
-			out = append(out, frame)
-		}
-	}
-	return out
-}
-
-// appendEvents writes frames numbered from first, skipping ids <= after.
-func appendEvents(dst []byte, frames [][]byte, first, after int) []byte {
-	for i, f := range frames {
-		id := first + i
-		if id <= after {
-			continue
-		}
-		dst = append(dst, "id: "...)
-		dst = strconv.AppendInt(dst, int64(id), 10)
-		dst = append(dst, '\n')
-		dst = append(dst, f...)
-		dst = append(dst, '\n', '\n')
-	}
-	return dst
-}
-
-// eventWriter numbers the events of a live job stream.
-type eventWriter struct {
-	out   *sseOut
-	fl    *jobs.Follower // nil once the stream ends from the record
-	next  int            // id of the next event
-	after int
-}
-
-// frames writes frames, flushing unless the follower already has its next chunk.
-func (e *eventWriter) frames(frames [][]byte) error {
-	buf := appendEvents(nil, frames, e.next, e.after)
-	e.next += len(frames)
-	if e.fl != nil {
-		return e.out.sendBatched(e.fl, buf)
-	}
-	return e.out.send(buf)
+	return append(all, w.doneFrame()...), nil
 }
 
 // jobStatus maps a record to the jobs API status.

@@ -16,7 +16,6 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
-	"net/http"
 	"strings"
 	"time"
 
@@ -182,7 +181,7 @@ func (s *Server) statusPage(c *fiber.Ctx) error {
 	}
 	ws, err := s.status.Read(c.UserContext())
 	if err != nil {
-		return unavailable("status is not readable right now")
+		return errStatusUnreadable
 	}
 	return c.JSON(fiber.Map{"workers": ws})
 }
@@ -201,8 +200,7 @@ func (s *Server) authenticate(c *fiber.Ctx) (string, error) {
 		}
 	}
 	if key == "" {
-		return "", &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "missing_api_key",
-			Message: "an API key is required (Authorization: Bearer <key> or x-api-key)"}
+		return "", errMissingAPIKey
 	}
 	sum := sha256.Sum256([]byte(key))
 	found := ""
@@ -215,8 +213,7 @@ func (s *Server) authenticate(c *fiber.Ctx) (string, error) {
 		}
 	}
 	if found == "" {
-		return "", &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
-			Message: "invalid API key"}
+		return "", errInvalidAPIKey
 	}
 	return found, nil
 }

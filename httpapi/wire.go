@@ -13,13 +13,8 @@ type wire struct{ anthropic bool }
 
 func wireOf(api string) wire { return wire{anthropic: api == apiAnthropic} }
 
-// errorBody is the API's error body.
-func (w wire) errorBody(status int, typ, code, message string) []byte {
-	if w.anthropic {
-		return anthropicwire.ErrorBody(anthropicwire.ErrorType(status), message)
-	}
-	return openaiwire.ErrorBody(message, typ, code, "")
-}
+// errorBody is the API's error body for one of errorTable's errors.
+func (w wire) errorBody(err error) []byte { return answer(err).body(w.anthropic) }
 
 // errorFrame is the terminal error event of a stream carrying body.
 func (w wire) errorFrame(body []byte) []byte {
@@ -74,12 +69,6 @@ func (w wire) assemble(events, usage []byte) ([]byte, error) {
 
 // Terminal error events of a stream that cannot be completed on this connection. Never a
 // silent end, never a splice of two executions.
-func (w wire) restarted() []byte {
-	return w.errorBody(500, "server_error", "execution_restarted",
-		"the execution was restarted after a worker was lost; retry with the same Idempotency-Key to receive the complete answer")
-}
+func (w wire) restarted() []byte { return w.errorBody(errRestarted) }
 
-func (w wire) interrupted() []byte {
-	return w.errorBody(500, "server_error", "stream_interrupted",
-		"the stream was interrupted; retry with the same Idempotency-Key to receive the complete answer")
-}
+func (w wire) interrupted() []byte { return w.errorBody(errStreamCut) }
