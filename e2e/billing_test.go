@@ -4,10 +4,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -51,14 +54,17 @@ func TestBilling(t *testing.T) {
 			Estimated    bool   `json:"estimated"`
 		} `json:"data"`
 	}
-	gatewaykit.Eventually(t, 10e9, func() bool {
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
 		r, b := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=capped", "", "", admin)
 		if r.StatusCode != http.StatusOK {
 			t.Fatalf("admin ledger: %d %s", r.StatusCode, b)
 		}
 		_ = json.Unmarshal(b, &entries)
-		return len(entries.Data) > 0
-	}, "a charge in the ledger")
+		if len(entries.Data) == 0 {
+			return fmt.Errorf("no charge in the ledger yet: %s", b)
+		}
+		return nil
+	})
 	e := entries.Data[0]
 	if len(entries.Data) != 1 || e.Kind != "charge" || e.Tenant != "capped" || e.OutputTokens != 16 || e.Estimated ||
 		e.CostMicros != int64(e.InputTokens)*1+int64(e.OutputTokens)*2 {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -90,19 +91,13 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	// Healed: after open_for a half-open probe reaches flaky, succeeds, and closes the breaker.
 	healed := time.Now()
 	healthy.Store(true)
-	var probe *http.Response
-	deadline := time.Now().Add(10 * time.Second)
-	for probe == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("traffic never returned to flaky (%d attempts)", len(up.Hits()))
-		}
-		if resp := send(); resp.Header.Get("Oncegate-Backend") == "flaky" {
-			probe = resp
-		} else {
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if resp := send(); resp.Header.Get("Oncegate-Backend") != "flaky" {
 			openServed++
-			time.Sleep(50 * time.Millisecond)
+			return fmt.Errorf("traffic has not returned to flaky (%d attempts)", len(up.Hits()))
 		}
-	}
+		return nil
+	})
 	hits := up.Hits()
 	if len(hits) != 5 {
 		t.Errorf("flaky attempts %d, want 4 failures + 1 probe", len(hits))

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -26,10 +27,7 @@ func TestWholeProcessCrashLosesNoAcceptedJob(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary twice")
 	}
-	bin := filepath.Join(t.TempDir(), "oncegate")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/oncegate").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := oncegateBinary(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -63,14 +61,17 @@ backends:
 		}
 		client := gatewaykit.Client()
 		defer client.CloseIdleConnections()
-		gatewaykit.Eventually(t, 20*time.Second, func() bool {
+		testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
 			resp, err := client.Get("http://" + addr + "/readyz")
 			if err != nil {
-				return false
+				return fmt.Errorf("gateway not ready: %w", err)
 			}
 			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}, "gateway ready")
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("gateway not ready: /readyz %d", resp.StatusCode)
+			}
+			return nil
+		})
 		return cmd
 	}
 	base := "http://" + addr
@@ -87,10 +88,13 @@ backends:
 		t.Fatalf("202 body %s: %v", b, err)
 	}
 	// Kill while the backend call is in flight (40 tokens × 50 ms = 2 s).
-	gatewaykit.Eventually(t, 10*time.Second, func() bool {
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
 		_, b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", "", nil)
-		return strings.Contains(string(b), `"status":"running"`) || strings.Contains(string(b), `"tokens_so_far":`) && !strings.Contains(string(b), `"tokens_so_far":0`)
-	}, "job running")
+		if strings.Contains(string(b), `"status":"running"`) || strings.Contains(string(b), `"tokens_so_far":`) && !strings.Contains(string(b), `"tokens_so_far":0`) {
+			return nil
+		}
+		return fmt.Errorf("job not running yet: %s", b)
+	})
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -122,11 +126,14 @@ backends:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		_, b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", "", nil)
 		_ = json.Unmarshal(b, &job)
-		return job.Status == "completed" || job.Status == "failed" || ctx.Err() != nil
-	}, "job completed after restart")
+		if job.Status == "completed" || job.Status == "failed" || ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("job not finished after restart: %s", b)
+	})
 	if job.Status != "completed" || job.Epoch < 2 || job.Result.Usage.CompletionTokens != 40 {
 		t.Fatalf("after restart: %+v", job)
 	}

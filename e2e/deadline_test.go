@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -119,14 +121,24 @@ func TestClientDeadlineBeforeBackendReleasesKey(t *testing.T) {
 		}
 	}()
 	defer func() { release(); <-done }()
-	gatewaykit.Eventually(t, 10*time.Second, func() bool { return dlIntentHits(up, blocker) == 1 }, "the blocker reaches the backend")
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		if n := dlIntentHits(up, blocker); n != 1 {
+			return fmt.Errorf("the blocker reached the backend %d times, want 1", n)
+		}
+		return nil
+	})
 
 	const msg, key = "queued past the client's deadline", "dl-released"
 	body := chatBody("oncegate-mock", msg, "")
 	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key, "Oncegate-Timeout": "0.2"})
 	dlAssertDeadline504(t, resp, b)
 	release()
-	gatewaykit.Eventually(t, 10*time.Second, func() bool { return rsIdem(t, gw, key)["state"] == "FAILED" }, "the key released")
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		if st := rsIdem(t, gw, key)["state"]; st != "FAILED" {
+			return fmt.Errorf("the key is not released: state %v", st)
+		}
+		return nil
+	})
 	if n := dlIntentHits(up, msg); n != 0 {
 		t.Fatalf("backend executions %d before the retry, want 0 (the deadline had passed)", n)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
@@ -50,7 +51,12 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 				return info.State.Msgs
 			}
 			if tc.wantEmpty {
-				gatewaykit.Eventually(t, 10*time.Second, func() bool { return chunks() == 0 }, "CHUNKS still holds finished executions")
+				testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+					if n := chunks(); n != 0 {
+						return fmt.Errorf("CHUNKS still holds %d messages of finished executions", n)
+					}
+					return nil
+				})
 			} else {
 				time.Sleep(500 * time.Millisecond) // more than the other case's grace
 				if n := chunks(); n == 0 {

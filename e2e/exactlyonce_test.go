@@ -28,6 +28,7 @@ import (
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -185,7 +186,7 @@ func TestIdempotencyContract(t *testing.T) {
 		_, wantContent := xoReference(t, xoSlowModel, a)
 		before := slow.Stats().Requests
 		firstc := xoGo(func() xoResult { return xoPost(c, gw.URL+xoChatPath, a, keyed(key)) })
-		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight > 0 }, "the first request reaches the backend")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, inFlight(slow, 1))
 		r := xoPost(c, gw.URL+xoChatPath, xoChatBody(xoSlowModel, "reuse pending B", false, `"mock":{"inter_token_ms":50}`), keyed(key))
 		xoWantError(t, r, http.StatusUnprocessableEntity, "idempotency_key_reused")
 		first := <-firstc
@@ -212,7 +213,7 @@ func TestIdempotencyContract(t *testing.T) {
 		_, wantContent := xoReference(t, xoSlowModel, a)
 		before := slow.Stats().Requests
 		firstc := xoGo(func() xoResult { return xoPost(c, gw.URL+xoChatPath, a, keyed(key)) })
-		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight > 0 }, "the first request reaches the backend")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, inFlight(slow, 1))
 
 		t0 := time.Now()
 		dup := xoPost(c, gw.URL+xoChatPath, a, keyed(key))
@@ -358,7 +359,12 @@ func TestAutoKey(t *testing.T) {
 			xoWant(t, r1, http.StatusOK, "created")
 			// The window is 1 ms: wait it out on the record's own clock, not with a sleep.
 			created := time.Now()
-			gatewaykit.Eventually(t, time.Second, func() bool { return time.Since(created) > 5*time.Millisecond }, "window passes")
+			testkit.CheckFor(t, time.Second, pollEvery, func() error {
+				if d := time.Since(created); d <= 5*time.Millisecond {
+					return fmt.Errorf("only %v since the first answer, the window is not over", d)
+				}
+				return nil
+			})
 			r2 := xoPost(c, gw.URL+xoChatPath, body, tc.second)
 			xoWant(t, r2, http.StatusOK, tc.wantOutcome)
 			if tc.wantOutcome == "replayed" && !bytes.Equal(r2.Body, r1.Body) {

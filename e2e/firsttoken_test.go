@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -146,10 +148,13 @@ func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
 func waitCharges(t *testing.T, gw *gatewaykit.Gateway, tenant string, want int) []map[string]any {
 	t.Helper()
 	var charges []map[string]any
-	gatewaykit.Eventually(t, 10e9, func() bool {
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
 		charges = ftCharges(t, gw, tenant)
-		return len(charges) >= want
-	}, fmt.Sprintf("%d charges for %s", want, tenant))
+		if len(charges) < want {
+			return fmt.Errorf("%d charges for %s, want %d", len(charges), tenant, want)
+		}
+		return nil
+	})
 	return charges
 }
 

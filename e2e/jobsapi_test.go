@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
@@ -96,10 +97,12 @@ func TestJobsAPI(t *testing.T) {
 			}
 
 			// Running: status and the key's state show progress.
-			gatewaykit.Eventually(t, 10*time.Second, func() bool {
-				j, _ := xoGetJob(t, c, gw.URL, id)
-				return j.Status == "running" && j.Tokens > 0
-			}, "the job is running with tokens so far")
+			testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+				if j, jr := xoGetJob(t, c, gw.URL, id); j.Status != "running" || j.Tokens == 0 {
+					return fmt.Errorf("the job is not running with tokens so far: %d %s", jr.Status, jr.Body)
+				}
+				return nil
+			})
 			during := xoIdem(t, c, gw.URL, key, nil)
 			if during["state"] != "PENDING" || during["job_id"] != id || during["epoch"] != 1.0 || during["attempts"] != 1.0 ||
 				during["tokens_so_far"].(float64) <= 0 {
@@ -112,10 +115,12 @@ func TestJobsAPI(t *testing.T) {
 				t.Fatalf("live events: %d %s", live.Status, live.Body)
 			}
 
-			gatewaykit.Eventually(t, 10*time.Second, func() bool {
-				j, _ := xoGetJob(t, c, gw.URL, id)
-				return j.Status == "completed"
-			}, "the job completes")
+			testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+				if j, jr := xoGetJob(t, c, gw.URL, id); j.Status != "completed" {
+					return fmt.Errorf("the job has not completed: %d %s", jr.Status, jr.Body)
+				}
+				return nil
+			})
 			j, jr := xoGetJob(t, c, gw.URL, id)
 			if j.ID != id || j.Object != "job" || j.Epoch != 1 || j.Attempts != 1 || len(j.Error) != 0 {
 				t.Errorf("completed job: %s", jr.Body)
@@ -198,10 +203,12 @@ func TestJobsAPI(t *testing.T) {
 		r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": "xo-job-resume-live"})
 		xoWant(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
-		gatewaykit.Eventually(t, 10*time.Second, func() bool {
-			j, _ := xoGetJob(t, c, gw.URL, id)
-			return j.Status == "running" && j.Tokens > 3
-		}, "the job has output")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+			if j, jr := xoGetJob(t, c, gw.URL, id); j.Status != "running" || j.Tokens <= 3 {
+				return fmt.Errorf("the job is not running with more than 3 tokens: %d %s", jr.Status, jr.Body)
+			}
+			return nil
+		})
 		resumed := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": "2"})
 		full := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil)
 		blocks := xoEventBlocks(full.Body)
@@ -218,10 +225,12 @@ func TestJobsAPI(t *testing.T) {
 		r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": key})
 		xoWant(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
-		gatewaykit.Eventually(t, 10*time.Second, func() bool {
-			j, _ := xoGetJob(t, c, gw.URL, id)
-			return j.Status == "running" && slow.Stats().InFlight > 0
-		}, "the job runs")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+			if j, jr := xoGetJob(t, c, gw.URL, id); j.Status != "running" || slow.Stats().InFlight == 0 {
+				return fmt.Errorf("the job does not run (backend calls in flight: %d): %d %s", slow.Stats().InFlight, jr.Status, jr.Body)
+			}
+			return nil
+		})
 
 		// Two followers: the job's events, and a streamed chat copy of the same key.
 		evc := xoGo(func() xoResult { return xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil) })
@@ -240,7 +249,7 @@ func TestJobsAPI(t *testing.T) {
 		if del.Status != http.StatusOK || !xoContains(del.Body, `"status":"cancelled"`) {
 			t.Fatalf("DELETE: %d %s", del.Status, del.Body)
 		}
-		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, inFlight(slow, 0))
 
 		for {
 			if _, err := cr.next(); err != nil {
@@ -321,14 +330,12 @@ func TestJobsKeylessAfterWindow(t *testing.T) {
 		xoWant(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
 		ids = append(ids, id)
-		ok := xoPoll(3*time.Second, func() bool {
-			j, jr := xoGetJob(t, c, gw.URL, id)
-			return jr.Status == http.StatusOK && j.Status == "completed"
+		testkit.CheckFor(t, 3*time.Second, pollEvery, func() error {
+			if j, jr := xoGetJob(t, c, gw.URL, id); jr.Status != http.StatusOK || j.Status != "completed" {
+				return fmt.Errorf("job %d (%s) never completed: %d %s", i, id, jr.Status, jr.Body)
+			}
+			return nil
 		})
-		if !ok {
-			_, jr := xoGetJob(t, c, gw.URL, id)
-			t.Fatalf("job %d (%s) never completed: %d %s", i, id, jr.Status, jr.Body)
-		}
 	}
 	if ids[0] == ids[1] {
 		t.Errorf("two intents share job %s", ids[0])
@@ -339,17 +346,4 @@ func TestJobsKeylessAfterWindow(t *testing.T) {
 	if j, jr := xoGetJob(t, c, gw.URL, ids[0]); j.Status != "completed" {
 		t.Errorf("the first job after the second ran: %d %s; want it still completed", jr.Status, jr.Body)
 	}
-}
-
-// xoPoll is gatewaykit.Eventually that reports instead of failing: cond every 10 ms until it holds
-// (true) or timeout passes (false).
-func xoPoll(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
 }

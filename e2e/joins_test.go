@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -92,9 +93,12 @@ func TestJoinPointsProperty(t *testing.T) {
 				resp, err := xoOpen(c, http.MethodPost, gw.URL+xoChatPath, body, hdr)
 				openc <- opened{resp, err}
 			}()
-			gatewaykit.Eventually(t, 10*time.Second, func() bool {
-				return xoDo(c, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil).Status == http.StatusOK
-			}, "the creator's record exists")
+			testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+				if r := xoDo(c, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil); r.Status != http.StatusOK {
+					return fmt.Errorf("the creator's record does not exist: %d %v %s", r.Status, r.Err, r.Body)
+				}
+				return nil
+			})
 			openUpTo(0)
 			o := <-openc
 			if o.err != nil {

@@ -2,12 +2,18 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,6 +46,7 @@ type closeIdleAfter struct{ m *testing.M }
 
 func (c closeIdleAfter) Run() int {
 	code := c.m.Run()
+	removeOncegateBinary()
 	httpClient.CloseIdleConnections()
 	waitFasthttpCleaners(15 * time.Second)
 	return code
@@ -69,6 +76,49 @@ func waitFasthttpCleaners(timeout time.Duration) {
 			return
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// builtBinary is the oncegate binary of this test run, built by the first test that needs
+// it: the tests that run real processes (split roles, crash, takeover, README) share one
+// build instead of one each.
+var builtBinary struct {
+	once sync.Once
+	dir  string // a temporary directory TestMain removes
+	path string
+	err  error
+}
+
+// oncegateBinary returns the path of the oncegate binary, building it on first use.
+func oncegateBinary(t testing.TB) string {
+	t.Helper()
+	builtBinary.once.Do(func() {
+		dir, err := os.MkdirTemp("", "oncegate-e2e-bin-")
+		if err != nil {
+			builtBinary.err = err
+			return
+		}
+		builtBinary.dir = dir
+		path := filepath.Join(dir, "oncegate")
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "go", "build", "-o", path, "github.com/oncegate/oncegate/cmd/oncegate").CombinedOutput()
+		if err != nil {
+			builtBinary.err = fmt.Errorf("go build: %w\n%s", err, out)
+			return
+		}
+		builtBinary.path = path
+	})
+	if builtBinary.err != nil {
+		t.Fatalf("oncegate binary: %v", builtBinary.err)
+	}
+	return builtBinary.path
+}
+
+// removeOncegateBinary removes the built binary's directory, if a test built it.
+func removeOncegateBinary() {
+	if builtBinary.dir != "" {
+		_ = os.RemoveAll(builtBinary.dir)
 	}
 }
 

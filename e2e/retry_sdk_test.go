@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -16,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -131,10 +133,13 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			gatewaykit.Eventually(t, 20*time.Second, func() bool {
+			testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
 				r := xoDo(long, http.MethodGet, gw.URL+"/v1/idempotency/"+url.PathEscape(key), "", nil)
-				return r.Status == http.StatusOK && xoContains(r.Body, `"state":"COMPLETED"`)
-			}, "the key's execution completes")
+				if r.Status != http.StatusOK || !xoContains(r.Body, `"state":"COMPLETED"`) {
+					return fmt.Errorf("the key's execution has not completed: %d %v %s", r.Status, r.Err, r.Body)
+				}
+				return nil
+			})
 			if got := slow.Stats().Requests - before; got != 1 {
 				t.Fatalf("backend executions = %d after %d SDK attempts, want 1", got, len(attempts))
 			}

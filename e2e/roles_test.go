@@ -1,8 +1,8 @@
 package e2e
 
 import (
-	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/testkit"
-	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // rolesProc is one oncegate process of the test.
@@ -95,42 +94,40 @@ func TestSplitRoles(t *testing.T) {
 		t.Skip("builds and runs the oncegate binary")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "oncegate")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/oncegate/oncegate/cmd/oncegate")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := oncegateBinary(t)
 
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	worker := startProc(t, "worker", bin, "serve", "--role", "worker",
 		"--data-dir", filepath.Join(dir, "worker-data"), "--nats-listen", natsAddr)
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if worker.exited() {
 			t.Fatalf("worker exited early: %v", worker.err)
 		}
 		c, err := net.DialTimeout("tcp", natsAddr, time.Second)
-		if err == nil {
-			c.Close()
+		if err != nil {
+			return fmt.Errorf("the worker's embedded NATS does not listen on %s: %w", natsAddr, err)
 		}
-		return err == nil
-	}, "the worker's embedded NATS never listened on "+natsAddr)
+		c.Close()
+		return nil
+	})
 
 	api := startProc(t, "api", bin, "serve", "--role", "api", "--nats-url", "nats://"+natsAddr,
 		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "api-data"))
 	base := "http://" + httpAddr
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if api.exited() {
 			t.Fatalf("api exited early: %v", api.err)
 		}
 		resp, err := httpClient.Get(base + "/readyz")
 		if err != nil {
-			return false
+			return fmt.Errorf("the api process is not ready: %w", err)
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, "the api process never became ready")
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("the api process is not ready: /readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
 
 	t.Run("non-stream through the api process", func(t *testing.T) {
 		body := chatBody("oncegate-mock", "split roles", "")

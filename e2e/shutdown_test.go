@@ -18,6 +18,7 @@ import (
 
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -127,8 +128,12 @@ func TestShutdown(t *testing.T) {
 			defer cancel()
 			stopErr <- stop(ctx)
 		}()
-		gatewaykit.Eventually(t, 5*time.Second, func() bool { return listenerClosed(addr) },
-			"the listener still accepts after Stop began")
+		testkit.CheckFor(t, 5*time.Second, pollEvery, func() error {
+			if !listenerClosed(addr) {
+				return errors.New("the listener still accepts after Stop began")
+			}
+			return nil
+		})
 		afterClose := 0
 		for f := range frames {
 			data = append(data, f)
@@ -183,7 +188,7 @@ func TestShutdown(t *testing.T) {
 			resp.Body.Close()
 			got <- result{status: resp.StatusCode, b: b, err: err}
 		}()
-		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 1 }, "the backend call never started")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, inFlight(slow, 1))
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := stop(ctx); err != nil {

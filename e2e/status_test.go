@@ -6,11 +6,14 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -40,13 +43,14 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 	}
 
 	var seen map[string]any
-	if !xoPoll(30*time.Second, func() bool {
+	// Polls until the status says running or the answer came (then seen stays nil).
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if answered() {
-			return true
+			return nil
 		}
 		r := xoDo(c, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil)
 		if r.Status != http.StatusOK {
-			return false // not claimed yet
+			return fmt.Errorf("the key is not claimed yet: %d %s", r.Status, r.Body)
 		}
 		var m map[string]any
 		if err := json.Unmarshal(r.Body, &m); err != nil {
@@ -54,10 +58,11 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 		}
 		if m["job_status"] == "running" && !answered() {
 			seen = m
-			return true
+			return nil
 		}
-		return false
-	}) || seen == nil {
+		return fmt.Errorf("the status API does not say running: %s", r.Body)
+	})
+	if seen == nil {
 		t.Fatalf("the status API never said running while the request waited for its answer (answered: %v)", answered())
 	}
 	if seen["state"] != "PENDING" || seen["attempts"] != float64(1) || seen["backend"] != "slowmock" || seen["sent"] == nil {
@@ -136,12 +141,12 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 	if err := json.Unmarshal(r.Body, &created); err != nil || created.ID == "" {
 		t.Fatalf("POST /v1/jobs body: %s", r.Body)
 	}
-	if !xoPoll(30*time.Second, func() bool {
-		j, _ := xoGetJob(t, c, gw.URL, created.ID)
-		return j.Status == "running"
-	}) {
-		t.Fatal("the job never read running")
-	}
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if j, jr := xoGetJob(t, c, gw.URL, created.ID); j.Status != "running" {
+			return fmt.Errorf("the job does not read running: %d %s", jr.Status, jr.Body)
+		}
+		return nil
+	})
 	if r := xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+created.ID, "", nil); r.Status != http.StatusOK {
 		t.Fatalf("DELETE: %d %s", r.Status, r.Body)
 	}
@@ -176,15 +181,16 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 		}
 		return out
 	}
-	if !xoPoll(30*time.Second, func() bool { return len(ofJob()) > 0 }) {
-		t.Fatal("the cancelled job's attempt was never charged")
-	}
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if len(ofJob()) == 0 {
+			return errors.New("the cancelled job's attempt is not charged")
+		}
+		return nil
+	})
 	// The worker that was running it stops at its next renewal: wait for the backend call
 	// to end, then the charge must still be the only one.
 	mock := gw.Mock(t, "slowmock")
-	if !xoPoll(30*time.Second, func() bool { return mock.Stats().InFlight == 0 }) {
-		t.Fatal("the cancelled backend call never ended")
-	}
+	testkit.CheckFor(t, 30*time.Second, pollEvery, inFlight(mock, 0))
 	if es := ofJob(); len(es) != 1 || es[0].Kind != "charge" || !es[0].Estimated || es[0].Completed {
 		t.Fatalf("ledger entries of the cancelled job = %+v; want one estimated, not completed charge", es)
 	}

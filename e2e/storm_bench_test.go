@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -197,11 +198,14 @@ func BenchmarkJoinDuplicate(b *testing.B) {
 	})
 
 	// Stop the execution (the job id of a chat request is indexed asynchronously).
-	gatewaykit.Eventually(b, 10*time.Second, func() bool {
-		return xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+jobID, "", nil).Status == http.StatusOK
-	}, "cancel the long execution")
+	testkit.CheckFor(b, 10*time.Second, pollEvery, func() error {
+		if r := xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+jobID, "", nil); r.Status != http.StatusOK {
+			return fmt.Errorf("cancel of the long execution: %d %v %s", r.Status, r.Err, r.Body)
+		}
+		return nil
+	})
 	<-leaderDone
-	gatewaykit.Eventually(b, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
+	testkit.CheckFor(b, 10*time.Second, pollEvery, inFlight(slow, 0))
 	if n := slow.Stats().Requests; n != 1 {
 		b.Fatalf("backend executions = %d, want 1", n)
 	}

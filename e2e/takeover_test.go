@@ -325,15 +325,11 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the oncegate binary")
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go tool to build the binary")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "oncegate")
-	if out, err := exec.Command(goBin, "build", "-o", bin, "github.com/oncegate/oncegate/cmd/oncegate").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := oncegateBinary(t)
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cfgPath := filepath.Join(dir, "c.yaml")
 	yaml := fmt.Sprintf("listen: %s\ndata_dir: %s\nlog_level: warn\n"+
@@ -346,10 +342,13 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	xoProcess(t, dir, "api", bin, "serve", "--role", "api", "--nats-listen", natsAddr, "--config", cfgPath)
 	base := "http://" + httpAddr
 	c := xoClient(t)
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		// healthz, not readyz: A runs no worker, so it is ready only once worker B runs
-		return xoDo(c, http.MethodGet, base+"/healthz", "", nil).Status == http.StatusOK
-	}, "gateway A serving")
+		if r := xoDo(c, http.MethodGet, base+"/healthz", "", nil); r.Status != http.StatusOK {
+			return fmt.Errorf("gateway A is not serving: %d %v", r.Status, r.Err)
+		}
+		return nil
+	})
 	workerB := xoProcess(t, dir, "worker-b", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
 
 	const key = "xo-process-kill"
@@ -396,10 +395,12 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	}
 
 	var status map[string]any
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
-		status = xoIdem(t, c, base, key, nil)
-		return status["state"] != "PENDING"
-	}, "the key is finished by worker C")
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if status = xoIdem(t, c, base, key, nil); status["state"] == "PENDING" {
+			return fmt.Errorf("the key is not finished by worker C: %v", status)
+		}
+		return nil
+	})
 	if status["state"] != "COMPLETED" || status["epoch"] != 2.0 {
 		t.Errorf("record: %v, want COMPLETED at epoch 2", status)
 	}

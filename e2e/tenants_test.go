@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
@@ -49,9 +50,12 @@ func TestTenantIsolation(t *testing.T) {
 	xoWant(t, ra, http.StatusOK, "created")
 	jobA := ra.Header.Get("Oncegate-Job-Id")
 	// The job index of a chat request is written asynchronously.
-	gatewaykit.Eventually(t, 5*time.Second, func() bool {
-		return xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+jobA, "", asA).Status == http.StatusOK
-	}, "tenant A sees its job")
+	testkit.CheckFor(t, 5*time.Second, pollEvery, func() error {
+		if r := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+jobA, "", asA); r.Status != http.StatusOK {
+			return fmt.Errorf("tenant A does not see its job: %d %s", r.Status, r.Body)
+		}
+		return nil
+	})
 
 	unknown := jobs.NewID()
 	for _, p := range []struct {
