@@ -83,7 +83,7 @@ func TestReadmeTryIt(t *testing.T) {
 	steps := []readmeStep{
 		{"go run ./cmd/oncegate", "mock model", func(t *testing.T, _ string) {}},
 		{"curl -s ", "one chat completion", func(t *testing.T, out string) {
-			_, text, err := xoParseCompletion([]byte(out))
+			_, text, err := answerOf([]byte(out))
 			if err != nil || text == "" {
 				t.Fatalf("not a chat completion with an answer (%v): %s", err, out)
 			}
@@ -110,7 +110,8 @@ func TestReadmeTryIt(t *testing.T) {
 			if got := h.get("Oncegate-Job-Id"); got != jobID || h.get("Oncegate-Idempotency") != "replayed" {
 				t.Errorf("job %q (%s); want the same execution, job %q, replayed", got, h.get("Oncegate-Idempotency"), jobID)
 			}
-			_, got, done := streamContent(t, sseData(t, []byte(body)))
+			st := chatStreamOf(t, []byte(body))
+			got, done := st.Content, st.Done
 			if got != content || !done {
 				t.Errorf("streamed text %q (ended with [DONE]: %v), want the same answer %q and [DONE]", got, done, content)
 			}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,30 +47,6 @@ func directGateway(t *testing.T, cfg *config.Config) (gw *gateway.Gateway, stop 
 		}
 	})
 	return gw, stop
-}
-
-// sseFrames reads an SSE body in a goroutine and delivers each data payload; the channel is
-// closed at the end of the body, and *readErr then holds the read error (nil at a clean EOF).
-func sseFrames(body io.ReadCloser, readErr *error) <-chan string {
-	out := make(chan string, 1024)
-	go func() {
-		defer close(out)
-		defer body.Close()
-		br := bufio.NewReader(body)
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				if !errors.Is(err, io.EOF) || line != "" {
-					*readErr = err
-				}
-				return
-			}
-			if p, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "data: "); ok {
-				out <- p
-			}
-		}
-	}()
-	return out
 }
 
 // listenerClosed reports whether addr refuses new connections.
@@ -145,7 +120,11 @@ func TestShutdown(t *testing.T) {
 		if afterClose == 0 {
 			t.Errorf("no frame arrived after the listener closed: the stream was not in flight during shutdown")
 		}
-		id, content, done := streamContent(t, append(data[:0:0], data...))
+		st, err := chatTranscript(data)
+		if err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		id, content, done := st.ID, st.Content, st.Done
 		if !done {
 			t.Fatalf("the in-flight stream did not end with [DONE]; last event %q", data[len(data)-1])
 		}

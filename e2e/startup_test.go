@@ -28,8 +28,9 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 	api := gatewaykit.StartGateway(t, apiCfg)
 
 	readyz := func() (int, string) {
-		resp, b := do(t, http.MethodGet, api.URL+"/readyz", "", "", nil)
-		return resp.StatusCode, string(b)
+		resp := do(t, http.MethodGet, api.URL+"/readyz", "", nil)
+		b := resp.Body
+		return resp.Status, string(b)
 	}
 	notReady := func(when string) {
 		t.Helper()
@@ -80,8 +81,8 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 		return nil
 	})
 	// Ready means served: a request through the api node is executed by the worker.
-	if resp, b := postChat(t, api.URL, chatBody("oncegate-mock", "readyz", ""), nil); resp.StatusCode != http.StatusOK {
-		t.Fatalf("request while ready: %d %s", resp.StatusCode, b)
+	if r := postChat(t, api.URL, chatBody("oncegate-mock", "readyz", ""), nil); r.Status != http.StatusOK {
+		t.Fatalf("request while ready: %d %s", r.Status, r.Body)
 	}
 
 	stopWorker()
