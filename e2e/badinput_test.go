@@ -20,13 +20,13 @@ import (
 
 // rawRequest writes req byte for byte on a new connection to addr (host:port) and reads one
 // response. It reaches header bytes that net/http refuses to send (control characters).
-func rawRequest(t testing.TB, addr, req string) (*http.Response, []byte) {
+func rawRequest(t testing.TB, addr, req string) result {
 	t.Helper()
 	return parseRaw(t, rawExchange(t, addr, req))
 }
 
 // parseRaw parses all as one HTTP response and reads its body.
-func parseRaw(t testing.TB, all []byte) (*http.Response, []byte) {
+func parseRaw(t testing.TB, all []byte) result {
 	t.Helper()
 	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(all)), nil)
 	if err != nil {
@@ -37,7 +37,7 @@ func parseRaw(t testing.TB, all []byte) (*http.Response, []byte) {
 	if err != nil {
 		t.Fatalf("read body: %v", err)
 	}
-	return resp, b
+	return result{Status: resp.StatusCode, Header: resp.Header, Body: b}
 }
 
 // rawChat is a raw HTTP/1.1 POST of body to the chat endpoint with one extra header line.
@@ -144,10 +144,9 @@ func TestBadInput(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			before := mock.Stats().Requests
-			var resp *http.Response
-			var b []byte
+			var resp result
 			if c.raw != "" {
-				resp, b = rawRequest(t, addr, c.raw)
+				resp = rawRequest(t, addr, c.raw)
 			} else {
 				method, path, ctype := c.method, c.path, c.ctype
 				if method == "" {
@@ -162,12 +161,16 @@ func TestBadInput(t *testing.T) {
 				case "-":
 					ctype = ""
 				}
-				resp, b = do(t, method, gw.URL+path, ctype, c.body, c.hdr)
+				hdr := map[string]string{"Content-Type": ctype}
+				for k, v := range c.hdr {
+					hdr[k] = v
+				}
+				resp = do(t, method, gw.URL+path, c.body, hdr)
 			}
-			if resp.StatusCode != c.status {
-				t.Errorf("status = %d, want %d; body %s", resp.StatusCode, c.status, b)
+			if resp.Status != c.status {
+				t.Errorf("status = %d, want %d; body %s", resp.Status, c.status, resp.Body)
 			}
-			assertOpenAIError(t, resp, b, c.code)
+			assertOpenAIError(t, resp, c.code)
 			for _, h := range []string{"Oncegate-Job-Id", "Oncegate-Idempotency", "Idempotent-Replayed"} {
 				if v := resp.Header.Get(h); v != "" {
 					t.Errorf("a rejected request carries %s: %q", h, v)
@@ -182,9 +185,10 @@ func TestBadInput(t *testing.T) {
 	// A job queued by a bad request would have run by the time a valid one has: the count
 	// after one valid request must be exactly one more.
 	before := mock.Stats().Requests
-	resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", "bad input sentinel", ""), nil)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("sentinel: status %d body %s", resp.StatusCode, b)
+	resp := postChat(t, gw.URL, chatBody("oncegate-mock", "bad input sentinel", ""), nil)
+	b := resp.Body
+	if resp.Status != http.StatusOK {
+		t.Fatalf("sentinel: status %d body %s", resp.Status, b)
 	}
 	if got := mock.Stats().Requests - before; got != 1 {
 		t.Fatalf("sentinel request: %d backend executions, want 1 (a rejected request queued a job)", got)
@@ -197,16 +201,18 @@ func TestBadInputKeyNotStored(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	body := chatBody("oncegate-mock", "key not stored", "")
-	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": `"unterminated`})
-	if resp.StatusCode != http.StatusBadRequest {
-		t.Fatalf("status %d body %s", resp.StatusCode, b)
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": `"unterminated`})
+	b := resp.Body
+	if resp.Status != http.StatusBadRequest {
+		t.Fatalf("status %d body %s", resp.Status, b)
 	}
 	if got := resp.Header.Get("x-should-retry"); got != "false" {
 		t.Errorf("x-should-retry = %q on a malformed key, want false", got)
 	}
-	resp, b = postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "unterminated"})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d body %s", resp.StatusCode, b)
+	resp = postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "unterminated"})
+	b = resp.Body
+	if resp.Status != http.StatusOK {
+		t.Fatalf("status %d body %s", resp.Status, b)
 	}
 	if got := resp.Header.Get("Oncegate-Idempotency"); got != "created" {
 		t.Errorf("Oncegate-Idempotency = %q, want created", got)
@@ -227,9 +233,10 @@ func TestBadInputErrorsQuoteNoBody(t *testing.T) {
 		"huge max_tokens": chatBody("oncegate-mock", marker, `"max_tokens":`+strings.Repeat("9", 40)),
 	} {
 		t.Run(name, func(t *testing.T) {
-			resp, b := postChat(t, gw.URL, body, nil)
-			if resp.StatusCode != http.StatusBadRequest {
-				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			resp := postChat(t, gw.URL, body, nil)
+			b := resp.Body
+			if resp.Status != http.StatusBadRequest {
+				t.Fatalf("status %d body %s", resp.Status, b)
 			}
 			if strings.Contains(string(b), marker) || strings.Contains(string(b), "999") {
 				t.Errorf("the error quotes the body: %s", b)
@@ -267,9 +274,10 @@ func TestAnthropicTokenLimit(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			before := mock.Stats().Requests
-			resp, b := do(t, http.MethodPost, gw.URL+"/v1/messages", "application/json", c.body, nil)
-			if resp.StatusCode != c.status {
-				t.Fatalf("status %d, want %d; body %s", resp.StatusCode, c.status, b)
+			resp := do(t, http.MethodPost, gw.URL+"/v1/messages", c.body, nil)
+			b := resp.Body
+			if resp.Status != c.status {
+				t.Fatalf("status %d, want %d; body %s", resp.Status, c.status, b)
 			}
 			if c.status == http.StatusOK {
 				return
@@ -300,9 +308,10 @@ func TestBypassEchoesKey(t *testing.T) {
 	hdr := map[string]string{"X-Allow-Duplicate": "true", "Idempotency-Key": `"bp-1"`}
 	jobIDs := map[string]bool{}
 	for i := range 2 {
-		resp, b := postChat(t, gw.URL, body, hdr)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("copy %d: status %d body %s", i, resp.StatusCode, b)
+		resp := postChat(t, gw.URL, body, hdr)
+		b := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("copy %d: status %d body %s", i, resp.Status, b)
 		}
 		if got := resp.Header.Get("Idempotency-Key"); got != "bp-1" {
 			t.Errorf("copy %d: Idempotency-Key = %q, want the client's bp-1", i, got)
@@ -349,18 +358,20 @@ func TestTenantAuth(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			before := mock.Stats().Requests
 			// a distinct message per case: each accepted case is a new intent
-			resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", fmt.Sprintf("tenant case %d", i), ""), c.hdr)
-			if resp.StatusCode != c.status {
-				t.Fatalf("chat: status = %d, want %d; body %s", resp.StatusCode, c.status, b)
+			resp := postChat(t, gw.URL, chatBody("oncegate-mock", fmt.Sprintf("tenant case %d", i), ""), c.hdr)
+			b := resp.Body
+			if resp.Status != c.status {
+				t.Fatalf("chat: status = %d, want %d; body %s", resp.Status, c.status, b)
 			}
-			mresp, mb := do(t, http.MethodGet, gw.URL+"/v1/models", "", "", c.hdr)
-			if mresp.StatusCode != c.status {
-				t.Errorf("models: status = %d, want %d; body %s", mresp.StatusCode, c.status, mb)
+			mresp := do(t, http.MethodGet, gw.URL+"/v1/models", "", c.hdr)
+			mb := mresp.Body
+			if mresp.Status != c.status {
+				t.Errorf("models: status = %d, want %d; body %s", mresp.Status, c.status, mb)
 			}
 			after := mock.Stats().Requests
 			if c.status != http.StatusOK {
-				assertOpenAIError(t, resp, b, c.code)
-				assertOpenAIError(t, mresp, mb, c.code)
+				assertOpenAIError(t, resp, c.code)
+				assertOpenAIError(t, mresp, c.code)
 				if after != before {
 					t.Errorf("backend executions went %d -> %d on a refused caller", before, after)
 				}
@@ -413,11 +424,12 @@ func TestMalformedHTTP(t *testing.T) {
 					t.Errorf("the response echoes request bytes (%q):\n%s", leak, all)
 				}
 			}
-			resp, b := parseRaw(t, all)
-			if resp.StatusCode != c.status {
-				t.Errorf("status = %d, want %d; body %s", resp.StatusCode, c.status, b)
+			resp := parseRaw(t, all)
+			b := resp.Body
+			if resp.Status != c.status {
+				t.Errorf("status = %d, want %d; body %s", resp.Status, c.status, b)
 			}
-			assertOpenAIError(t, resp, b, c.code)
+			assertOpenAIError(t, resp, c.code)
 			if after := mock.Stats().Requests; after != before {
 				t.Errorf("backend executions went %d -> %d", before, after)
 			}
@@ -451,14 +463,16 @@ func TestEqualNumbersOneIntent(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	hdr := map[string]string{"Idempotency-Key": "numbers-1"}
-	first, b := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", `"temperature":0.5,"top_p":1`), hdr)
-	if first.StatusCode != http.StatusOK {
-		t.Fatalf("first: status %d body %s", first.StatusCode, b)
+	first := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", `"temperature":0.5,"top_p":1`), hdr)
+	b := first.Body
+	if first.Status != http.StatusOK {
+		t.Fatalf("first: status %d body %s", first.Status, b)
 	}
 	for _, extra := range []string{`"temperature":0.50,"top_p":1.0`, `"temperature":5e-1,"top_p":1e0`} {
-		resp, rb := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", extra), hdr)
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
-			t.Errorf("%s: status %d, Oncegate-Idempotency %q; want a replay: %s", extra, resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), rb)
+		resp := postChat(t, gw.URL, chatBody("oncegate-mock", "numbers", extra), hdr)
+		rb := resp.Body
+		if resp.Status != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+			t.Errorf("%s: status %d, Oncegate-Idempotency %q; want a replay: %s", extra, resp.Status, resp.Header.Get("Oncegate-Idempotency"), rb)
 		}
 	}
 	if n := mock.Stats().Requests; n != 1 {
@@ -479,13 +493,14 @@ func TestBodyTooLargeFormat(t *testing.T) {
 	}{{chatPath, false}, {"/v1/messages", true}} {
 		t.Run(c.path, func(t *testing.T) {
 			// Only the header: the gateway answers from the Content-Length and closes.
-			resp, b := rawRequest(t, addr, "POST "+c.path+" HTTP/1.1\r\nHost: "+addr+
+			resp := rawRequest(t, addr, "POST "+c.path+" HTTP/1.1\r\nHost: "+addr+
 				"\r\nContent-Type: application/json\r\nContent-Length: 65536\r\nConnection: close\r\n\r\n")
-			if resp.StatusCode != http.StatusRequestEntityTooLarge {
-				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			b := resp.Body
+			if resp.Status != http.StatusRequestEntityTooLarge {
+				t.Fatalf("status %d body %s", resp.Status, b)
 			}
 			if !c.anthropic {
-				assertOpenAIError(t, resp, b, "request_too_large")
+				assertOpenAIError(t, resp, "request_too_large")
 				return
 			}
 			var e struct {

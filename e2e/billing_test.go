@@ -1,20 +1,16 @@
 package e2e
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
-
-func sha(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
-}
 
 // TestBilling: every execution that produced output is charged once in the ledger, priced
 // from the config; replays cost nothing; the admin API shows entries and bills; a tenant at
@@ -35,9 +31,10 @@ func TestBilling(t *testing.T) {
 	capped := map[string]string{"Authorization": "Bearer sk-capped", "Idempotency-Key": "bill-1"}
 	body := chatBody("oncegate-mock", "charge me once", `"max_tokens":16`)
 
-	resp, first := postChat(t, gw.URL, body, capped)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("first: %d %s", resp.StatusCode, first)
+	resp := postChat(t, gw.URL, body, capped)
+	first := resp.Body
+	if resp.Status != http.StatusOK {
+		t.Fatalf("first: %d %s", resp.Status, first)
 	}
 	// The charge is written after the answer, before the job is acked: poll for it.
 	admin := map[string]string{"Authorization": "Bearer admin-key"}
@@ -51,14 +48,18 @@ func TestBilling(t *testing.T) {
 			Estimated    bool   `json:"estimated"`
 		} `json:"data"`
 	}
-	gatewaykit.Eventually(t, 10e9, func() bool {
-		r, b := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=capped", "", "", admin)
-		if r.StatusCode != http.StatusOK {
-			t.Fatalf("admin ledger: %d %s", r.StatusCode, b)
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		r := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=capped", "", admin)
+		b := r.Body
+		if r.Status != http.StatusOK {
+			t.Fatalf("admin ledger: %d %s", r.Status, b)
 		}
 		_ = json.Unmarshal(b, &entries)
-		return len(entries.Data) > 0
-	}, "a charge in the ledger")
+		if len(entries.Data) == 0 {
+			return fmt.Errorf("no charge in the ledger yet: %s", b)
+		}
+		return nil
+	})
 	e := entries.Data[0]
 	if len(entries.Data) != 1 || e.Kind != "charge" || e.Tenant != "capped" || e.OutputTokens != 16 || e.Estimated ||
 		e.CostMicros != int64(e.InputTokens)*1+int64(e.OutputTokens)*2 {
@@ -66,43 +67,47 @@ func TestBilling(t *testing.T) {
 	}
 
 	// A replay of the same intent costs nothing, and is never refused by the budget.
-	resp, again := postChat(t, gw.URL, body, capped)
-	if resp.StatusCode != http.StatusOK || string(again) != string(first) || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
-		t.Fatalf("replay: %d %s", resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"))
+	resp = postChat(t, gw.URL, body, capped)
+	again := resp.Body
+	if resp.Status != http.StatusOK || string(again) != string(first) || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+		t.Fatalf("replay: %d %s", resp.Status, resp.Header.Get("Oncegate-Idempotency"))
 	}
 	// A new intent would exceed the budget: 429 budget_exceeded, no backend call.
 	before := mock.Stats().Requests
-	resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", "one more, please", `"max_tokens":16`), map[string]string{"Authorization": "Bearer sk-capped"})
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("over budget: %d %s", resp.StatusCode, b)
+	resp = postChat(t, gw.URL, chatBody("oncegate-mock", "one more, please", `"max_tokens":16`), map[string]string{"Authorization": "Bearer sk-capped"})
+	b := resp.Body
+	if resp.Status != http.StatusTooManyRequests {
+		t.Fatalf("over budget: %d %s", resp.Status, b)
 	}
-	assertOpenAIError(t, resp, b, "budget_exceeded")
+	assertOpenAIError(t, resp, "budget_exceeded")
 	if n := mock.Stats().Requests; n != before {
 		t.Fatalf("backend executions %d -> %d for a refused request", before, n)
 	}
 	// Another tenant is not affected.
-	resp, b = postChat(t, gw.URL, chatBody("oncegate-mock", "one more, please", `"max_tokens":16`), map[string]string{"Authorization": "Bearer sk-free"})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("uncapped tenant: %d %s", resp.StatusCode, b)
+	resp = postChat(t, gw.URL, chatBody("oncegate-mock", "one more, please", `"max_tokens":16`), map[string]string{"Authorization": "Bearer sk-free"})
+	b = resp.Body
+	if resp.Status != http.StatusOK {
+		t.Fatalf("uncapped tenant: %d %s", resp.Status, b)
 	}
 
 	// The bill: gross = net = the one charge.
-	r, bb := do(t, http.MethodGet, gw.URL+"/v1/admin/bill?tenant=capped", "", "", admin)
+	r := do(t, http.MethodGet, gw.URL+"/v1/admin/bill?tenant=capped", "", admin)
+	bb := r.Body
 	var bill struct {
 		GrossMicros    int64 `json:"gross_micros"`
 		ReversedMicros int64 `json:"reversed_micros"`
 		NetMicros      int64 `json:"net_micros"`
 		Charges        int   `json:"charges"`
 	}
-	if err := json.Unmarshal(bb, &bill); err != nil || r.StatusCode != http.StatusOK {
-		t.Fatalf("bill: %d %s", r.StatusCode, bb)
+	if err := json.Unmarshal(bb, &bill); err != nil || r.Status != http.StatusOK {
+		t.Fatalf("bill: %d %s", r.Status, bb)
 	}
 	if bill.Charges != 1 || bill.GrossMicros != e.CostMicros || bill.NetMicros != e.CostMicros || bill.ReversedMicros != 0 {
 		t.Fatalf("bill = %s", bb)
 	}
 	// The admin API needs the admin key; a tenant key is refused.
-	r, _ = do(t, http.MethodGet, gw.URL+"/v1/admin/bill?tenant=capped", "", "", map[string]string{"Authorization": "Bearer sk-capped"})
-	if r.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("admin bill with a tenant key: %d", r.StatusCode)
+	r = do(t, http.MethodGet, gw.URL+"/v1/admin/bill?tenant=capped", "", map[string]string{"Authorization": "Bearer sk-capped"})
+	if r.Status != http.StatusUnauthorized {
+		t.Fatalf("admin bill with a tenant key: %d", r.Status)
 	}
 }

@@ -13,18 +13,19 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
-// rsSwitchUpstream answers 503 until healthy is set, then serves the mock.
-func rsSwitchUpstream(t testing.TB) (*rsUpstream, *atomic.Bool) {
+// switchUpstream answers 503 until healthy is set, then serves the mock.
+func switchUpstream(t testing.TB) (*upstream, *atomic.Bool) {
 	t.Helper()
 	healthy := new(atomic.Bool)
-	up := rsStartUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte, h rsHit) bool {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte, h hit) bool {
 		if healthy.Load() {
 			return false
 		}
-		rsRefuse(w, http.StatusServiceUnavailable, "")
+		refuse(w, http.StatusServiceUnavailable, "")
 		return true
 	})
 	return up, healthy
@@ -36,9 +37,9 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	}
 	t.Parallel()
 	const openFor = time.Second
-	up, healthy := rsSwitchUpstream(t)
+	up, healthy := switchUpstream(t)
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("flaky", config.TypeOpenAI, up.base(), "oncegate-mock")
+	b := fastRetryBackend("flaky", config.TypeOpenAI, up.base(), "oncegate-mock")
 	b.MaxAttempts = 1
 	b.Breaker = config.Breaker{FailureRate: 0.5, Window: config.Duration(10 * time.Second), MinRequests: 4, OpenFor: config.Duration(openFor), Probes: 1}
 	cfg.Backends = append(cfg.Backends, b)
@@ -47,15 +48,16 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	fallback := gw.Mock(t, "mock")
 
 	n := 0
-	send := func() *http.Response {
+	send := func() result {
 		t.Helper()
 		n++
 		msg := fmt.Sprintf("row 7: breaker intent %d", n)
-		resp, body := postChat(t, gw.URL, chatBody("oncegate-mock", msg, ""), nil)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("intent %d: status %d: %s", n, resp.StatusCode, body)
+		resp := postChat(t, gw.URL, chatBody("oncegate-mock", msg, ""), nil)
+		body := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("intent %d: status %d: %s", n, resp.Status, body)
 		}
-		if got := parseCompletion(t, body).Choices[0].Message.Content; got != rsContent(t, msg) {
+		if got := parseCompletion(t, body).Choices[0].Message.Content; got != mockContent(t, msg) {
 			t.Fatalf("intent %d: content %q", n, got)
 		}
 		return resp
@@ -68,7 +70,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 			tripBefore = time.Now()
 		}
 		resp := send()
-		if be, a := resp.Header.Get("Oncegate-Backend"), rsAttempts(resp); be != "mock" || a != "2" {
+		if be, a := resp.Header.Get("Oncegate-Backend"), attempts(resp); be != "mock" || a != "2" {
 			t.Fatalf("intent %d: backend %q attempts %q, want the fallback after one failed attempt", n, be, a)
 		}
 	}
@@ -78,7 +80,7 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	// Open (4/4 failures ≥ 0.5 with min_requests 4): served by the fallback without touching flaky.
 	for range 3 {
 		resp := send()
-		if be, a := resp.Header.Get("Oncegate-Backend"), rsAttempts(resp); be != "mock" || a != "1" {
+		if be, a := resp.Header.Get("Oncegate-Backend"), attempts(resp); be != "mock" || a != "1" {
 			t.Fatalf("intent %d: backend %q attempts %q, want the fallback directly", n, be, a)
 		}
 	}
@@ -90,19 +92,13 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 	// Healed: after open_for a half-open probe reaches flaky, succeeds, and closes the breaker.
 	healed := time.Now()
 	healthy.Store(true)
-	var probe *http.Response
-	deadline := time.Now().Add(10 * time.Second)
-	for probe == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("traffic never returned to flaky (%d attempts)", len(up.Hits()))
-		}
-		if resp := send(); resp.Header.Get("Oncegate-Backend") == "flaky" {
-			probe = resp
-		} else {
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if resp := send(); resp.Header.Get("Oncegate-Backend") != "flaky" {
 			openServed++
-			time.Sleep(50 * time.Millisecond)
+			return fmt.Errorf("traffic has not returned to flaky (%d attempts)", len(up.Hits()))
 		}
-	}
+		return nil
+	})
 	hits := up.Hits()
 	if len(hits) != 5 {
 		t.Errorf("flaky attempts %d, want 4 failures + 1 probe", len(hits))
@@ -111,14 +107,14 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 		t.Errorf("probe %v after the breaker opened, before open_for %v", d, openFor)
 	}
 	for range 3 {
-		if resp := send(); resp.Header.Get("Oncegate-Backend") != "flaky" || rsAttempts(resp) != "1" {
-			t.Errorf("after the probe: backend %q attempts %q, want flaky (closed)", resp.Header.Get("Oncegate-Backend"), rsAttempts(resp))
+		if resp := send(); resp.Header.Get("Oncegate-Backend") != "flaky" || attempts(resp) != "1" {
+			t.Errorf("after the probe: backend %q attempts %q, want flaky (closed)", resp.Header.Get("Oncegate-Backend"), attempts(resp))
 		}
 	}
 	if h := len(up.Hits()); h != 8 {
 		t.Errorf("flaky attempts %d, want 8", h)
 	}
-	rsRow(t, "7a", "backend 100% 503, breaker {0.5, 10s, min 4, open_for 1s, probes 1}, max_attempts 1, fallback mock",
+	resilienceRow(t, "7a", "backend 100% 503, breaker {0.5, 10s, min 4, open_for 1s, probes 1}, max_attempts 1, fallback mock",
 		fmt.Sprintf("failing backend: 4 attempts, then 0 while open (%d intents served by the fallback %d times); after healing: 1 probe, then all", openServed, fallback.Stats().Requests),
 		fmt.Sprintf("always 200; Oncegate-Backend mock (attempts 2, then 1), flaky again %v after healing", time.Since(healed).Round(100*time.Millisecond)))
 }
@@ -126,10 +122,10 @@ func TestBreakerOpensAndRecovers(t *testing.T) {
 // All backends fail, the route has a degraded message: a normal-looking 200 marked degraded,
 // never stored: a same-key retry after healing gets a real answer.
 func TestBreakerDegradedMessage(t *testing.T) {
-	up, healthy := rsSwitchUpstream(t)
+	up, healthy := switchUpstream(t)
 	cfg := gatewaykit.Config(t)
 	for _, name := range []string{"down-a", "down-b"} {
-		b := rsBackend(name, config.TypeOpenAI, up.base(), "oncegate-mock")
+		b := fastRetryBackend(name, config.TypeOpenAI, up.base(), "oncegate-mock")
 		b.MaxAttempts = 1
 		cfg.Backends = append(cfg.Backends, b)
 	}
@@ -139,9 +135,10 @@ func TestBreakerDegradedMessage(t *testing.T) {
 
 	const msg, key = "row 7: everything is down", "rs-degraded"
 	body := chatBody("oncegate-mock", msg, "")
-	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Oncegate-Degraded") != "true" {
-		t.Fatalf("status %d Oncegate-Degraded %q: %s", resp.StatusCode, resp.Header.Get("Oncegate-Degraded"), b)
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	b := resp.Body
+	if resp.Status != http.StatusOK || resp.Header.Get("Oncegate-Degraded") != "true" {
+		t.Fatalf("status %d Oncegate-Degraded %q: %s", resp.Status, resp.Header.Get("Oncegate-Degraded"), b)
 	}
 	c := parseCompletion(t, b)
 	if c.Choices[0].Message.Content != degraded || c.Choices[0].Message.Role != "assistant" {
@@ -150,36 +147,38 @@ func TestBreakerDegradedMessage(t *testing.T) {
 	if h := len(up.Hits()); h != 2 {
 		t.Errorf("%d attempts, want one per backend", h)
 	}
-	if rec := rsIdem(t, gw, key); rec["state"] == "COMPLETED" {
+	if rec := idemStatus(t, gw.URL, key, nil); rec["state"] == "COMPLETED" {
 		t.Errorf("the degraded answer was stored: %v", rec)
 	}
 
 	healthy.Store(true)
-	resp2, b2 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if resp2.StatusCode != http.StatusOK || resp2.Header.Get("Oncegate-Degraded") != "" || resp2.Header.Get("Oncegate-Idempotency") != "created" {
-		t.Fatalf("retry after healing: %d degraded %q outcome %q", resp2.StatusCode, resp2.Header.Get("Oncegate-Degraded"), resp2.Header.Get("Oncegate-Idempotency"))
+	resp2 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	b2 := resp2.Body
+	if resp2.Status != http.StatusOK || resp2.Header.Get("Oncegate-Degraded") != "" || resp2.Header.Get("Oncegate-Idempotency") != "created" {
+		t.Fatalf("retry after healing: %d degraded %q outcome %q", resp2.Status, resp2.Header.Get("Oncegate-Degraded"), resp2.Header.Get("Oncegate-Idempotency"))
 	}
-	if got := parseCompletion(t, b2).Choices[0].Message.Content; got != rsContent(t, msg) {
+	if got := parseCompletion(t, b2).Choices[0].Message.Content; got != mockContent(t, msg) {
 		t.Errorf("retry after healing got %q, want the real answer", got)
 	}
-	resp3, b3 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	resp3 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	b3 := resp3.Body
 	if resp3.Header.Get("Oncegate-Idempotency") != "replayed" || string(b3) != string(b2) {
 		t.Errorf("third copy: %s, want the real answer replayed", resp3.Header.Get("Oncegate-Idempotency"))
 	}
 	if n := up.Mock.Stats().Requests; n != 1 {
 		t.Errorf("real executions %d, want 1", n)
 	}
-	rsRow(t, "7b", "all backends 503, routes[].degraded.message", "2 refused attempts (1 per backend); after healing 1 real execution",
+	resilienceRow(t, "7b", "all backends 503, routes[].degraded.message", "2 refused attempts (1 per backend); after healing 1 real execution",
 		fmt.Sprintf("200 Oncegate-Degraded: true with the message, not stored; same-key retry after healing: %d real answer (%s), then replayed",
-			resp2.StatusCode, resp2.Header.Get("Oncegate-Idempotency")))
+			resp2.Status, resp2.Header.Get("Oncegate-Idempotency")))
 }
 
 // No degraded config: once the breaker is open and no backend can be tried, the gateway's own
 // 503 with Retry-After, which an SDK may retry.
 func TestBreakerNoDegradedConfig(t *testing.T) {
-	up, _ := rsSwitchUpstream(t)
+	up, _ := switchUpstream(t)
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("down", config.TypeOpenAI, up.base(), "oncegate-mock")
+	b := fastRetryBackend("down", config.TypeOpenAI, up.base(), "oncegate-mock")
 	b.MaxAttempts = 1
 	b.Breaker = config.Breaker{FailureRate: 0.5, Window: config.Duration(10 * time.Second), MinRequests: 2, OpenFor: config.Duration(time.Minute), Probes: 1}
 	cfg.Backends = append(cfg.Backends, b)
@@ -187,16 +186,18 @@ func TestBreakerNoDegradedConfig(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, cfg)
 
 	for i := range 2 {
-		resp, body := postChat(t, gw.URL, chatBody("oncegate-mock", fmt.Sprintf("row 7: trip %d", i), ""), nil)
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Fatalf("status %d: %s", resp.StatusCode, body)
+		resp := postChat(t, gw.URL, chatBody("oncegate-mock", fmt.Sprintf("row 7: trip %d", i), ""), nil)
+		body := resp.Body
+		if resp.Status != http.StatusServiceUnavailable {
+			t.Fatalf("status %d: %s", resp.Status, body)
 		}
 	}
-	resp, body := postChat(t, gw.URL, chatBody("oncegate-mock", "row 7: breaker open, nothing to try", ""), map[string]string{"Idempotency-Key": "rs-no-degraded"})
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	resp := postChat(t, gw.URL, chatBody("oncegate-mock", "row 7: breaker open, nothing to try", ""), map[string]string{"Idempotency-Key": "rs-no-degraded"})
+	body := resp.Body
+	if resp.Status != http.StatusServiceUnavailable {
+		t.Fatalf("status %d: %s", resp.Status, body)
 	}
-	assertOpenAIError(t, resp, body, "backends_unavailable")
+	assertOpenAIError(t, resp, "backends_unavailable")
 	if ra, ms, sr := resp.Header.Get("Retry-After"), resp.Header.Get("retry-after-ms"), resp.Header.Get("x-should-retry"); ra != "1" || ms != "1000" || sr != "true" {
 		t.Errorf("Retry-After %q retry-after-ms %q x-should-retry %q, want 1, 1000, true", ra, ms, sr)
 	}
@@ -206,31 +207,32 @@ func TestBreakerNoDegradedConfig(t *testing.T) {
 	if h := len(up.Hits()); h != 2 {
 		t.Errorf("%d attempts, want 2 (none while open)", h)
 	}
-	rsRow(t, "7c", "all backends down (breaker open), no degraded config", "0 (breaker open)",
+	resilienceRow(t, "7c", "all backends down (breaker open), no degraded config", "0 (breaker open)",
 		fmt.Sprintf("%d backends_unavailable, Retry-After: %s, x-should-retry: %s, Oncegate-Degraded: %s",
-			resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("x-should-retry"), resp.Header.Get("Oncegate-Degraded")))
+			resp.Status, resp.Header.Get("Retry-After"), resp.Header.Get("x-should-retry"), resp.Header.Get("Oncegate-Degraded")))
 }
 
 // No degraded config and every backend answers 503 (breaker still closed): the route's
 // documented answer is a 503 with Retry-After that an SDK may retry (config.Route.Degraded:
 // "nil = 503 with Retry-After when all backends are down").
 func TestBreakerNoDegradedConfigLiveFailure(t *testing.T) {
-	up, _ := rsSwitchUpstream(t)
+	up, _ := switchUpstream(t)
 	cfg := gatewaykit.Config(t)
 	for _, name := range []string{"down-a", "down-b"} {
-		b := rsBackend(name, config.TypeOpenAI, up.base(), "oncegate-mock")
+		b := fastRetryBackend(name, config.TypeOpenAI, up.base(), "oncegate-mock")
 		b.MaxAttempts = 1
 		cfg.Backends = append(cfg.Backends, b)
 	}
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"down-a", "down-b"}}}
 	gw := gatewaykit.StartGateway(t, cfg)
 
-	resp, body := postChat(t, gw.URL, chatBody("oncegate-mock", "row 7: all backends answer 503", ""), map[string]string{"Idempotency-Key": "rs-no-degraded-live"})
+	resp := postChat(t, gw.URL, chatBody("oncegate-mock", "row 7: all backends answer 503", ""), map[string]string{"Idempotency-Key": "rs-no-degraded-live"})
+	body := resp.Body
 	ra, sr := resp.Header.Get("Retry-After"), resp.Header.Get("x-should-retry")
-	rsRow(t, "7d", "all backends 503 (breakers closed), no degraded config", fmt.Sprintf("%d refused attempts", len(up.Hits())),
-		fmt.Sprintf("%d %s Retry-After: %q, x-should-retry: %q", resp.StatusCode, bytes.TrimSpace(body), ra, sr))
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	resilienceRow(t, "7d", "all backends 503 (breakers closed), no degraded config", fmt.Sprintf("%d refused attempts", len(up.Hits())),
+		fmt.Sprintf("%d %s Retry-After: %q, x-should-retry: %q", resp.Status, bytes.TrimSpace(body), ra, sr))
+	if resp.Status != http.StatusServiceUnavailable {
+		t.Fatalf("status %d: %s", resp.Status, body)
 	}
 	if ra == "" || sr != "true" {
 		t.Fatalf("%s (Retry-After %q, x-should-retry %q)", liveDegradedBug, ra, sr)

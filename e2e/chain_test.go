@@ -23,27 +23,27 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
-// rsProxyCall is one request the recording proxy passed to the inner gateway.
-type rsProxyCall struct {
+// proxyCall is one request the recording proxy passed to the inner gateway.
+type proxyCall struct {
 	method, path, key, state string
 }
 
-// rsRecordingProxy is a reverse proxy to target on 127.0.0.1 that records every request, and
+// recordingProxy is a reverse proxy to target on 127.0.0.1 that records every request, and
 // the state answered to GET /v1/idempotency/{key}.
-func rsRecordingProxy(t testing.TB, target string) (string, func() []rsProxyCall) {
+func recordingProxy(t testing.TB, target string) (string, func() []proxyCall) {
 	t.Helper()
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var calls []rsProxyCall
+	var calls []proxyCall
 	tr := &http.Transport{}
 	rp := &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
 		Transport: tr,
 		ModifyResponse: func(resp *http.Response) error {
-			c := rsProxyCall{method: resp.Request.Method, path: resp.Request.URL.Path, key: resp.Request.Header.Get("Idempotency-Key")}
+			c := proxyCall{method: resp.Request.Method, path: resp.Request.URL.Path, key: resp.Request.Header.Get("Idempotency-Key")}
 			if strings.HasPrefix(c.path, "/v1/idempotency/") {
 				b, err := io.ReadAll(resp.Body)
 				resp.Body.Close()
@@ -68,20 +68,20 @@ func rsRecordingProxy(t testing.TB, target string) (string, func() []rsProxyCall
 		srv.Close()
 		tr.CloseIdleConnections()
 	})
-	return srv.URL, func() []rsProxyCall {
+	return srv.URL, func() []proxyCall {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([]rsProxyCall(nil), calls...)
+		return append([]proxyCall(nil), calls...)
 	}
 }
 
 func TestChainGatewayInFrontOfGateway(t *testing.T) {
 	inner := gatewaykit.StartGateway(t, nil)
 	innerSlow := inner.Mock(t, "slowmock")
-	proxyURL, calls := rsRecordingProxy(t, inner.URL)
+	proxyURL, calls := recordingProxy(t, inner.URL)
 
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("inner", config.TypeOncegate, proxyURL+"/v1", "oncegate-mock-slow")
+	b := fastRetryBackend("inner", config.TypeOncegate, proxyURL+"/v1", "oncegate-mock-slow")
 	b.FirstByteTimeout = config.Duration(100 * time.Millisecond)
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock-slow", Backends: []string{"inner"}}}
@@ -91,10 +91,11 @@ func TestChainGatewayInFrontOfGateway(t *testing.T) {
 	body := chatBody("oncegate-mock-slow", msg, "")
 	want := parseCompletion(t, directMock(t, body)).Choices[0].Message.Content
 	start := time.Now()
-	resp, rb := postChat(t, outer.URL, body, map[string]string{"Idempotency-Key": key})
+	resp := postChat(t, outer.URL, body, map[string]string{"Idempotency-Key": key})
+	rb := resp.Body
 	elapsed := time.Since(start)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d: %s", resp.StatusCode, rb)
+	if resp.Status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.Status, rb)
 	}
 	if got := parseCompletion(t, rb).Choices[0].Message.Content; got != want {
 		t.Errorf("content %q, want %q", got, want)
@@ -105,10 +106,10 @@ func TestChainGatewayInFrontOfGateway(t *testing.T) {
 	if n := innerSlow.Stats().Requests; n != 1 {
 		t.Errorf("inner executions %d, want 1", n)
 	}
-	if be, a := resp.Header.Get("Oncegate-Backend"), rsAttempts(resp); be != "inner" || a != "1" {
+	if be, a := resp.Header.Get("Oncegate-Backend"), attempts(resp); be != "inner" || a != "1" {
 		t.Errorf("Oncegate-Backend %q Oncegate-Attempts %q, want inner, 1", be, a)
 	}
-	var posts, polls []rsProxyCall
+	var posts, polls []proxyCall
 	for _, c := range calls() {
 		switch {
 		case c.method == http.MethodPost && c.path == chatPath:
@@ -136,19 +137,19 @@ func TestChainGatewayInFrontOfGateway(t *testing.T) {
 	if len(polls) == 0 || polls[0].state != "200 PENDING" {
 		t.Errorf("status polls %v, want the inner's record seen running (200 PENDING)", states)
 	}
-	if st := rsIdem(t, inner, fwd); st["state"] != "COMPLETED" || st["attempts"] != float64(1) {
+	if st := idemStatus(t, inner.URL, fwd, nil); st["state"] != "COMPLETED" || st["attempts"] != float64(1) {
 		t.Errorf("inner record %v", st)
 	}
-	rsRow(t, "9", "gateway → gateway (type oncegate), slow model, first_byte_timeout 100ms", "inner: 1",
+	resilienceRow(t, "9", "gateway → gateway (type oncegate), slow model, first_byte_timeout 100ms", "inner: 1",
 		fmt.Sprintf("200 after %v; %d send, %d status polls (%s), kept waiting", elapsed.Round(10*time.Millisecond), len(posts), len(polls), strings.Join(states, ", ")))
 }
 
 // The forwarded Idempotency-Key is one per intent: the same on every attempt, another for
 // another intent, never the client's.
 func TestChainForwardedKeyStable(t *testing.T) {
-	up := rsStartUpstream(t, nil)
+	up := startUpstream(t, nil)
 	cfg := gatewaykit.Config(t)
-	cfg.Backends = append(cfg.Backends, rsBackend("og", config.TypeOncegate, up.base(), "oncegate-mock"))
+	cfg.Backends = append(cfg.Backends, fastRetryBackend("og", config.TypeOncegate, up.base(), "oncegate-mock"))
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"og"}}}
 	gw := gatewaykit.StartGateway(t, cfg)
 
@@ -157,10 +158,11 @@ func TestChainForwardedKeyStable(t *testing.T) {
 	for i, clientKey := range []string{"rs-chain-key-a", "rs-chain-key-b"} {
 		before := len(up.Hits())
 		burst := 2 - i
-		resp, b := postChat(t, gw.URL, rsMockBody(fmt.Sprintf("row 9: forwarded key %d", i), fmt.Sprintf(`{"fault":"error_503","fault_first_n":%d}`, burst), ""),
+		resp := postChat(t, gw.URL, mockBody(fmt.Sprintf("row 9: forwarded key %d", i), fmt.Sprintf(`{"fault":"error_503","fault_first_n":%d}`, burst), ""),
 			map[string]string{"Idempotency-Key": clientKey})
-		if resp.StatusCode != http.StatusOK || rsAttempts(resp) != fmt.Sprint(burst+1) {
-			t.Fatalf("status %d attempts %q: %s", resp.StatusCode, rsAttempts(resp), b)
+		b := resp.Body
+		if resp.Status != http.StatusOK || attempts(resp) != fmt.Sprint(burst+1) {
+			t.Fatalf("status %d attempts %q: %s", resp.Status, attempts(resp), b)
 		}
 		for _, h := range up.Hits()[before:] {
 			keys[clientKey] = append(keys[clientKey], h.key)
@@ -178,6 +180,6 @@ func TestChainForwardedKeyStable(t *testing.T) {
 	if keys["rs-chain-key-a"][0] == keys["rs-chain-key-b"][0] {
 		t.Errorf("two intents forwarded the same key %q", keys["rs-chain-key-a"][0])
 	}
-	rsRow(t, "9'", "type oncegate upstream, 503 for the first 2 (then 1) attempts", "3 (then 2) attempts per intent, 1 completion each",
+	resilienceRow(t, "9'", "type oncegate upstream, 503 for the first 2 (then 1) attempts", "3 (then 2) attempts per intent, 1 completion each",
 		"200; the forwarded Idempotency-Key is identical on every attempt, differs between intents, never the client's key")
 }

@@ -16,8 +16,8 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
-// rsTokenFrames counts the content-carrying chunks of SSE payloads.
-func rsTokenFrames(t testing.TB, data []string) int {
+// tokenFrames counts the content-carrying chunks of SSE payloads.
+func tokenFrames(t testing.TB, data []string) int {
 	t.Helper()
 	n := 0
 	for _, d := range data {
@@ -35,8 +35,8 @@ func rsTokenFrames(t testing.TB, data []string) int {
 	return n
 }
 
-// rsFinishChunk returns the payload whose choice has a finish_reason.
-func rsFinishChunk(data []string) string {
+// finishChunk returns the payload whose choice has a finish_reason.
+func finishChunk(data []string) string {
 	for _, d := range data {
 		var ch struct {
 			Choices []struct {
@@ -50,8 +50,8 @@ func rsFinishChunk(data []string) string {
 	return ""
 }
 
-// rsUsageChunk returns the completion_tokens of the usage-only chunk, -1 without one.
-func rsUsageChunk(data []string) int {
+// usageChunk returns the completion_tokens of the usage-only chunk, -1 without one.
+func usageChunk(data []string) int {
 	for _, d := range data {
 		var ch struct {
 			Choices []json.RawMessage `json:"choices"`
@@ -70,14 +70,15 @@ func TestContinuationNoneKeepsPartial(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	const key, n = "rs-drop-no-continuation", 3
-	body := rsMockBody("row 5: a stream that breaks, no continuation", fmt.Sprintf(`{"fault":"drop_after","fault_after":%d}`, n), `"stream":true`)
-	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	body := mockBody("row 5: a stream that breaks, no continuation", fmt.Sprintf(`{"fault":"drop_after","fault_after":%d}`, n), `"stream":true`)
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	b := resp.Body
+	if resp.Status != 200 {
+		t.Fatalf("status %d: %s", resp.Status, b)
 	}
-	data := sseData(t, b)
+	data := chatStreamOf(t, b).Data
 	last := data[len(data)-1]
-	if got := rsTokenFrames(t, data); got != n {
+	if got := tokenFrames(t, data); got != n {
 		t.Errorf("%d token frames, want %d", got, n)
 	}
 	if !strings.Contains(last, `"code":"stream_interrupted"`) || !strings.HasPrefix(last, `{"error":`) {
@@ -86,20 +87,21 @@ func TestContinuationNoneKeepsPartial(t *testing.T) {
 	if bytes.Contains(b, []byte("[DONE]")) {
 		t.Errorf("[DONE] after a broken stream")
 	}
-	retry, rb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	retry := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	rb := retry.Body
 	if !bytes.Equal(rb, b) || retry.Header.Get("Oncegate-Idempotency") != "replayed" {
 		t.Errorf("same-key retry (%s): %q\nwant the same partial and error: %q", retry.Header.Get("Oncegate-Idempotency"), rb, b)
 	}
 	if st := mock.Stats(); st.Requests != 1 {
 		t.Errorf("executions %d, want 1", st.Requests)
 	}
-	rsRow(t, "5a", fmt.Sprintf("stream drops after %d tokens, no continuation", n), "1",
-		fmt.Sprintf("200 SSE: %d token frames + stream_interrupted error, no [DONE]; same-key retry: %s, identical bytes", rsTokenFrames(t, data), retry.Header.Get("Oncegate-Idempotency")))
+	resilienceRow(t, "5a", fmt.Sprintf("stream drops after %d tokens, no continuation", n), "1",
+		fmt.Sprintf("200 SSE: %d token frames + stream_interrupted error, no [DONE]; same-key retry: %s, identical bytes", tokenFrames(t, data), retry.Header.Get("Oncegate-Idempotency")))
 }
 
 func TestContinuationVLLM(t *testing.T) {
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("contmock", config.TypeMock, "", "oncegate-mock")
+	b := fastRetryBackend("contmock", config.TypeMock, "", "oncegate-mock")
 	b.Continuation = config.ContinuationVLLM
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"contmock"}}}
@@ -109,21 +111,22 @@ func TestContinuationVLLM(t *testing.T) {
 	// The stream breaks once (fault_first_n: 1) after 3 tokens; the continuation request is in
 	// the same fault scope, so it runs unbroken.
 	const msg, key = "row 5: a stream that breaks and is continued", "rs-drop-vllm"
-	body := rsMockBody(msg, `{"fault":"drop_after","fault_after":3,"fault_first_n":1}`, `"stream":true`)
-	want := rsContent(t, msg)
-	resp, rb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, rb)
+	body := mockBody(msg, `{"fault":"drop_after","fault_after":3,"fault_first_n":1}`, `"stream":true`)
+	want := mockContent(t, msg)
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	rb := resp.Body
+	if resp.Status != 200 {
+		t.Fatalf("status %d: %s", resp.Status, rb)
 	}
-	data := sseData(t, rb)
-	id, content, done := streamContent(t, data)
+	st := chatStreamOf(t, rb)
+	data, id, content, done := st.Data, st.ID, st.Content, st.Done
 	if content != want || !done {
 		t.Errorf("transcript %q (done %v), want the unbroken answer %q", content, done, want)
 	}
 	if !strings.HasPrefix(id, "chatcmpl-") {
 		t.Errorf("id %q", id)
 	}
-	finish := rsFinishChunk(data)
+	finish := finishChunk(data)
 	// The final figure of attempts is in the finish chunk: the header went out with the first chunk.
 	if !strings.Contains(finish, `"oncegate":{"resumed":1,"attempts":2}`) {
 		t.Errorf("finish chunk %s, want \"oncegate\":{\"resumed\":1,\"attempts\":2}", finish)
@@ -131,17 +134,18 @@ func TestContinuationVLLM(t *testing.T) {
 	if st := mock.Stats(); st.Requests != 2 || st.Completed != 1 || st.Faults != 1 {
 		t.Errorf("stats %+v, want 2 executions (original + continuation)", st)
 	}
-	if rec := rsIdem(t, gw, key); rec["attempts"] != float64(2) {
+	if rec := idemStatus(t, gw.URL, key, nil); rec["attempts"] != float64(2) {
 		t.Errorf("record attempts %v, want 2 as the finish chunk says", rec["attempts"])
 	}
-	retry, rrb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	retry := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	rrb := retry.Body
 	if !bytes.Equal(rrb, rb) || retry.Header.Get("Oncegate-Idempotency") != "replayed" {
 		t.Errorf("same-key retry (%s) differs from the live stream", retry.Header.Get("Oncegate-Idempotency"))
 	}
 	if st := mock.Stats(); st.Requests != 2 {
 		t.Errorf("executions after the retry: %d", st.Requests)
 	}
-	rsRow(t, "5b", "stream drops after 3 tokens, continuation: vllm", "2 (original + continuation)",
+	resilienceRow(t, "5b", "stream drops after 3 tokens, continuation: vllm", "2 (original + continuation)",
 		fmt.Sprintf("200 SSE equal to the unbroken answer, [DONE], finish chunk \"oncegate\":{\"resumed\":1,\"attempts\":2}; same-key retry %s", retry.Header.Get("Oncegate-Idempotency")))
 }
 
@@ -149,24 +153,26 @@ func TestContinuationVLLM(t *testing.T) {
 // the stream was continued.
 func TestContinuationVLLMUsage(t *testing.T) {
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("contmock", config.TypeMock, "", "oncegate-mock")
+	b := fastRetryBackend("contmock", config.TypeMock, "", "oncegate-mock")
 	b.Continuation = config.ContinuationVLLM
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"contmock"}}}
 	gw := gatewaykit.StartGateway(t, cfg)
 
 	const msg = "row 5: a continued stream owes its usage"
-	body := rsMockBody(msg, `{"fault":"drop_after","fault_after":3,"fault_first_n":1}`, `"stream":true,"stream_options":{"include_usage":true}`)
-	resp, rb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-drop-vllm-usage"})
-	if resp.StatusCode != 200 {
-		t.Fatalf("status %d: %s", resp.StatusCode, rb)
+	body := mockBody(msg, `{"fault":"drop_after","fault_after":3,"fault_first_n":1}`, `"stream":true,"stream_options":{"include_usage":true}`)
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-drop-vllm-usage"})
+	rb := resp.Body
+	if resp.Status != 200 {
+		t.Fatalf("status %d: %s", resp.Status, rb)
 	}
-	data := sseData(t, rb)
-	if _, content, done := streamContent(t, data); content != rsContent(t, msg) || !done {
+	st := chatStreamOf(t, rb)
+	data := st.Data
+	if content, done := st.Content, st.Done; content != mockContent(t, msg) || !done {
 		t.Fatalf("transcript %q done %v", content, done)
 	}
-	got := rsUsageChunk(data)
-	rsRow(t, "5c", "stream drops after 3 tokens, continuation: vllm, include_usage", "2",
+	got := usageChunk(data)
+	resilienceRow(t, "5c", "stream drops after 3 tokens, continuation: vllm, include_usage", "2",
 		fmt.Sprintf("200 SSE, usage chunk completion_tokens=%d (-1 = none; want 16)", got))
 	if got != 16 {
 		t.Fatalf("%s (usage chunk: %d)", continuedUsageBug, got)

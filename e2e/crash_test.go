@@ -4,17 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
+	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestWholeProcessCrashLosesNoAcceptedJob: a job answered 202 survives a SIGKILL of the only
@@ -26,16 +23,8 @@ func TestWholeProcessCrashLosesNoAcceptedJob(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary twice")
 	}
-	bin := filepath.Join(t.TempDir(), "oncegate")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/oncegate").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	bin := oncegateBinary(t)
+	addr := testkit.FreeAddr(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "oncegate.yaml")
 	cfg := fmt.Sprintf(`listen: %s
@@ -49,66 +38,44 @@ backends:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var logs strings.Builder
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("gateway logs:\n%s", logs.String())
-		}
-	})
-	start := func() *exec.Cmd {
-		cmd := exec.Command(bin, "serve", "--config", cfgPath)
-		cmd.Stderr = &logs
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		client := gatewaykit.Client()
-		defer client.CloseIdleConnections()
-		gatewaykit.Eventually(t, 20*time.Second, func() bool {
-			resp, err := client.Get("http://" + addr + "/readyz")
-			if err != nil {
-				return false
+	start := func(name string) *proc {
+		p := startProc(t, name, bin, "serve", "--config", cfgPath)
+		testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
+			if r := send(http.MethodGet, "http://"+addr+"/readyz", "", nil); r.Status != http.StatusOK {
+				return fmt.Errorf("gateway not ready: /readyz %d %v", r.Status, r.Err)
 			}
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		}, "gateway ready")
-		return cmd
+			return nil
+		})
+		return p
 	}
 	base := "http://" + addr
 	body := chatBody("oncegate-mock-crash", "survive the crash", "")
 	hdr := map[string]string{"Idempotency-Key": "crash-1"}
 
-	first := start()
-	resp, b := do(t, http.MethodPost, base+"/v1/jobs", "application/json", body, hdr)
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("submit: %d %s", resp.StatusCode, b)
+	first := start("first")
+	resp := do(t, http.MethodPost, base+"/v1/jobs", body, hdr)
+	b := resp.Body
+	if resp.Status != http.StatusAccepted {
+		t.Fatalf("submit: %d %s", resp.Status, b)
 	}
 	var accepted struct{ ID string }
 	if err := json.Unmarshal(b, &accepted); err != nil || accepted.ID == "" {
 		t.Fatalf("202 body %s: %v", b, err)
 	}
 	// Kill while the backend call is in flight (40 tokens × 50 ms = 2 s).
-	gatewaykit.Eventually(t, 10*time.Second, func() bool {
-		_, b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", "", nil)
-		return strings.Contains(string(b), `"status":"running"`) || strings.Contains(string(b), `"tokens_so_far":`) && !strings.Contains(string(b), `"tokens_so_far":0`)
-	}, "job running")
-	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", nil).Body
+		if strings.Contains(string(b), `"status":"running"`) || strings.Contains(string(b), `"tokens_so_far":`) && !strings.Contains(string(b), `"tokens_so_far":0`) {
+			return nil
+		}
+		return fmt.Errorf("job not running yet: %s", b)
+	})
+	first.kill(t)
 
-	second := start()
+	second := start("restarted")
 	defer func() {
-		_ = second.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- second.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("restarted gateway exit: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			_ = second.Process.Kill()
-			t.Error("restarted gateway did not stop on SIGTERM")
+		if code := second.sigterm(t, 20*time.Second); code != 0 {
+			t.Errorf("restarted gateway exit code %d, want 0", code)
 		}
 	}()
 	var job struct {
@@ -122,17 +89,21 @@ backends:
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
-		_, b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", "", nil)
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		b := do(t, http.MethodGet, base+"/v1/jobs/"+accepted.ID, "", nil).Body
 		_ = json.Unmarshal(b, &job)
-		return job.Status == "completed" || job.Status == "failed" || ctx.Err() != nil
-	}, "job completed after restart")
+		if job.Status == "completed" || job.Status == "failed" || ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("job not finished after restart: %s", b)
+	})
 	if job.Status != "completed" || job.Epoch < 2 || job.Result.Usage.CompletionTokens != 40 {
 		t.Fatalf("after restart: %+v", job)
 	}
 	// A retry of the same intent is answered from the record, not executed again.
-	resp, b = postChat(t, base, body, hdr)
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
-		t.Fatalf("same-key retry: %d %s %s", resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), b)
+	resp = postChat(t, base, body, hdr)
+	b = resp.Body
+	if resp.Status != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+		t.Fatalf("same-key retry: %d %s %s", resp.Status, resp.Header.Get("Oncegate-Idempotency"), b)
 	}
 }

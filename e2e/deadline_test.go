@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -13,15 +14,16 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
 // dlGated is an upstream that holds every request whose first message starts with "hold:"
 // until release is called (or the gateway gives the request up).
-func dlGated(t *testing.T) (*rsUpstream, func()) {
+func dlGated(t *testing.T) (*upstream, func()) {
 	t.Helper()
 	gate := make(chan struct{})
-	up := rsStartUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte, h rsHit) bool {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, _ []byte, h hit) bool {
 		if !strings.HasPrefix(h.intent, "hold:") {
 			return false
 		}
@@ -38,16 +40,16 @@ func dlGated(t *testing.T) (*rsUpstream, func()) {
 	return up, release
 }
 
-func dlGateway(t *testing.T, up *rsUpstream, concurrency int) *gatewaykit.Gateway {
+func dlGateway(t *testing.T, up *upstream, concurrency int) *gatewaykit.Gateway {
 	t.Helper()
 	cfg := gatewaykit.Config(t)
 	cfg.Workers.Concurrency = concurrency
-	cfg.Backends = append(cfg.Backends, rsBackend("up", config.TypeOpenAI, up.base(), "oncegate-mock"))
+	cfg.Backends = append(cfg.Backends, fastRetryBackend("up", config.TypeOpenAI, up.base(), "oncegate-mock"))
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"up"}}}
 	return gatewaykit.StartGateway(t, cfg)
 }
 
-func dlIntentHits(up *rsUpstream, intent string) int {
+func dlIntentHits(up *upstream, intent string) int {
 	n := 0
 	for _, h := range up.Hits() {
 		if h.intent == intent {
@@ -59,12 +61,12 @@ func dlIntentHits(up *rsUpstream, intent string) int {
 
 // dlAssertDeadline504: the client whose deadline passed got the gateway's own 504, which tells
 // it not to re-send at once.
-func dlAssertDeadline504(t *testing.T, resp *http.Response, b []byte) {
+func dlAssertDeadline504(t *testing.T, resp result) {
 	t.Helper()
-	if resp.StatusCode != http.StatusGatewayTimeout || resp.Header.Get("x-should-retry") != "false" {
-		t.Fatalf("status %d x-should-retry %q, want the gateway's 504: %s", resp.StatusCode, resp.Header.Get("x-should-retry"), b)
+	if resp.Status != http.StatusGatewayTimeout || resp.Header.Get("x-should-retry") != "false" {
+		t.Fatalf("status %d x-should-retry %q, want the gateway's 504: %s", resp.Status, resp.Header.Get("x-should-retry"), resp.Body)
 	}
-	assertOpenAIError(t, resp, b, "deadline_exceeded")
+	assertOpenAIError(t, resp, "deadline_exceeded")
 }
 
 // TestClientDeadlineExecutionGoesOn: the deadline passes while the backend works. The client
@@ -81,22 +83,23 @@ func TestClientDeadlineExecutionGoesOn(t *testing.T) {
 		name, body string
 	}{{"non-stream", body}, {"stream", chatBody("oncegate-mock", msg, `"stream":true`)}} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, b := postChat(t, gw.URL, tc.body, map[string]string{"Idempotency-Key": key, "Oncegate-Timeout": "0.2"})
-			dlAssertDeadline504(t, resp, b)
+			resp := postChat(t, gw.URL, tc.body, map[string]string{"Idempotency-Key": key, "Oncegate-Timeout": "0.2"})
+			dlAssertDeadline504(t, resp)
 		})
 	}
-	if st := rsIdem(t, gw, key); st["state"] != "PENDING" {
+	if st := idemStatus(t, gw.URL, key, nil); st["state"] != "PENDING" {
 		t.Fatalf("after the client's deadline: state %v, want the execution still PENDING", st["state"])
 	}
 	release()
-	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if o := resp.Header.Get("Oncegate-Idempotency"); resp.StatusCode != http.StatusOK || (o != "joined" && o != "replayed") {
-		t.Fatalf("copy after the deadline: %d %s: %s", resp.StatusCode, o, b)
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	b := resp.Body
+	if o := resp.Header.Get("Oncegate-Idempotency"); resp.Status != http.StatusOK || (o != "joined" && o != "replayed") {
+		t.Fatalf("copy after the deadline: %d %s: %s", resp.Status, o, b)
 	}
 	if !bytes.Equal(b, want) {
 		t.Errorf("copy after the deadline got %s\nwant the backend's answer %s", b, want)
 	}
-	if st := rsIdem(t, gw, key); st["state"] != "COMPLETED" || st["status"] != float64(200) {
+	if st := idemStatus(t, gw.URL, key, nil); st["state"] != "COMPLETED" || st["status"] != float64(200) {
 		t.Errorf("record state %v status %v, want COMPLETED 200", st["state"], st["status"])
 	}
 	if n := dlIntentHits(up, msg); n != 1 {
@@ -114,25 +117,37 @@ func TestClientDeadlineBeforeBackendReleasesKey(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", blocker, ""), nil); resp.StatusCode != http.StatusOK {
-			t.Errorf("blocker: %d %s", resp.StatusCode, b)
+		if r := send(http.MethodPost, gw.URL+chatPath, chatBody("oncegate-mock", blocker, ""), nil); r.Status != http.StatusOK {
+			t.Errorf("blocker: %d %v %s", r.Status, r.Err, r.Body)
 		}
 	}()
 	defer func() { release(); <-done }()
-	gatewaykit.Eventually(t, 10*time.Second, func() bool { return dlIntentHits(up, blocker) == 1 }, "the blocker reaches the backend")
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		if n := dlIntentHits(up, blocker); n != 1 {
+			return fmt.Errorf("the blocker reached the backend %d times, want 1", n)
+		}
+		return nil
+	})
 
 	const msg, key = "queued past the client's deadline", "dl-released"
 	body := chatBody("oncegate-mock", msg, "")
-	resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key, "Oncegate-Timeout": "0.2"})
-	dlAssertDeadline504(t, resp, b)
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key, "Oncegate-Timeout": "0.2"})
+	b := resp.Body
+	dlAssertDeadline504(t, resp)
 	release()
-	gatewaykit.Eventually(t, 10*time.Second, func() bool { return rsIdem(t, gw, key)["state"] == "FAILED" }, "the key released")
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		if st := idemStatus(t, gw.URL, key, nil)["state"]; st != "FAILED" {
+			return fmt.Errorf("the key is not released: state %v", st)
+		}
+		return nil
+	})
 	if n := dlIntentHits(up, msg); n != 0 {
 		t.Fatalf("backend executions %d before the retry, want 0 (the deadline had passed)", n)
 	}
-	resp, b = postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if resp.StatusCode != http.StatusOK || !bytes.Equal(b, directMock(t, body)) {
-		t.Fatalf("retry with the key: %d %s", resp.StatusCode, b)
+	resp = postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	b = resp.Body
+	if resp.Status != http.StatusOK || !bytes.Equal(b, directMock(t, body)) {
+		t.Fatalf("retry with the key: %d %s", resp.Status, b)
 	}
 	if n := dlIntentHits(up, msg); n != 1 {
 		t.Errorf("backend executions %d after the retry, want 1", n)

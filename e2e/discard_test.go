@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
@@ -25,7 +26,6 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 			cfg := gatewaykit.Config(t)
 			cfg.Workers.DiscardChunksAfter = config.Duration(tc.after)
 			gw := gatewaykit.StartGateway(t, cfg)
-			c := xoClient(t)
 			js := gw.JetStream(t, "discard-test")
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -33,13 +33,13 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var firsts []xoResult
+			var firsts []result
 			var bodies, keys []string
-			for i, streamed := range []bool{false, true, false, true} {
+			for i, stream := range []bool{false, true, false, true} {
 				key := fmt.Sprintf("discard-%d", i)
-				body := xoChatBody(config.MockModel, key, streamed, "")
-				r := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
-				xoWant(t, r, http.StatusOK, "created")
+				body := chatBody(config.MockModel, key, streamed(stream))
+				r := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+				expect(t, r, http.StatusOK, "created")
 				firsts, bodies, keys = append(firsts, r), append(bodies, body), append(keys, key)
 			}
 			chunks := func() uint64 {
@@ -50,7 +50,12 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 				return info.State.Msgs
 			}
 			if tc.wantEmpty {
-				gatewaykit.Eventually(t, 10*time.Second, func() bool { return chunks() == 0 }, "CHUNKS still holds finished executions")
+				testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+					if n := chunks(); n != 0 {
+						return fmt.Errorf("CHUNKS still holds %d messages of finished executions", n)
+					}
+					return nil
+				})
 			} else {
 				time.Sleep(500 * time.Millisecond) // more than the other case's grace
 				if n := chunks(); n == 0 {
@@ -58,8 +63,8 @@ func TestFinishedChunksDiscarded(t *testing.T) {
 				}
 			}
 			for i := range keys {
-				again := xoPost(c, gw.URL+xoChatPath, bodies[i], map[string]string{"Idempotency-Key": keys[i]})
-				xoWant(t, again, http.StatusOK, "replayed")
+				again := postChat(t, gw.URL, bodies[i], map[string]string{"Idempotency-Key": keys[i]})
+				expect(t, again, http.StatusOK, "replayed")
 				if !bytes.Equal(again.Body, firsts[i].Body) {
 					t.Fatalf("%s: replay differs after the chunks went:\n got %q\nwant %q", keys[i], again.Body, firsts[i].Body)
 				}

@@ -5,18 +5,12 @@ package e2e
 // "RESILIENCE row N | fault | executions | client outcome"; the table is
 //
 //	go test -count=1 -v -run 'TestFault|TestBreaker|TestContinuation|TestChain' ./e2e/ | grep 'RESILIENCE row'
-//
-// The rs* helpers here are shared by faults, breaker, continuation and chain tests.
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -25,168 +19,18 @@ import (
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
-
-// rsRow logs one row of the resilience table.
-func rsRow(t testing.TB, row, fault, executions, outcome string) {
-	t.Helper()
-	t.Logf("RESILIENCE row %s | %s | %s | %s", row, fault, executions, outcome)
-}
-
-// rsBackend is a backend entry with fast retries (5–20 ms backoff) and a 10 s attempt timeout.
-func rsBackend(name, typ, baseURL string, models ...string) config.Backend {
-	b := config.Backend{Name: name, Type: typ, BaseURL: baseURL, Models: models,
-		Timeout: config.Duration(10 * time.Second), RetryBase: config.Duration(5 * time.Millisecond), RetryCap: config.Duration(20 * time.Millisecond)}
-	if typ == config.TypeMock {
-		b.Mock = config.MockKnobs{Tokens: config.DefaultMockTokens}
-	}
-	return b
-}
-
-// rsClosedURL is the base URL of a loopback port that was opened and closed: connection refused.
-func rsClosedURL(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return "http://" + addr + "/v1"
-}
-
-// rsMockBody is a chat body for the default mock model with mock knobs (a JSON object) and
-// extra fields.
-func rsMockBody(msg, knobs, extra string) string {
-	var parts []string
-	if knobs != "" {
-		parts = append(parts, `"mock":`+knobs)
-	}
-	if extra != "" {
-		parts = append(parts, extra)
-	}
-	return chatBody("oncegate-mock", msg, strings.Join(parts, ","))
-}
-
-// rsDirect answers body with a fresh mock serving models (no gateway), whatever the status.
-func rsDirect(body string, models ...string) (int, []byte) {
-	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(http.MethodPost, chatPath, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	mockllm.New(mockllm.Options{Models: models}).ServeHTTP(rec, req)
-	return rec.Code, rec.Body.Bytes()
-}
-
-// rsContent is the reference answer text of a request (no faults) to the default mock model.
-func rsContent(t testing.TB, msg string) string {
-	t.Helper()
-	return parseCompletion(t, directMock(t, chatBody("oncegate-mock", msg, ""))).Choices[0].Message.Content
-}
-
-// rsIdem is GET /v1/idempotency/{key} (with the tenant's auth header, when given).
-func rsIdem(t testing.TB, gw *gatewaykit.Gateway, key string, auth ...map[string]string) map[string]any {
-	t.Helper()
-	var hdr map[string]string
-	if len(auth) > 0 {
-		hdr = auth[0]
-	}
-	resp, b := do(t, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", "", hdr)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("idempotency status of %q: %d %s", key, resp.StatusCode, b)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-// rsHit is one chat request an upstream received.
-type rsHit struct {
-	at     time.Time
-	key    string // Idempotency-Key header
-	intent string // content of the first message
-}
-
-// rsUpstream is an OpenAI-compatible backend on 127.0.0.1 that the tests fully control: it
-// records every chat request, lets hook answer it (hook returns false to pass), and otherwise
-// serves it with a deterministic mock (whose Stats count real executions).
-type rsUpstream struct {
-	*httptest.Server
-	Mock *mockllm.Server
-	hook func(w http.ResponseWriter, r *http.Request, body []byte, h rsHit) bool
-
-	mu   sync.Mutex
-	hits []rsHit
-}
-
-func rsStartUpstream(t testing.TB, hook func(w http.ResponseWriter, r *http.Request, body []byte, h rsHit) bool) *rsUpstream {
-	t.Helper()
-	u := &rsUpstream{Mock: mockllm.New(mockllm.Options{Models: []string{"oncegate-mock", "oncegate-mock-slow"}}), hook: hook}
-	u.Server = httptest.NewServer(http.HandlerFunc(u.serve))
-	t.Cleanup(u.Close)
-	return u
-}
-
-// URL of the OpenAI API base.
-func (u *rsUpstream) base() string { return u.URL + "/v1" }
-
-func (u *rsUpstream) serve(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(r.Body)
-	if err != nil {
-		return
-	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	if r.Method != http.MethodPost || r.URL.Path != chatPath {
-		u.Mock.ServeHTTP(w, r)
-		return
-	}
-	var req struct {
-		Messages []struct {
-			Content string `json:"content"`
-		} `json:"messages"`
-	}
-	_ = json.Unmarshal(body, &req)
-	h := rsHit{at: time.Now(), key: r.Header.Get("Idempotency-Key")}
-	if len(req.Messages) > 0 {
-		h.intent = req.Messages[0].Content
-	}
-	u.mu.Lock()
-	u.hits = append(u.hits, h)
-	u.mu.Unlock()
-	if u.hook != nil && u.hook(w, r, body, h) {
-		return
-	}
-	u.Mock.ServeHTTP(w, r)
-}
-
-// Hits returns the chat requests received so far.
-func (u *rsUpstream) Hits() []rsHit {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return slices.Clone(u.hits)
-}
-
-// rsRefuse answers an OpenAI-style error with status (and Retry-After when retryAfter != "").
-func rsRefuse(w http.ResponseWriter, status int, retryAfter string) {
-	if retryAfter != "" {
-		w.Header().Set("Retry-After", retryAfter)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"error":{"message":"upstream refused with %d","type":"server_error","param":null,"code":null}}`+"\n", status)
-}
-
-func rsAttempts(resp *http.Response) string { return resp.Header.Get("Oncegate-Attempts") }
 
 // Row 1: connection refused is never a run: retried up to max_attempts, then the next backend
 // of the route; with no next backend the client gets 502 backend_unreachable.
 func TestFaultConnectionRefused(t *testing.T) {
 	cfg := gatewaykit.Config(t)
+	// A free port that nothing listens on: connection refused.
 	cfg.Backends = append(cfg.Backends,
-		rsBackend("refused", config.TypeOpenAI, rsClosedURL(t), "oncegate-mock"),
-		rsBackend("refused-alone", config.TypeOpenAI, rsClosedURL(t), "oncegate-refused"))
+		fastRetryBackend("refused", config.TypeOpenAI, "http://"+testkit.FreeAddr(t)+"/v1", "oncegate-mock"),
+		fastRetryBackend("refused-alone", config.TypeOpenAI, "http://"+testkit.FreeAddr(t)+"/v1", "oncegate-refused"))
 	cfg.Routes = []config.Route{
 		{Model: "oncegate-mock", Backends: []string{"refused", "mock"}},
 		{Model: "oncegate-refused", Backends: []string{"refused-alone"}},
@@ -196,51 +40,54 @@ func TestFaultConnectionRefused(t *testing.T) {
 
 	t.Run("fallback", func(t *testing.T) {
 		const msg = "row 1: refused, then the fallback"
-		resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", msg, ""), map[string]string{"Idempotency-Key": "rs-refused-fallback"})
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		resp := postChat(t, gw.URL, chatBody("oncegate-mock", msg, ""), map[string]string{"Idempotency-Key": "rs-refused-fallback"})
+		b := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.Status, b)
 		}
-		if got := parseCompletion(t, b).Choices[0].Message.Content; got != rsContent(t, msg) {
+		if got := parseCompletion(t, b).Choices[0].Message.Content; got != mockContent(t, msg) {
 			t.Errorf("content %q is not the fallback mock's answer", got)
 		}
 		if be := resp.Header.Get("Oncegate-Backend"); be != "mock" {
 			t.Errorf("Oncegate-Backend = %q, want mock", be)
 		}
 		// max_attempts (3) on the refused backend, then one on the fallback.
-		if a := rsAttempts(resp); a != "4" {
+		if a := attempts(resp); a != "4" {
 			t.Errorf("Oncegate-Attempts = %q, want 4 (3 refused + 1 fallback)", a)
 		}
 		if n := mock.Stats().Requests; n != 1 {
 			t.Errorf("fallback executions = %d, want 1", n)
 		}
-		rsRow(t, "1a", "connection refused on A (openai, closed port), fallback mock B", "A: 0 (3 attempts refused), B: 1",
-			fmt.Sprintf("%d, Oncegate-Backend: %s, Oncegate-Attempts: %s", resp.StatusCode, resp.Header.Get("Oncegate-Backend"), rsAttempts(resp)))
+		resilienceRow(t, "1a", "connection refused on A (openai, closed port), fallback mock B", "A: 0 (3 attempts refused), B: 1",
+			fmt.Sprintf("%d, Oncegate-Backend: %s, Oncegate-Attempts: %s", resp.Status, resp.Header.Get("Oncegate-Backend"), attempts(resp)))
 	})
 
 	t.Run("no fallback", func(t *testing.T) {
 		before := mock.Stats().Requests + slow.Stats().Requests
 		body := chatBody("oncegate-refused", "row 1: refused, nowhere else to go", "")
-		resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-refused-alone"})
-		if resp.StatusCode != http.StatusBadGateway {
-			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-refused-alone"})
+		b := resp.Body
+		if resp.Status != http.StatusBadGateway {
+			t.Fatalf("status %d: %s", resp.Status, b)
 		}
-		assertOpenAIError(t, resp, b, "backend_unreachable")
-		if a := rsAttempts(resp); a != "3" {
+		assertOpenAIError(t, resp, "backend_unreachable")
+		if a := attempts(resp); a != "3" {
 			t.Errorf("Oncegate-Attempts = %q, want max_attempts 3 (a refused connection is always safe to retry)", a)
 		}
 		if n := mock.Stats().Requests + slow.Stats().Requests - before; n != 0 {
 			t.Errorf("%d executions on other backends", n)
 		}
-		if st := rsIdem(t, gw, "rs-refused-alone"); st["state"] != "FAILED" {
+		if st := idemStatus(t, gw.URL, "rs-refused-alone", nil); st["state"] != "FAILED" {
 			t.Errorf("record %v, want FAILED", st)
 		}
-		rsRow(t, "1b", "connection refused, no fallback", "0 anywhere (3 attempts refused)",
-			fmt.Sprintf("%d backend_unreachable, Oncegate-Attempts: %s, x-should-retry: %s", resp.StatusCode, rsAttempts(resp), resp.Header.Get("x-should-retry")))
+		resilienceRow(t, "1b", "connection refused, no fallback", "0 anywhere (3 attempts refused)",
+			fmt.Sprintf("%d backend_unreachable, Oncegate-Attempts: %s, x-should-retry: %s", resp.Status, attempts(resp), resp.Header.Get("x-should-retry")))
 
 		// Nothing ran: the key was released, and a retry executes (tries) again.
-		resp2, b2 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-refused-alone"})
-		if resp2.StatusCode != http.StatusBadGateway || resp2.Header.Get("Oncegate-Idempotency") != "created" {
-			t.Errorf("same-key retry: %d %s %s, want a new 502 execution (created)", resp2.StatusCode, resp2.Header.Get("Oncegate-Idempotency"), b2)
+		resp2 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-refused-alone"})
+		b2 := resp2.Body
+		if resp2.Status != http.StatusBadGateway || resp2.Header.Get("Oncegate-Idempotency") != "created" {
+			t.Errorf("same-key retry: %d %s %s, want a new 502 execution (created)", resp2.Status, resp2.Header.Get("Oncegate-Idempotency"), b2)
 		}
 	})
 }
@@ -250,7 +97,7 @@ func TestFaultConnectionRefused(t *testing.T) {
 // backend), then 504 backend_timeout; never re-sent.
 func TestFaultStallBeforeFirstByte(t *testing.T) {
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("stallmock", config.TypeMock, "", "oncegate-mock")
+	b := fastRetryBackend("stallmock", config.TypeMock, "", "oncegate-mock")
 	b.FirstByteTimeout, b.Timeout = config.Duration(200*time.Millisecond), config.Duration(time.Second)
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"stallmock", "mock"}}}
@@ -258,14 +105,15 @@ func TestFaultStallBeforeFirstByte(t *testing.T) {
 	stall, fallback := gw.Mock(t, "stallmock"), gw.Mock(t, "mock")
 
 	const key = "rs-stall"
-	body := rsMockBody("row 2: accept, then stall", `{"fault":"stall"}`, "")
+	body := mockBody("row 2: accept, then stall", `{"fault":"stall"}`, "")
 	start := time.Now()
-	resp, rb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	rb := resp.Body
 	elapsed := time.Since(start)
-	if resp.StatusCode != http.StatusGatewayTimeout {
-		t.Fatalf("status %d: %s", resp.StatusCode, rb)
+	if resp.Status != http.StatusGatewayTimeout {
+		t.Fatalf("status %d: %s", resp.Status, rb)
 	}
-	assertOpenAIError(t, resp, rb, "backend_timeout")
+	assertOpenAIError(t, resp, "backend_timeout")
 	if elapsed < time.Second {
 		t.Errorf("answered after %v: before the backend's 1 s timeout", elapsed)
 	}
@@ -275,15 +123,15 @@ func TestFaultStallBeforeFirstByte(t *testing.T) {
 	if n := fallback.Stats().Requests; n != 0 {
 		t.Errorf("sent to the next backend %d times: a request that may have run must not run elsewhere", n)
 	}
-	rec := rsIdem(t, gw, key)
+	rec := idemStatus(t, gw.URL, key, nil)
 	if rec["state"] != "FAILED" || rec["attempts"] != float64(1) {
 		t.Errorf("record %v, want FAILED after 1 attempt", rec)
 	}
-	if a := rsAttempts(resp); a != "1" {
+	if a := attempts(resp); a != "1" {
 		t.Errorf("Oncegate-Attempts = %q, want 1", a)
 	}
-	rsRow(t, "2a", "stall before first byte (first_byte 200ms, timeout 1s, no key dedup)", "1, never re-sent (fallback: 0)",
-		fmt.Sprintf("%d backend_timeout after %v, x-should-retry: %s", resp.StatusCode, elapsed.Round(10*time.Millisecond), resp.Header.Get("x-should-retry")))
+	resilienceRow(t, "2a", "stall before first byte (first_byte 200ms, timeout 1s, no key dedup)", "1, never re-sent (fallback: 0)",
+		fmt.Sprintf("%d backend_timeout after %v, x-should-retry: %s", resp.Status, elapsed.Round(10*time.Millisecond), resp.Header.Get("x-should-retry")))
 }
 
 // Rows 2a and 6, same-key retry: an attempt that was written and ended without an answer may
@@ -291,7 +139,7 @@ func TestFaultStallBeforeFirstByte(t *testing.T) {
 // cut off), so a copy of the request must not run it again.
 func TestFaultAmbiguousSameKeyRetry(t *testing.T) {
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("ambig", config.TypeMock, "", "oncegate-mock")
+	b := fastRetryBackend("ambig", config.TypeMock, "", "oncegate-mock")
 	b.FirstByteTimeout, b.Timeout = config.Duration(100*time.Millisecond), config.Duration(300*time.Millisecond)
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"ambig"}}}
@@ -306,16 +154,17 @@ func TestFaultAmbiguousSameKeyRetry(t *testing.T) {
 		t.Run(tc.fault, func(t *testing.T) {
 			mock.Reset()
 			key := "rs-ambiguous-" + strings.ReplaceAll(tc.fault, " ", "-")
-			body := rsMockBody("row 2/6: a copy of an ambiguous failure: "+tc.fault, tc.knobs, "")
-			resp, rb := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-			if resp.StatusCode < 500 {
-				t.Fatalf("status %d: %s", resp.StatusCode, rb)
+			body := mockBody("row 2/6: a copy of an ambiguous failure: "+tc.fault, tc.knobs, "")
+			resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+			rb := resp.Body
+			if resp.Status < 500 {
+				t.Fatalf("status %d: %s", resp.Status, rb)
 			}
-			code := assertOpenAIError(t, resp, rb, "")
-			resp2, _ := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+			code := assertOpenAIError(t, resp, "")
+			resp2 := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
 			n := mock.Stats().Requests
-			rsRow(t, "2/6'", "same-key retry after an ambiguous failure: "+tc.fault, fmt.Sprint(n),
-				fmt.Sprintf("first %d %s; retry %d (Oncegate-Idempotency: %s)", resp.StatusCode, code, resp2.StatusCode, resp2.Header.Get("Oncegate-Idempotency")))
+			resilienceRow(t, "2/6'", "same-key retry after an ambiguous failure: "+tc.fault, fmt.Sprint(n),
+				fmt.Sprintf("first %d %s; retry %d (Oncegate-Idempotency: %s)", resp.Status, code, resp2.Status, resp2.Header.Get("Oncegate-Idempotency")))
 			if n != 1 || resp2.Header.Get("Oncegate-Idempotency") != "replayed" {
 				t.Fatalf("%s (got %d executions, retry outcome %q)", ambiguousReleasedBug, n, resp2.Header.Get("Oncegate-Idempotency"))
 			}
@@ -342,7 +191,7 @@ func TestFaultStallHonorsIdempotencyKey(t *testing.T) {
 		execute = mockllm.New(mockllm.Options{Models: []string{"oncegate-mock"}})
 	)
 	const execTime = 300 * time.Millisecond // > first_byte_timeout, < 2 × first_byte_timeout
-	up := rsStartUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte, h rsHit) bool {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte, h hit) bool {
 		mu.Lock()
 		e, dup := runs[h.key]
 		if !dup {
@@ -370,34 +219,35 @@ func TestFaultStallHonorsIdempotencyKey(t *testing.T) {
 	})
 	t.Cleanup(wg.Wait)
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("dedup", config.TypeOpenAI, up.base(), "oncegate-mock")
+	b := fastRetryBackend("dedup", config.TypeOpenAI, up.base(), "oncegate-mock")
 	b.FirstByteTimeout, b.HonorsIdempotencyKey = config.Duration(200*time.Millisecond), true
 	cfg.Backends = append(cfg.Backends, b)
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"dedup"}}}
 	gw := gatewaykit.StartGateway(t, cfg)
 
 	const msg, key = "row 2: a backend that honours Idempotency-Key", "rs-stall-dedup"
-	resp, rb := postChat(t, gw.URL, chatBody("oncegate-mock", msg, ""), map[string]string{"Idempotency-Key": key})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d: %s", resp.StatusCode, rb)
+	resp := postChat(t, gw.URL, chatBody("oncegate-mock", msg, ""), map[string]string{"Idempotency-Key": key})
+	rb := resp.Body
+	if resp.Status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.Status, rb)
 	}
-	if got := parseCompletion(t, rb).Choices[0].Message.Content; got != rsContent(t, msg) {
+	if got := parseCompletion(t, rb).Choices[0].Message.Content; got != mockContent(t, msg) {
 		t.Errorf("content %q", got)
 	}
 	hits := up.Hits()
 	if n := execute.Stats().Requests; n != 1 {
 		t.Errorf("real executions = %d, want 1", n)
 	}
-	if len(hits) != 2 || rsAttempts(resp) != "2" {
-		t.Errorf("%d sends (Oncegate-Attempts %q), want 2: the first timed out before its first byte, the re-send joined it", len(hits), rsAttempts(resp))
+	if len(hits) != 2 || attempts(resp) != "2" {
+		t.Errorf("%d sends (Oncegate-Attempts %q), want 2: the first timed out before its first byte, the re-send joined it", len(hits), attempts(resp))
 	}
 	for i, h := range hits {
 		if h.key == "" || h.key != hits[0].key || !strings.HasPrefix(h.key, "oncegate-") || strings.Contains(h.key, key) {
 			t.Errorf("send %d forwarded Idempotency-Key %q (first %q): want one stable gateway key, never the client's", i, h.key, hits[0].key)
 		}
 	}
-	rsRow(t, "2b", "stall before first byte, backend honours Idempotency-Key", fmt.Sprintf("1 real (%d sends, same forwarded key)", len(hits)),
-		fmt.Sprintf("%d, Oncegate-Attempts: %s", resp.StatusCode, rsAttempts(resp)))
+	resilienceRow(t, "2b", "stall before first byte, backend honours Idempotency-Key", fmt.Sprintf("1 real (%d sends, same forwarded key)", len(hits)),
+		fmt.Sprintf("%d, Oncegate-Attempts: %s", resp.Status, attempts(resp)))
 }
 
 // Row 3: 429 with Retry-After: 1 twice, then OK: three attempts, each at least Retry-After
@@ -407,23 +257,24 @@ func TestFault429ThenOK(t *testing.T) {
 		t.Skip("waits 2 × Retry-After")
 	}
 	t.Parallel()
-	up := rsStartUpstream(t, nil)
+	up := startUpstream(t, nil)
 	cfg := gatewaykit.Config(t)
-	cfg.Backends = append(cfg.Backends, rsBackend("limited", config.TypeOpenAI, up.base(), "oncegate-mock"))
+	cfg.Backends = append(cfg.Backends, fastRetryBackend("limited", config.TypeOpenAI, up.base(), "oncegate-mock"))
 	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"limited"}}}
 	gw := gatewaykit.StartGateway(t, cfg)
 
 	const msg = "row 3: 429 then OK"
-	resp, b := postChat(t, gw.URL, rsMockBody(msg, `{"fault":"rate_limit","retry_after":"1","fault_first_n":2}`, ""), map[string]string{"Idempotency-Key": "rs-429"})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	resp := postChat(t, gw.URL, mockBody(msg, `{"fault":"rate_limit","retry_after":"1","fault_first_n":2}`, ""), map[string]string{"Idempotency-Key": "rs-429"})
+	b := resp.Body
+	if resp.Status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.Status, b)
 	}
-	if got := parseCompletion(t, b).Choices[0].Message.Content; got != rsContent(t, msg) {
+	if got := parseCompletion(t, b).Choices[0].Message.Content; got != mockContent(t, msg) {
 		t.Errorf("content %q", got)
 	}
 	hits := up.Hits()
-	if len(hits) != 3 || rsAttempts(resp) != "3" {
-		t.Fatalf("%d attempts (header %q), want 3", len(hits), rsAttempts(resp))
+	if len(hits) != 3 || attempts(resp) != "3" {
+		t.Fatalf("%d attempts (header %q), want 3", len(hits), attempts(resp))
 	}
 	var gaps []string
 	for i := 1; i < len(hits); i++ {
@@ -436,8 +287,8 @@ func TestFault429ThenOK(t *testing.T) {
 	if st := up.Mock.Stats(); st.Requests != 3 || st.Faults != 2 || st.Completed != 1 {
 		t.Errorf("backend stats %+v", st)
 	}
-	rsRow(t, "3", "429 Retry-After: 1 for the first 2 requests", "3 attempts, 1 completion",
-		fmt.Sprintf("%d, Oncegate-Attempts: %s, gaps %s (≥ 1s)", resp.StatusCode, rsAttempts(resp), strings.Join(gaps, ", ")))
+	resilienceRow(t, "3", "429 Retry-After: 1 for the first 2 requests", "3 attempts, 1 completion",
+		fmt.Sprintf("%d, Oncegate-Attempts: %s, gaps %s (≥ 1s)", resp.Status, attempts(resp), strings.Join(gaps, ", ")))
 }
 
 // Row 4: 5xx bursts are retried; a 500 may have done work and is passed through, not retried;
@@ -449,59 +300,63 @@ func TestFaultStatusCodes(t *testing.T) {
 	t.Run("503 burst", func(t *testing.T) {
 		mock.Reset()
 		const msg = "row 4: a 503 burst"
-		resp, b := postChat(t, gw.URL, rsMockBody(msg, `{"fault":"error_503","fault_first_n":2}`, ""), map[string]string{"Idempotency-Key": "rs-503-burst"})
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.StatusCode, b)
+		resp := postChat(t, gw.URL, mockBody(msg, `{"fault":"error_503","fault_first_n":2}`, ""), map[string]string{"Idempotency-Key": "rs-503-burst"})
+		b := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.Status, b)
 		}
-		if got := parseCompletion(t, b).Choices[0].Message.Content; got != rsContent(t, msg) {
+		if got := parseCompletion(t, b).Choices[0].Message.Content; got != mockContent(t, msg) {
 			t.Errorf("content %q", got)
 		}
 		st := mock.Stats()
-		if st.Requests != 3 || st.Completed != 1 || rsAttempts(resp) != "3" {
-			t.Errorf("stats %+v, Oncegate-Attempts %q: want 3 attempts, 1 completion", st, rsAttempts(resp))
+		if st.Requests != 3 || st.Completed != 1 || attempts(resp) != "3" {
+			t.Errorf("stats %+v, Oncegate-Attempts %q: want 3 attempts, 1 completion", st, attempts(resp))
 		}
-		rsRow(t, "4a", "503 for the first 2 requests", "3 attempts, 1 completion", fmt.Sprintf("%d, Oncegate-Attempts: %s", resp.StatusCode, rsAttempts(resp)))
+		resilienceRow(t, "4a", "503 for the first 2 requests", "3 attempts, 1 completion", fmt.Sprintf("%d, Oncegate-Attempts: %s", resp.Status, attempts(resp)))
 	})
 
 	t.Run("500", func(t *testing.T) {
 		mock.Reset()
-		body := rsMockBody("row 4: a 500", `{"fault":"error_500"}`, "")
-		_, want := rsDirect(body, "oncegate-mock")
-		resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-500"})
-		if resp.StatusCode != http.StatusInternalServerError || !bytes.Equal(b, want) {
-			t.Fatalf("got %d %q, want 500 %q passed through", resp.StatusCode, b, want)
+		body := mockBody("row 4: a 500", `{"fault":"error_500"}`, "")
+		_, want := askMock(body)
+		resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "rs-500"})
+		b := resp.Body
+		if resp.Status != http.StatusInternalServerError || !bytes.Equal(b, want) {
+			t.Fatalf("got %d %q, want 500 %q passed through", resp.Status, b, want)
 		}
-		if n := mock.Stats().Requests; n != 1 || rsAttempts(resp) != "1" {
-			t.Errorf("%d executions (Oncegate-Attempts %q), want 1: a 500 may have done the work", n, rsAttempts(resp))
+		if n := mock.Stats().Requests; n != 1 || attempts(resp) != "1" {
+			t.Errorf("%d executions (Oncegate-Attempts %q), want 1: a 500 may have done the work", n, attempts(resp))
 		}
 		if v := resp.Header.Get("x-should-retry"); v != "false" {
 			t.Errorf("x-should-retry = %q, want false", v)
 		}
-		rsRow(t, "4b", "500", "1 (not retried)", fmt.Sprintf("%d, backend body passed through byte for byte, x-should-retry: false", resp.StatusCode))
+		resilienceRow(t, "4b", "500", "1 (not retried)", fmt.Sprintf("%d, backend body passed through byte for byte, x-should-retry: false", resp.Status))
 	})
 
 	for _, code := range []int{400, 401, 403, 404, 422} {
 		t.Run(fmt.Sprint(code), func(t *testing.T) {
 			mock.Reset()
 			key := fmt.Sprintf("rs-final-%d", code)
-			body := rsMockBody(fmt.Sprintf("row 4: a final %d", code), fmt.Sprintf(`{"fault":"error_%d"}`, code), "")
-			_, want := rsDirect(body, "oncegate-mock")
-			resp, b := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-			if resp.StatusCode != code || !bytes.Equal(b, want) {
-				t.Fatalf("got %d %q, want %d %q", resp.StatusCode, b, code, want)
+			body := mockBody(fmt.Sprintf("row 4: a final %d", code), fmt.Sprintf(`{"fault":"error_%d"}`, code), "")
+			_, want := askMock(body)
+			resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+			b := resp.Body
+			if resp.Status != code || !bytes.Equal(b, want) {
+				t.Fatalf("got %d %q, want %d %q", resp.Status, b, code, want)
 			}
 			if v := resp.Header.Get("x-should-retry"); v != "false" {
 				t.Errorf("x-should-retry = %q, want false", v)
 			}
-			dup, db := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-			if dup.StatusCode != code || !bytes.Equal(db, b) || dup.Header.Get("Oncegate-Idempotency") != "replayed" {
-				t.Errorf("duplicate: %d %s %q, want the stored %d replayed", dup.StatusCode, dup.Header.Get("Oncegate-Idempotency"), db, code)
+			dup := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+			db := dup.Body
+			if dup.Status != code || !bytes.Equal(db, b) || dup.Header.Get("Oncegate-Idempotency") != "replayed" {
+				t.Errorf("duplicate: %d %s %q, want the stored %d replayed", dup.Status, dup.Header.Get("Oncegate-Idempotency"), db, code)
 			}
-			if n := mock.Stats().Requests; n != 1 || rsAttempts(resp) != "1" {
-				t.Errorf("%d executions (Oncegate-Attempts %q), want 1", n, rsAttempts(resp))
+			if n := mock.Stats().Requests; n != 1 || attempts(resp) != "1" {
+				t.Errorf("%d executions (Oncegate-Attempts %q), want 1", n, attempts(resp))
 			}
-			rsRow(t, "4c", fmt.Sprintf("%d", code), "1 (never retried)",
-				fmt.Sprintf("%d stored; duplicate: %d %s, same body", code, dup.StatusCode, dup.Header.Get("Oncegate-Idempotency")))
+			resilienceRow(t, "4c", fmt.Sprintf("%d", code), "1 (never retried)",
+				fmt.Sprintf("%d stored; duplicate: %d %s, same body", code, dup.Status, dup.Header.Get("Oncegate-Idempotency")))
 		})
 	}
 }
@@ -512,20 +367,21 @@ func TestFaultLostResponse(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "mock")
 	const key = "rs-lost"
-	resp, b := postChat(t, gw.URL, rsMockBody("row 6: completed, but the response was lost", `{"fault":"lost_response"}`, ""),
+	resp := postChat(t, gw.URL, mockBody("row 6: completed, but the response was lost", `{"fault":"lost_response"}`, ""),
 		map[string]string{"Idempotency-Key": key})
-	if resp.StatusCode < 500 {
-		t.Fatalf("status %d: %s, want a 5xx", resp.StatusCode, b)
+	b := resp.Body
+	if resp.Status < 500 {
+		t.Fatalf("status %d: %s, want a 5xx", resp.Status, b)
 	}
-	code := assertOpenAIError(t, resp, b, "")
-	if st := mock.Stats(); st.Requests != 1 || st.Completed != 1 || rsAttempts(resp) != "1" {
-		t.Errorf("stats %+v (Oncegate-Attempts %q), want 1 completed execution, never re-sent", st, rsAttempts(resp))
+	code := assertOpenAIError(t, resp, "")
+	if st := mock.Stats(); st.Requests != 1 || st.Completed != 1 || attempts(resp) != "1" {
+		t.Errorf("stats %+v (Oncegate-Attempts %q), want 1 completed execution, never re-sent", st, attempts(resp))
 	}
-	if rec := rsIdem(t, gw, key); rec["state"] != "FAILED" || rec["attempts"] != float64(1) {
+	if rec := idemStatus(t, gw.URL, key, nil); rec["state"] != "FAILED" || rec["attempts"] != float64(1) {
 		t.Errorf("record %v", rec)
 	}
-	rsRow(t, "6", "completed but the response was lost (non-stream)", "1 (completed at the backend), not re-sent",
-		fmt.Sprintf("%d %s, x-should-retry: %s", resp.StatusCode, code, resp.Header.Get("x-should-retry")))
+	resilienceRow(t, "6", "completed but the response was lost (non-stream)", "1 (completed at the backend), not re-sent",
+		fmt.Sprintf("%d %s, x-should-retry: %s", resp.Status, code, resp.Header.Get("x-should-retry")))
 }
 
 // Row 8: a 429 storm (100 %, Retry-After: 2, ~5 s) under 30 distinct intents from 3 clients:
@@ -538,16 +394,16 @@ func TestFault429Storm(t *testing.T) {
 	t.Parallel()
 	const storm, retryAfter = 5 * time.Second, 2 * time.Second
 	var stormStart atomic.Pointer[time.Time]
-	up := rsStartUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte, h rsHit) bool {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request, body []byte, h hit) bool {
 		stormStart.CompareAndSwap(nil, &h.at)
 		if h.at.Sub(*stormStart.Load()) < storm {
-			rsRefuse(w, http.StatusTooManyRequests, "2")
+			refuse(w, http.StatusTooManyRequests, "2")
 			return true
 		}
 		return false
 	})
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("stormy", config.TypeOpenAI, up.base(), "oncegate-mock")
+	b := fastRetryBackend("stormy", config.TypeOpenAI, up.base(), "oncegate-mock")
 	// The breaker (429s count as failures) would open after min_requests and stop every retry;
 	// kept closed here so that the retry budget alone is measured.
 	b.Breaker.MinRequests = 1000
@@ -570,18 +426,13 @@ func TestFault429Storm(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				time.Sleep(time.Duration(i) * 100 * time.Millisecond)
-				req, _ := http.NewRequest(http.MethodPost, gw.URL+chatPath,
-					strings.NewReader(chatBody("oncegate-mock", fmt.Sprintf("row 8: storm intent %d-%d", c, i), "")))
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("Idempotency-Key", fmt.Sprintf("rs-storm-%d-%d", c, i))
-				resp, err := httpClient.Do(req)
-				if err != nil {
+				r := send(http.MethodPost, gw.URL+chatPath, chatBody("oncegate-mock", fmt.Sprintf("row 8: storm intent %d-%d", c, i), ""),
+					map[string]string{"Idempotency-Key": fmt.Sprintf("rs-storm-%d-%d", c, i)})
+				if r.Err != nil && r.Status == 0 {
 					outcomes <- outcome{status: -1}
 					return
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				outcomes <- outcome{resp.StatusCode, resp.Header}
+				outcomes <- outcome{r.Status, r.Header}
 			}()
 		}
 	}
@@ -626,6 +477,6 @@ func TestFault429Storm(t *testing.T) {
 	if count[http.StatusTooManyRequests] == 0 {
 		t.Fatalf("statuses %v: the storm did not reach the clients", count)
 	}
-	rsRow(t, "8", "429 storm: 100% 429 Retry-After: 2 for 5s, 30 intents, 3 clients (breaker kept closed)", fmt.Sprintf("%d attempts / 30 intents = %.2f, min retry gap %v", len(hits), ratio, minGap.Round(time.Millisecond)),
+	resilienceRow(t, "8", "429 storm: 100% 429 Retry-After: 2 for 5s, 30 intents, 3 clients (breaker kept closed)", fmt.Sprintf("%d attempts / 30 intents = %.2f, min retry gap %v", len(hits), ratio, minGap.Round(time.Millisecond)),
 		fmt.Sprintf("statuses %v; a 429: Retry-After %q, x-should-retry %q", count, refused.Get("Retry-After"), refused.Get("x-should-retry")))
 }

@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -38,7 +40,7 @@ const ftMaxAttempts = 3
 // ftIdem is GET /v1/idempotency/{key} as tenant.
 func ftIdem(t *testing.T, gw *gatewaykit.Gateway, tenant, key string) map[string]any {
 	t.Helper()
-	return rsIdem(t, gw, key, map[string]string{"Authorization": "Bearer sk-" + tenant})
+	return idemStatus(t, gw.URL, key, map[string]string{"Authorization": "Bearer sk-" + tenant})
 }
 
 // ftCase is one wire format: where it posts and its stream body for a message and mock knobs.
@@ -67,9 +69,10 @@ var ftCases = []ftCase{
 // ftCharges is the tenant's ledger charges.
 func ftCharges(t *testing.T, gw *gatewaykit.Gateway, tenant string) []map[string]any {
 	t.Helper()
-	r, b := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant="+tenant, "", "", map[string]string{"Authorization": "Bearer ft-admin"})
-	if r.StatusCode != http.StatusOK {
-		t.Fatalf("admin ledger: %d %s", r.StatusCode, b)
+	r := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant="+tenant, "", map[string]string{"Authorization": "Bearer ft-admin"})
+	b := r.Body
+	if r.Status != http.StatusOK {
+		t.Fatalf("admin ledger: %d %s", r.Status, b)
 	}
 	var entries struct {
 		Data []map[string]any `json:"data"`
@@ -104,16 +107,16 @@ func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
 				mock := gw.Mock(t, "mock")
 				msg := "broken before the first token, " + tc.name + ", " + br.name
 				auth := "Bearer sk-" + tenant
-				_, clean := do(t, http.MethodPost, gw.URL+tc.path, "application/json", tc.body(msg, ""),
-					map[string]string{"Authorization": auth, "Idempotency-Key": "ft-clean"})
+				clean := do(t, http.MethodPost, gw.URL+tc.path, tc.body(msg, ""), map[string]string{"Authorization": auth, "Idempotency-Key": "ft-clean"}).Body
 				charged := len(waitCharges(t, gw, tenant, 1))
 
 				before := mock.Stats().Requests
 				const key = "ft-retried"
 				body := tc.body(msg, br.knobs)
-				resp, got := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
-				if resp.StatusCode != http.StatusOK {
-					t.Fatalf("status %d: %s", resp.StatusCode, got)
+				resp := do(t, http.MethodPost, gw.URL+tc.path, body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
+				got := resp.Body
+				if resp.Status != http.StatusOK {
+					t.Fatalf("status %d: %s", resp.Status, got)
 				}
 				if !bytes.Equal(got, clean) {
 					t.Errorf("stream after a break before the first token:\n%s\nwant the clean run's:\n%s", got, clean)
@@ -132,7 +135,8 @@ func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
 					t.Errorf("%d charges for the completed execution, want 1: %v", len(charges)-charged, charges)
 				}
 				// A replay is the same stream, and costs nothing.
-				retry, rb := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
+				retry := do(t, http.MethodPost, gw.URL+tc.path, body, map[string]string{"Authorization": auth, "Idempotency-Key": key})
+				rb := retry.Body
 				if retry.Header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(rb, got) {
 					t.Errorf("same-key retry (%s) differs from the live stream", retry.Header.Get("Oncegate-Idempotency"))
 				}
@@ -146,10 +150,13 @@ func TestStreamBrokenBeforeFirstTokenIsRetried(t *testing.T) {
 func waitCharges(t *testing.T, gw *gatewaykit.Gateway, tenant string, want int) []map[string]any {
 	t.Helper()
 	var charges []map[string]any
-	gatewaykit.Eventually(t, 10e9, func() bool {
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
 		charges = ftCharges(t, gw, tenant)
-		return len(charges) >= want
-	}, fmt.Sprintf("%d charges for %s", want, tenant))
+		if len(charges) < want {
+			return fmt.Errorf("%d charges for %s, want %d", len(charges), tenant, want)
+		}
+		return nil
+	})
 	return charges
 }
 
@@ -166,10 +173,11 @@ func TestStreamBrokenBeforeFirstTokenEveryAttempt(t *testing.T) {
 			hdr := map[string]string{"Authorization": "Bearer sk-ft-every", "Idempotency-Key": key}
 			body := tc.body("every attempt breaks before the first token, "+tc.name, `{"fault":"drop_after","fault_after":0}`)
 			before := mock.Stats().Requests
-			resp, b := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, hdr)
-			if resp.StatusCode != http.StatusBadGateway || resp.Header.Get("x-should-retry") != "true" || resp.Header.Get("Retry-After") == "" {
+			resp := do(t, http.MethodPost, gw.URL+tc.path, body, hdr)
+			b := resp.Body
+			if resp.Status != http.StatusBadGateway || resp.Header.Get("x-should-retry") != "true" || resp.Header.Get("Retry-After") == "" {
 				t.Errorf("status %d x-should-retry %q Retry-After %q, want 502, a safe retry: %s",
-					resp.StatusCode, resp.Header.Get("x-should-retry"), resp.Header.Get("Retry-After"), b)
+					resp.Status, resp.Header.Get("x-should-retry"), resp.Header.Get("Retry-After"), b)
 			}
 			if n := mock.Stats().Requests - before; n != ftMaxAttempts {
 				t.Errorf("%d backend requests, want the backend's %d attempts", n, ftMaxAttempts)
@@ -178,9 +186,10 @@ func TestStreamBrokenBeforeFirstTokenEveryAttempt(t *testing.T) {
 				t.Errorf("record state %v, want FAILED (released)", st["state"])
 			}
 			before = mock.Stats().Requests
-			retry, rb := do(t, http.MethodPost, gw.URL+tc.path, "application/json", body, hdr)
+			retry := do(t, http.MethodPost, gw.URL+tc.path, body, hdr)
+			rb := retry.Body
 			if retry.Header.Get("Oncegate-Idempotency") == "replayed" || mock.Stats().Requests == before {
-				t.Errorf("same-key retry %s (%d %s) did not execute again", retry.Header.Get("Oncegate-Idempotency"), retry.StatusCode, rb)
+				t.Errorf("same-key retry %s (%d %s) did not execute again", retry.Header.Get("Oncegate-Idempotency"), retry.Status, rb)
 			}
 			if charges := ftCharges(t, gw, "ft-every"); len(charges) != 0 {
 				t.Errorf("charges for executions that produced nothing: %v", charges)

@@ -11,43 +11,15 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 )
 
-// xoJob is GET /v1/jobs/{id}.
-type xoJob struct {
-	ID       string          `json:"id"`
-	Object   string          `json:"object"`
-	Status   string          `json:"status"`
-	Epoch    int             `json:"epoch"`
-	Attempts int             `json:"attempts"`
-	Tokens   int             `json:"tokens_so_far"`
-	Result   json.RawMessage `json:"result"`
-	Error    json.RawMessage `json:"error"`
-}
-
-func xoGetJob(t testing.TB, c *http.Client, base, id string) (xoJob, xoResult) {
-	t.Helper()
-	r := xoDo(c, http.MethodGet, base+"/v1/jobs/"+id, "", nil)
-	var j xoJob
-	if r.Status == http.StatusOK {
-		if err := json.Unmarshal(r.Body, &j); err != nil {
-			t.Fatalf("job %s: %v: %s", id, err, r.Body)
-		}
-	}
-	return j, r
-}
-
-// xoEventBlocks splits a jobs SSE body into its event blocks (each "id: N\ndata: …\n\n").
-func xoEventBlocks(body []byte) []string {
-	var out []string
-	for _, b := range strings.SplitAfter(string(body), "\n\n") {
-		if b != "" && !strings.HasPrefix(b, ":") {
-			out = append(out, b)
-		}
-	}
-	return out
+// compactEqual reports whether a and b are the same JSON text once compacted.
+func compactEqual(a, b []byte) bool {
+	var ca, cb bytes.Buffer
+	return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && bytes.Equal(ca.Bytes(), cb.Bytes())
 }
 
 // TestJobsAPI: a long generation as a background job, created by POST /v1/jobs or by
@@ -60,28 +32,27 @@ func TestJobsAPI(t *testing.T) {
 	cfg.Idempotency.RenewEvery = config.Duration(100 * time.Millisecond) // progress reaches the record every 100 ms
 	gw := gatewaykit.StartGateway(t, cfg)
 	slow := gw.Mock(t, "slowmock")
-	c := xoClient(t)
 
 	for i, tc := range []struct {
 		name, path string
 		hdr        map[string]string
 	}{
 		{"POST /v1/jobs", "/v1/jobs", nil},
-		{"Prefer respond-async", xoChatPath, map[string]string{"Prefer": "respond-async"}},
+		{"Prefer respond-async", chatPath, map[string]string{"Prefer": "respond-async"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := fmt.Sprintf("xo-job-%d", i)
 			const tokens = 30
-			body := xoChatBody(xoSlowModel, "a background job "+tc.name, false, fmt.Sprintf(`"mock":{"tokens":%d,"inter_token_ms":30}`, tokens))
-			_, wantContent := xoReference(t, xoSlowModel, body)
+			body := chatBody(slowModel, "a background job "+tc.name, fmt.Sprintf(`"mock":{"tokens":%d,"inter_token_ms":30}`, tokens))
+			_, wantContent := reference(t, body)
 			hdr := map[string]string{"Idempotency-Key": key}
 			for k, v := range tc.hdr {
 				hdr[k] = v
 			}
 			before := slow.Stats().Requests
 
-			r := xoPost(c, gw.URL+tc.path, body, hdr)
-			xoWant(t, r, http.StatusAccepted, "created")
+			r := do(t, http.MethodPost, gw.URL+tc.path, body, hdr)
+			expect(t, r, http.StatusAccepted, "created")
 			var accepted struct{ ID, Object, Status string }
 			if err := json.Unmarshal(r.Body, &accepted); err != nil || !jobs.ParseID(accepted.ID) || accepted.Object != "job" ||
 				(accepted.Status != "queued" && accepted.Status != "running") {
@@ -96,51 +67,55 @@ func TestJobsAPI(t *testing.T) {
 			}
 
 			// Running: status and the key's state show progress.
-			gatewaykit.Eventually(t, 10*time.Second, func() bool {
-				j, _ := xoGetJob(t, c, gw.URL, id)
-				return j.Status == "running" && j.Tokens > 0
-			}, "the job is running with tokens so far")
-			during := xoIdem(t, c, gw.URL, key, nil)
+			testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+				if j, jr := getJob(t, gw.URL, id); j.Status != "running" || j.Tokens == 0 {
+					return fmt.Errorf("the job is not running with tokens so far: %d %s", jr.Status, jr.Body)
+				}
+				return nil
+			})
+			during := idemStatus(t, gw.URL, key, nil)
 			if during["state"] != "PENDING" || during["job_id"] != id || during["epoch"] != 1.0 || during["attempts"] != 1.0 ||
 				during["tokens_so_far"].(float64) <= 0 {
 				t.Errorf("key status while running: %v", during)
 			}
 
 			// Events while running: replayed from the start, then live, to [DONE].
-			live := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil)
+			live := send(http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil)
 			if live.Status != http.StatusOK || !strings.HasPrefix(live.Header.Get("Content-Type"), "text/event-stream") {
 				t.Fatalf("live events: %d %s", live.Status, live.Body)
 			}
 
-			gatewaykit.Eventually(t, 10*time.Second, func() bool {
-				j, _ := xoGetJob(t, c, gw.URL, id)
-				return j.Status == "completed"
-			}, "the job completes")
-			j, jr := xoGetJob(t, c, gw.URL, id)
+			testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+				if j, jr := getJob(t, gw.URL, id); j.Status != "completed" {
+					return fmt.Errorf("the job has not completed: %d %s", jr.Status, jr.Body)
+				}
+				return nil
+			})
+			j, jr := getJob(t, gw.URL, id)
 			if j.ID != id || j.Object != "job" || j.Epoch != 1 || j.Attempts != 1 || len(j.Error) != 0 {
 				t.Errorf("completed job: %s", jr.Body)
 			}
-			_, content, err := xoParseCompletion(j.Result)
+			_, content, err := answerOf(j.Result)
 			if err != nil || content != wantContent {
 				t.Errorf("job result %q (%v), want %q", content, err, wantContent)
 			}
-			chat := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
-			xoWant(t, chat, http.StatusOK, "replayed")
-			if !xoCompactEqual(j.Result, chat.Body) {
+			chat := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+			expect(t, chat, http.StatusOK, "replayed")
+			if !compactEqual(j.Result, chat.Body) {
 				t.Errorf("job result differs from the chat answer of the same key:\n job %s\nchat %s", j.Result, chat.Body)
 			}
-			after := xoIdem(t, c, gw.URL, key, nil)
+			after := idemStatus(t, gw.URL, key, nil)
 			if after["state"] != "COMPLETED" || after["job_id"] != id || after["epoch"] != 1.0 || after["attempts"] != 1.0 ||
 				after["tokens_so_far"].(float64) < tokens {
 				t.Errorf("key status after completion: %v", after)
 			}
 
 			// Replay from the start: ids 0..n-1, [DONE] last, same bytes as live.
-			full := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil)
+			full := send(http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil)
 			if full.Status != http.StatusOK {
 				t.Fatalf("events: %d %s", full.Status, full.Body)
 			}
-			evs, err := xoSSE(full.Body)
+			evs, err := sseEvents(full.Body)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -157,7 +132,7 @@ func TestJobsAPI(t *testing.T) {
 			for _, ev := range evs[:n-1] {
 				sb.WriteString("data: " + ev.Data + "\n\n")
 			}
-			st, err := xoParseStream([]byte(sb.String() + "data: [DONE]\n\n"))
+			st, err := parseChatStream([]byte(sb.String() + "data: [DONE]\n\n"))
 			if err != nil || st.Content != wantContent {
 				t.Errorf("events transcript %q (%v), want %q", st.Content, err, wantContent)
 			}
@@ -166,14 +141,14 @@ func TestJobsAPI(t *testing.T) {
 			}
 
 			// Resume after k: exactly the events k+1.., byte for byte.
-			blocks := xoEventBlocks(full.Body)
+			blocks := eventBlocks(t, full.Body)
 			for _, k := range []int{-1, 0, 1, n / 2, n - 2, n - 1, n + 5} {
 				for _, how := range []string{"Last-Event-ID", "starting_after"} {
-					var res xoResult
+					var res result
 					if how == "Last-Event-ID" {
-						res = xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": strconv.Itoa(k)})
+						res = send(http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": strconv.Itoa(k)})
 					} else {
-						res = xoDo(c, http.MethodGet, fmt.Sprintf("%s/v1/jobs/%s/events?starting_after=%d", gw.URL, id, k), "", nil)
+						res = send(http.MethodGet, fmt.Sprintf("%s/v1/jobs/%s/events?starting_after=%d", gw.URL, id, k), "", nil)
 					}
 					if k >= n-1 {
 						if res.Status != http.StatusNoContent || len(res.Body) != 0 {
@@ -183,7 +158,7 @@ func TestJobsAPI(t *testing.T) {
 					}
 					want := strings.Join(blocks[k+1:], "")
 					if res.Status != http.StatusOK || string(res.Body) != want {
-						t.Errorf("%s %d: %d\n got %q\nwant %q", how, k, res.Status, xoTail(res.Body), xoTail([]byte(want)))
+						t.Errorf("%s %d: %d\n got %q\nwant %q", how, k, res.Status, tail(res.Body), tail([]byte(want)))
 					}
 				}
 			}
@@ -194,17 +169,19 @@ func TestJobsAPI(t *testing.T) {
 	}
 
 	t.Run("resume while running", func(t *testing.T) {
-		body := xoChatBody(xoSlowModel, "resume live", false, `"mock":{"tokens":30,"inter_token_ms":30}`)
-		r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": "xo-job-resume-live"})
-		xoWant(t, r, http.StatusAccepted, "created")
+		body := chatBody(slowModel, "resume live", `"mock":{"tokens":30,"inter_token_ms":30}`)
+		r := do(t, http.MethodPost, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": "xo-job-resume-live"})
+		expect(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
-		gatewaykit.Eventually(t, 10*time.Second, func() bool {
-			j, _ := xoGetJob(t, c, gw.URL, id)
-			return j.Status == "running" && j.Tokens > 3
-		}, "the job has output")
-		resumed := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": "2"})
-		full := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil)
-		blocks := xoEventBlocks(full.Body)
+		testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+			if j, jr := getJob(t, gw.URL, id); j.Status != "running" || j.Tokens <= 3 {
+				return fmt.Errorf("the job is not running with more than 3 tokens: %d %s", jr.Status, jr.Body)
+			}
+			return nil
+		})
+		resumed := send(http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", map[string]string{"Last-Event-ID": "2"})
+		full := send(http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil)
+		blocks := eventBlocks(t, full.Body)
 		if len(blocks) < 4 || string(resumed.Body) != strings.Join(blocks[3:], "") {
 			t.Errorf("live resume after 2:\n got %q\nwant %q", resumed.Body, strings.Join(blocks[min(3, len(blocks)):], ""))
 		}
@@ -213,47 +190,44 @@ func TestJobsAPI(t *testing.T) {
 	// DELETE of a running job: cancelled, the backend call stops, followers get an error event.
 	t.Run("cancel", func(t *testing.T) {
 		const key = "xo-job-cancel"
-		body := xoChatBody(xoSlowModel, "cancel me", false, `"mock":{"tokens":2000,"inter_token_ms":10}`) // 20 s
+		body := chatBody(slowModel, "cancel me", `"mock":{"tokens":2000,"inter_token_ms":10}`) // 20 s
 		before := slow.Stats().Requests
-		r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": key})
-		xoWant(t, r, http.StatusAccepted, "created")
+		r := do(t, http.MethodPost, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": key})
+		expect(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
-		gatewaykit.Eventually(t, 10*time.Second, func() bool {
-			j, _ := xoGetJob(t, c, gw.URL, id)
-			return j.Status == "running" && slow.Stats().InFlight > 0
-		}, "the job runs")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+			if j, jr := getJob(t, gw.URL, id); j.Status != "running" || slow.Stats().InFlight == 0 {
+				return fmt.Errorf("the job does not run (backend calls in flight: %d): %d %s", slow.Stats().InFlight, jr.Status, jr.Body)
+			}
+			return nil
+		})
 
 		// Two followers: the job's events, and a streamed chat copy of the same key.
-		evc := xoGo(func() xoResult { return xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil) })
-		chatResp, err := xoOpen(c, http.MethodPost, gw.URL+xoChatPath, xoChatBody(xoSlowModel, "cancel me", true, `"mock":{"tokens":2000,"inter_token_ms":10}`),
+		evc := async(func() result { return send(http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", nil) })
+		chatResp, err := openStream(http.MethodPost, gw.URL+chatPath, chatBody(slowModel, "cancel me", `"stream":true,"mock":{"tokens":2000,"inter_token_ms":10}`),
 			map[string]string{"Idempotency-Key": key})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer chatResp.Body.Close()
-		cr := xoNewSSEReader(chatResp.Body)
+		cr := newSSEReader(chatResp.Body)
 		if _, err := cr.next(); err != nil {
 			t.Fatalf("chat follower: %v", err)
 		}
 
-		del := xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+id, "", nil)
-		if del.Status != http.StatusOK || !xoContains(del.Body, `"status":"cancelled"`) {
+		del := send(http.MethodDelete, gw.URL+"/v1/jobs/"+id, "", nil)
+		if del.Status != http.StatusOK || !bytes.Contains(del.Body, []byte(`"status":"cancelled"`)) {
 			t.Fatalf("DELETE: %d %s", del.Status, del.Body)
 		}
-		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, inFlight(slow, 0))
 
-		for {
-			if _, err := cr.next(); err != nil {
-				break
-			}
-		}
-		if st, err := xoParseStream(cr.raw.Bytes()); err != nil || st.Done || st.ErrCode != "job_cancelled" {
+		if st, err := parseChatStream(cr.drain()); err != nil || st.Done || st.ErrCode != "job_cancelled" {
 			t.Errorf("chat follower: error %q done %v (%v); want a job_cancelled error event and no [DONE]", st.ErrCode, st.Done, err)
 		}
 		ev := <-evc
-		evs, err := xoSSE(ev.Body)
+		evs, err := sseEvents(ev.Body)
 		if err != nil || len(evs) == 0 || !strings.Contains(evs[len(evs)-1].Data, `"job_cancelled"`) {
-			t.Errorf("events follower: %v, last event %q; want a job_cancelled error event", err, xoTail(ev.Body))
+			t.Errorf("events follower: %v, last event %q; want a job_cancelled error event", err, tail(ev.Body))
 		}
 		for _, e := range evs {
 			if e.Data == "[DONE]" {
@@ -261,21 +235,21 @@ func TestJobsAPI(t *testing.T) {
 			}
 		}
 
-		j, jr := xoGetJob(t, c, gw.URL, id)
+		j, jr := getJob(t, gw.URL, id)
 		if j.Status != "cancelled" || len(j.Error) == 0 || len(j.Result) != 0 {
 			t.Errorf("job after cancel: %s", jr.Body)
 		}
-		st := xoIdem(t, c, gw.URL, key, nil)
+		st := idemStatus(t, gw.URL, key, nil)
 		if st["state"] != "FAILED" || st["cancelled"] != true || st["job_id"] != id {
 			t.Errorf("key status after cancel: %v", st)
 		}
-		again := xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+id, "", nil)
-		if again.Status != http.StatusOK || !xoContains(again.Body, `"status":"cancelled"`) {
+		again := send(http.MethodDelete, gw.URL+"/v1/jobs/"+id, "", nil)
+		if again.Status != http.StatusOK || !bytes.Contains(again.Body, []byte(`"status":"cancelled"`)) {
 			t.Errorf("second DELETE: %d %s", again.Status, again.Body)
 		}
 		// The same key replays the cancellation; nothing runs again.
-		dup := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
-		xoWantError(t, dup, http.StatusConflict, "job_cancelled")
+		dup := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+		expectError(t, dup, http.StatusConflict, "job_cancelled")
 		if got := dup.Header.Get("x-should-retry"); got != "false" {
 			t.Errorf("replayed cancellation: x-should-retry = %q, want false", got)
 		}
@@ -285,17 +259,17 @@ func TestJobsAPI(t *testing.T) {
 	})
 
 	t.Run("unknown and malformed ids", func(t *testing.T) {
-		ref := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+jobs.NewID(), "", nil)
-		xoWantError(t, ref, http.StatusNotFound, "")
+		ref := send(http.MethodGet, gw.URL+"/v1/jobs/"+jobs.NewID(), "", nil)
+		expectError(t, ref, http.StatusNotFound, "")
 		for _, id := range []string{"not-a-ulid", "01ARZ3NDEKTSV4RRFFQ69G5FA", "01ARZ3NDEKTSV4RRFFQ69G5FAVX", "01ARZ3NDEKTSV4RRFFQ69G5FAU",
 			strings.Repeat("Z", 26), "%2e%2e", "00000000000000000000000000"} {
 			for _, suffix := range []string{"", "/events"} {
-				r := xoDo(c, http.MethodGet, gw.URL+"/v1/jobs/"+id+suffix, "", nil)
+				r := send(http.MethodGet, gw.URL+"/v1/jobs/"+id+suffix, "", nil)
 				if r.Status != http.StatusNotFound || !bytes.Equal(r.Body, ref.Body) {
 					t.Errorf("GET /v1/jobs/%s%s: %d %s; want the unknown-id 404 %s", id, suffix, r.Status, r.Body, ref.Body)
 				}
 			}
-			r := xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+id, "", nil)
+			r := send(http.MethodDelete, gw.URL+"/v1/jobs/"+id, "", nil)
 			if r.Status != http.StatusNotFound || !bytes.Equal(r.Body, ref.Body) {
 				t.Errorf("DELETE /v1/jobs/%s: %d %s", id, r.Status, r.Body)
 			}
@@ -312,23 +286,20 @@ func TestJobsKeylessAfterWindow(t *testing.T) {
 	cfg.Idempotency.AutoWindow = config.Duration(time.Millisecond)
 	gw := gatewaykit.StartGateway(t, cfg)
 	fast := gw.Mock(t, "mock")
-	c := xoClient(t)
-	body := xoChatBody(config.MockModel, "keyless job twice", false, "")
+	body := chatBody(config.MockModel, "keyless job twice", "")
 
 	var ids []string
 	for i := range 2 {
-		r := xoPost(c, gw.URL+"/v1/jobs", body, nil)
-		xoWant(t, r, http.StatusAccepted, "created")
+		r := do(t, http.MethodPost, gw.URL+"/v1/jobs", body, nil)
+		expect(t, r, http.StatusAccepted, "created")
 		id := r.Header.Get("Oncegate-Job-Id")
 		ids = append(ids, id)
-		ok := xoPoll(3*time.Second, func() bool {
-			j, jr := xoGetJob(t, c, gw.URL, id)
-			return jr.Status == http.StatusOK && j.Status == "completed"
+		testkit.CheckFor(t, 3*time.Second, pollEvery, func() error {
+			if j, jr := getJob(t, gw.URL, id); jr.Status != http.StatusOK || j.Status != "completed" {
+				return fmt.Errorf("job %d (%s) never completed: %d %s", i, id, jr.Status, jr.Body)
+			}
+			return nil
 		})
-		if !ok {
-			_, jr := xoGetJob(t, c, gw.URL, id)
-			t.Fatalf("job %d (%s) never completed: %d %s", i, id, jr.Status, jr.Body)
-		}
 	}
 	if ids[0] == ids[1] {
 		t.Errorf("two intents share job %s", ids[0])
@@ -336,20 +307,21 @@ func TestJobsKeylessAfterWindow(t *testing.T) {
 	if got := fast.Stats().Requests; got != 2 {
 		t.Errorf("backend executions = %d, want 2", got)
 	}
-	if j, jr := xoGetJob(t, c, gw.URL, ids[0]); j.Status != "completed" {
+	if j, jr := getJob(t, gw.URL, ids[0]); j.Status != "completed" {
 		t.Errorf("the first job after the second ran: %d %s; want it still completed", jr.Status, jr.Body)
 	}
 }
 
-// xoPoll is gatewaykit.Eventually that reports instead of failing: cond every 10 ms until it holds
-// (true) or timeout passes (false).
-func xoPoll(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
+// eventBlocks is the events of a jobs SSE body as sent, each "id: N\ndata: …\n\n".
+func eventBlocks(t testing.TB, body []byte) []string {
+	t.Helper()
+	evs, err := sseEvents(body)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return true
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = ev.Raw
+	}
+	return out
 }

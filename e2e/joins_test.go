@@ -11,10 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
-var xoJoinSeed = flag.Int64("e2e.joinseed", 0, "seed of TestJoinPointsProperty (0: from the clock; the seed is logged)")
+var joinSeed = flag.Int64("e2e.joinseed", 0, "seed of TestJoinPointsProperty (0: from the clock; the seed is logged)")
 
 // TestJoinPointsProperty: a late copy of a streamed request receives exactly the creator's
 // stream, byte for byte, wherever it joins: before the first token, between any two frames,
@@ -26,7 +27,7 @@ var xoJoinSeed = flag.Int64("e2e.joinseed", 0, "seed of TestJoinPointsProperty (
 // p events"; p past the end means "after the creator's stream ended". Each round is one slow
 // stream (first token at 100 ms, then 40 tokens 10 ms apart) and 30 joiners.
 func TestJoinPointsProperty(t *testing.T) {
-	seed := *xoJoinSeed
+	seed := *joinSeed
 	if seed == 0 {
 		seed = time.Now().UnixNano()
 	}
@@ -35,7 +36,6 @@ func TestJoinPointsProperty(t *testing.T) {
 
 	gw := gatewaykit.StartGateway(t, nil)
 	mock := gw.Mock(t, "slowmock")
-	c := xoClient(t)
 	rounds := 3
 	if testing.Short() {
 		rounds = 1
@@ -52,8 +52,7 @@ func TestJoinPointsProperty(t *testing.T) {
 		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
 			t.Logf("join points %v", points)
 			key := fmt.Sprintf("xo-join-%d-%d", seed, round)
-			body := xoChatBody(xoSlowModel, fmt.Sprintf("join points round %d", round), true,
-				fmt.Sprintf(`"mock":{"tokens":%d,"inter_token_ms":10,"ttft_ms":100}`, tokens))
+			body := chatBody(slowModel, fmt.Sprintf("join points round %d", round), fmt.Sprintf(`"stream":true,"mock":{"tokens":%d,"inter_token_ms":10,"ttft_ms":100}`, tokens))
 			hdr := map[string]string{"Idempotency-Key": key}
 			before := mock.Stats().Requests
 
@@ -70,14 +69,14 @@ func TestJoinPointsProperty(t *testing.T) {
 				}
 			}
 
-			results := make([]xoResult, joiners)
+			results := make([]result, joiners)
 			var wg sync.WaitGroup
 			for i, p := range points {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					<-gates[p]
-					results[i] = xoPost(c, gw.URL+xoChatPath, body, hdr)
+					results[i] = send(http.MethodPost, gw.URL+chatPath, body, hdr)
 				}()
 			}
 
@@ -89,12 +88,15 @@ func TestJoinPointsProperty(t *testing.T) {
 			}
 			openc := make(chan opened, 1)
 			go func() {
-				resp, err := xoOpen(c, http.MethodPost, gw.URL+xoChatPath, body, hdr)
+				resp, err := openStream(http.MethodPost, gw.URL+chatPath, body, hdr)
 				openc <- opened{resp, err}
 			}()
-			gatewaykit.Eventually(t, 10*time.Second, func() bool {
-				return xoDo(c, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil).Status == http.StatusOK
-			}, "the creator's record exists")
+			testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+				if r := send(http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil); r.Status != http.StatusOK {
+					return fmt.Errorf("the creator's record does not exist: %d %v %s", r.Status, r.Err, r.Body)
+				}
+				return nil
+			})
 			openUpTo(0)
 			o := <-openc
 			if o.err != nil {
@@ -104,7 +106,7 @@ func TestJoinPointsProperty(t *testing.T) {
 			}
 			resp := o.resp
 			creatorOutcome := resp.Header.Get("Oncegate-Idempotency")
-			r := xoNewSSEReader(resp.Body)
+			r := newSSEReader(resp.Body)
 			n := 0
 			var readErr error
 			for {
@@ -129,7 +131,7 @@ func TestJoinPointsProperty(t *testing.T) {
 			if resp.StatusCode != http.StatusOK || creatorOutcome != "created" {
 				t.Fatalf("creator: status %d outcome %q", resp.StatusCode, creatorOutcome)
 			}
-			st, err := xoParseStream(creator)
+			st, err := parseChatStream(creator)
 			if err != nil {
 				t.Fatalf("creator stream: %v", err)
 			}

@@ -27,25 +27,19 @@ type pfEvent struct {
 	data map[string]any
 }
 
+// pfEvents is the events of an Anthropic stream, their data decoded.
 func pfEvents(t testing.TB, body []byte) []pfEvent {
 	t.Helper()
-	var out []pfEvent
-	for _, raw := range strings.Split(strings.TrimSuffix(string(body), "\n\n"), "\n\n") {
-		if strings.HasPrefix(raw, ":") {
-			continue
+	evs, err := sseEvents(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]pfEvent, len(evs))
+	for i, ev := range evs {
+		out[i].name = ev.Event
+		if err := json.Unmarshal([]byte(ev.Data), &out[i].data); err != nil {
+			t.Fatalf("event data is not JSON: %v: %q", err, ev.Raw)
 		}
-		var ev pfEvent
-		for _, line := range strings.Split(raw, "\n") {
-			switch {
-			case strings.HasPrefix(line, "event: "):
-				ev.name = strings.TrimPrefix(line, "event: ")
-			case strings.HasPrefix(line, "data: "):
-				if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &ev.data); err != nil {
-					t.Fatalf("event data is not JSON: %v: %q", err, line)
-				}
-			}
-		}
-		out = append(out, ev)
 	}
 	return out
 }
@@ -75,9 +69,9 @@ func pfBody(msg, knobs string) string {
 	return body + "}"
 }
 
-func pfPost(t testing.TB, gw *gatewaykit.Gateway, msg, knobs, key string) (*http.Response, []byte) {
+func pfPost(t testing.TB, gw *gatewaykit.Gateway, msg, knobs, key string) result {
 	t.Helper()
-	return do(t, http.MethodPost, gw.URL+"/v1/messages", "application/json", pfBody(msg, knobs), map[string]string{"Idempotency-Key": key})
+	return do(t, http.MethodPost, gw.URL+"/v1/messages", pfBody(msg, knobs), map[string]string{"Idempotency-Key": key})
 }
 
 // pfSDKText reads a stream with the official Anthropic SDK (which must accept the "oncegate"
@@ -128,9 +122,9 @@ func pfBreakAfter(t testing.TB, text string, wantLetter func(byte) bool) int {
 }
 
 func TestContinuationAnthropicPrefill(t *testing.T) {
-	up := rsStartUpstream(t, nil)
+	up := startUpstream(t, nil)
 	cfg := gatewaykit.Config(t)
-	b := rsBackend("anthropic-up", config.TypeAnthropic, up.base(), "oncegate-mock")
+	b := fastRetryBackend("anthropic-up", config.TypeAnthropic, up.base(), "oncegate-mock")
 	b.Continuation = config.ContinuationAnthropic
 	b.PrefillModels = []string{"oncegate-mock"}
 	cfg.Backends = append(cfg.Backends, b)
@@ -148,9 +142,10 @@ func TestContinuationAnthropicPrefill(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp, clean := pfPost(t, gw, tt.msg, "", fmt.Sprintf("pf-clean-%d", i))
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("clean run: %d %s", resp.StatusCode, clean)
+			resp := pfPost(t, gw, tt.msg, "", fmt.Sprintf("pf-clean-%d", i))
+			clean := resp.Body
+			if resp.Status != http.StatusOK {
+				t.Fatalf("clean run: %d %s", resp.Status, clean)
 			}
 			want, _ := pfText(t, clean)
 			n := pfBreakAfter(t, want, tt.letter)
@@ -158,9 +153,10 @@ func TestContinuationAnthropicPrefill(t *testing.T) {
 
 			knobs := fmt.Sprintf(`{"fault":"drop_after","fault_after":%d,"fault_first_n":1}`, n)
 			key := fmt.Sprintf("pf-broken-%d", i)
-			resp, rb := pfPost(t, gw, tt.msg, knobs, key)
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d: %s", resp.StatusCode, rb)
+			resp = pfPost(t, gw, tt.msg, knobs, key)
+			rb := resp.Body
+			if resp.Status != http.StatusOK {
+				t.Fatalf("status %d: %s", resp.Status, rb)
 			}
 			got, counts := pfText(t, rb)
 			if got != want {
@@ -190,7 +186,8 @@ func TestContinuationAnthropicPrefill(t *testing.T) {
 			if r := up.Mock.Stats().Requests - before; r != 2 {
 				t.Errorf("%d backend requests, want 2 (the broken one and its continuation)", r)
 			}
-			retry, rrb := pfPost(t, gw, tt.msg, knobs, key)
+			retry := pfPost(t, gw, tt.msg, knobs, key)
+			rrb := retry.Body
 			if retry.Header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(rrb, rb) {
 				t.Errorf("same-key retry (%s) differs from the live stream", retry.Header.Get("Oncegate-Idempotency"))
 			}

@@ -66,12 +66,12 @@ func TestReadmeTryIt(t *testing.T) {
 	bin := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	for _, pkg := range []string{"./cmd/oncegate", "./examples/openai-go"} {
-		build := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
-		build.Dir = ".."
-		if out, err := build.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
+	gatewayBin := oncegateBinary(t)
+	// The SDK example is only this test's: built here.
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./examples/openai-go")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./examples/openai-go: %v\n%s", err, out)
 	}
 
 	var (
@@ -83,7 +83,7 @@ func TestReadmeTryIt(t *testing.T) {
 	steps := []readmeStep{
 		{"go run ./cmd/oncegate", "mock model", func(t *testing.T, _ string) {}},
 		{"curl -s ", "one chat completion", func(t *testing.T, out string) {
-			_, text, err := xoParseCompletion([]byte(out))
+			_, text, err := answerOf([]byte(out))
 			if err != nil || text == "" {
 				t.Fatalf("not a chat completion with an answer (%v): %s", err, out)
 			}
@@ -110,7 +110,8 @@ func TestReadmeTryIt(t *testing.T) {
 			if got := h.get("Oncegate-Job-Id"); got != jobID || h.get("Oncegate-Idempotency") != "replayed" {
 				t.Errorf("job %q (%s); want the same execution, job %q, replayed", got, h.get("Oncegate-Idempotency"), jobID)
 			}
-			_, got, done := streamContent(t, sseData(t, []byte(body)))
+			st := chatStreamOf(t, []byte(body))
+			got, done := st.Content, st.Done
 			if got != content || !done {
 				t.Errorf("streamed text %q (ended with [DONE]: %v), want the same answer %q and [DONE]", got, done, content)
 			}
@@ -155,7 +156,7 @@ func TestReadmeTryIt(t *testing.T) {
 			if line != "go run ./cmd/oncegate" {
 				t.Fatalf("the gateway command %q has arguments the test does not pass", line)
 			}
-			addr = startGatewayBinary(t, filepath.Join(bin, "oncegate"))
+			addr = startGatewayBinary(t, gatewayBin)
 			st.check(t, "")
 		case strings.HasPrefix(line, "go run ./examples/openai-go"):
 			out, err := exec.CommandContext(ctx, filepath.Join(bin, "openai-go"), "http://"+addr+"/v1").CombinedOutput()

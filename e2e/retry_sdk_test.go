@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -16,22 +17,23 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
-// xoAttempt is one HTTP attempt the SDK made, seen by a middleware.
-type xoAttempt struct {
+// sdkAttempt is one HTTP attempt the SDK made, seen by a middleware.
+type sdkAttempt struct {
 	retryCount string
 	body       []byte
 }
 
-// xoAttempts records the SDK's attempts.
-type xoAttempts struct {
+// sdkAttempts records the SDK's attempts.
+type sdkAttempts struct {
 	mu   sync.Mutex
-	list []xoAttempt
+	list []sdkAttempt
 }
 
-func (a *xoAttempts) middleware(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+func (a *sdkAttempts) middleware(req *http.Request, next option.MiddlewareNext) (*http.Response, error) {
 	var body []byte
 	if req.GetBody != nil {
 		if rc, err := req.GetBody(); err == nil {
@@ -40,15 +42,15 @@ func (a *xoAttempts) middleware(req *http.Request, next option.MiddlewareNext) (
 		}
 	}
 	a.mu.Lock()
-	a.list = append(a.list, xoAttempt{retryCount: req.Header.Get("X-Stainless-Retry-Count"), body: body})
+	a.list = append(a.list, sdkAttempt{retryCount: req.Header.Get("X-Stainless-Retry-Count"), body: body})
 	a.mu.Unlock()
 	return next(req)
 }
 
-func (a *xoAttempts) snapshot() []xoAttempt {
+func (a *sdkAttempts) snapshot() []sdkAttempt {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]xoAttempt(nil), a.list...)
+	return append([]sdkAttempt(nil), a.list...)
 }
 
 // TestSDKRetriesWithoutKey: the official OpenAI Go SDK, unchanged (its default 2 retries, no
@@ -74,7 +76,6 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 	cfg.Idempotency.RetryHeaders = []string{"X-App-Retry"}
 	gw := gatewaykit.StartGateway(t, cfg)
 	slow := gw.Mock(t, "slowmock")
-	long := xoClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -93,11 +94,11 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			hc := &http.Client{Timeout: tc.httpTimeout, Transport: &http.Transport{}}
 			defer hc.CloseIdleConnections()
-			var seen xoAttempts
+			var seen sdkAttempts
 			client := openai.NewClient(option.WithBaseURL(gw.URL+"/v1"), option.WithAPIKey("sk-unused"),
 				option.WithHTTPClient(hc), option.WithMiddleware(seen.middleware))
 			params := openai.ChatCompletionNewParams{
-				Model:    xoSlowModel,
+				Model:    slowModel,
 				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("sdk retries: " + tc.name)},
 			}
 			knobs := option.WithJSONSet("mock", map[string]any{"inter_token_ms": tc.interToken})
@@ -124,17 +125,20 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 				}
 			}
 			body := attempts[0].body
-			_, wantContent := xoReference(t, xoSlowModel, string(body))
+			_, wantContent := reference(t, string(body))
 
 			// The execution the first attempt started completes with nobody waiting.
-			key, err := xoAutoKey("anonymous", xoChatPath, body)
+			key, err := autoKey("anonymous", chatPath, body)
 			if err != nil {
 				t.Fatal(err)
 			}
-			gatewaykit.Eventually(t, 20*time.Second, func() bool {
-				r := xoDo(long, http.MethodGet, gw.URL+"/v1/idempotency/"+url.PathEscape(key), "", nil)
-				return r.Status == http.StatusOK && xoContains(r.Body, `"state":"COMPLETED"`)
-			}, "the key's execution completes")
+			testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
+				r := send(http.MethodGet, gw.URL+"/v1/idempotency/"+url.PathEscape(key), "", nil)
+				if r.Status != http.StatusOK || !bytes.Contains(r.Body, []byte(`"state":"COMPLETED"`)) {
+					return fmt.Errorf("the key's execution has not completed: %d %v %s", r.Status, r.Err, r.Body)
+				}
+				return nil
+			})
 			if got := slow.Stats().Requests - before; got != 1 {
 				t.Fatalf("backend executions = %d after %d SDK attempts, want 1", got, len(attempts))
 			}
@@ -142,7 +146,7 @@ func TestSDKRetriesWithoutKey(t *testing.T) {
 			// The application calls again, long timeout, same parameters, declaring a retry.
 			var resp *http.Response
 			got, err := client.Chat.Completions.New(ctx, params, knobs, option.WithRequestTimeout(30*time.Second),
-				option.WithHTTPClient(long), option.WithHeader("X-App-Retry", "1"), option.WithResponseInto(&resp))
+				option.WithHTTPClient(httpClient), option.WithHeader("X-App-Retry", "1"), option.WithResponseInto(&resp))
 			if err != nil {
 				t.Fatalf("final call: %v", err)
 			}

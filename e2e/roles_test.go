@@ -1,90 +1,16 @@
 package e2e
 
 import (
-	"context"
-	"errors"
+	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/testkit"
-	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
-
-// rolesProc is one oncegate process of the test.
-type rolesProc struct {
-	name   string
-	cmd    *exec.Cmd
-	stderr *testkit.SyncBuffer
-	done   chan struct{} // closed when the process has exited (err holds Wait's error)
-	err    error
-}
-
-// startProc runs bin with args, a clean environment (no ONCEGATE_* or OPENAI_* from the
-// caller), and its log in a buffer that is printed if the test fails.
-func startProc(t *testing.T, name, bin string, args ...string) *rolesProc {
-	t.Helper()
-	p := &rolesProc{name: name, stderr: &testkit.SyncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
-	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.done:
-		default:
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("%s log:\n%s", name, p.stderr.String())
-		}
-	})
-	return p
-}
-
-// sigterm sends SIGTERM and returns the exit code, failing if the process takes longer than
-// timeout to exit.
-func (p *rolesProc) sigterm(t *testing.T, timeout time.Duration) int {
-	t.Helper()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM %s: %v", p.name, err)
-	}
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		t.Fatalf("%s did not exit within %s of SIGTERM", p.name, timeout)
-	}
-	var ee *exec.ExitError
-	if errors.As(p.err, &ee) {
-		return ee.ExitCode()
-	}
-	if p.err != nil {
-		t.Fatalf("%s: %v", p.name, p.err)
-	}
-	return 0
-}
-
-func (p *rolesProc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
 
 // TestSplitRoles runs the real binary as two processes sharing one NATS: a worker-only
 // process that owns the embedded NATS server (listening on a port), and an API-only process
@@ -95,50 +21,49 @@ func TestSplitRoles(t *testing.T) {
 		t.Skip("builds and runs the oncegate binary")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "oncegate")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/oncegate/oncegate/cmd/oncegate")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := oncegateBinary(t)
 
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	worker := startProc(t, "worker", bin, "serve", "--role", "worker",
 		"--data-dir", filepath.Join(dir, "worker-data"), "--nats-listen", natsAddr)
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if worker.exited() {
 			t.Fatalf("worker exited early: %v", worker.err)
 		}
 		c, err := net.DialTimeout("tcp", natsAddr, time.Second)
-		if err == nil {
-			c.Close()
+		if err != nil {
+			return fmt.Errorf("the worker's embedded NATS does not listen on %s: %w", natsAddr, err)
 		}
-		return err == nil
-	}, "the worker's embedded NATS never listened on "+natsAddr)
+		c.Close()
+		return nil
+	})
 
 	api := startProc(t, "api", bin, "serve", "--role", "api", "--nats-url", "nats://"+natsAddr,
 		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "api-data"))
 	base := "http://" + httpAddr
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if api.exited() {
 			t.Fatalf("api exited early: %v", api.err)
 		}
 		resp, err := httpClient.Get(base + "/readyz")
 		if err != nil {
-			return false
+			return fmt.Errorf("the api process is not ready: %w", err)
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, "the api process never became ready")
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("the api process is not ready: /readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
 
 	t.Run("non-stream through the api process", func(t *testing.T) {
 		body := chatBody("oncegate-mock", "split roles", "")
 		want := parseCompletion(t, directMock(t, body))
 		hdr := map[string]string{"Idempotency-Key": "split-roles-1"}
-		resp, b := postChat(t, base, body, hdr)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d body %s", resp.StatusCode, b)
+		resp := postChat(t, base, body, hdr)
+		b := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("status %d body %s", resp.Status, b)
 		}
 		got := parseCompletion(t, b)
 		if got.ID != want.ID || got.Choices[0].Message.Content != want.Choices[0].Message.Content {
@@ -148,9 +73,10 @@ func TestSplitRoles(t *testing.T) {
 			t.Errorf("Oncegate-Idempotency = %q, want created", o)
 		}
 		// the record is shared through NATS: the same key again is a replay
-		resp2, b2 := postChat(t, base, body, hdr)
-		if resp2.StatusCode != http.StatusOK || resp2.Header.Get("Oncegate-Idempotency") != "replayed" {
-			t.Errorf("second copy: status %d outcome %q", resp2.StatusCode, resp2.Header.Get("Oncegate-Idempotency"))
+		resp2 := postChat(t, base, body, hdr)
+		b2 := resp2.Body
+		if resp2.Status != http.StatusOK || resp2.Header.Get("Oncegate-Idempotency") != "replayed" {
+			t.Errorf("second copy: status %d outcome %q", resp2.Status, resp2.Header.Get("Oncegate-Idempotency"))
 		}
 		if j1, j2 := resp.Header.Get("Oncegate-Job-Id"), resp2.Header.Get("Oncegate-Job-Id"); j1 == "" || j1 != j2 {
 			t.Errorf("job ids %q and %q, want equal", j1, j2)
@@ -163,22 +89,25 @@ func TestSplitRoles(t *testing.T) {
 	t.Run("stream through the api process", func(t *testing.T) {
 		body := chatBody("oncegate-mock", "split roles stream", `"stream":true`)
 		want := parseCompletion(t, directMock(t, chatBody("oncegate-mock", "split roles stream", "")))
-		resp, b := postChat(t, base, body, map[string]string{"Idempotency-Key": "split-roles-2"})
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
-			t.Fatalf("status %d Content-Type %q body %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+		resp := postChat(t, base, body, map[string]string{"Idempotency-Key": "split-roles-2"})
+		b := resp.Body
+		if resp.Status != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("status %d Content-Type %q body %s", resp.Status, resp.Header.Get("Content-Type"), b)
 		}
-		id, content, done := streamContent(t, sseData(t, b))
+		st := chatStreamOf(t, b)
+		id, content, done := st.ID, st.Content, st.Done
 		if !done || id != want.ID || content != want.Choices[0].Message.Content {
 			t.Errorf("stream done=%v id %q content %q, want id %q content %q", done, id, content, want.ID, want.Choices[0].Message.Content)
 		}
 	})
 
 	t.Run("unknown model is refused by the api process", func(t *testing.T) {
-		resp, b := postChat(t, base, chatBody("gpt-nonexistent", "split roles", ""), nil)
-		if resp.StatusCode != http.StatusNotFound {
-			t.Errorf("status %d body %s", resp.StatusCode, b)
+		resp := postChat(t, base, chatBody("gpt-nonexistent", "split roles", ""), nil)
+		b := resp.Body
+		if resp.Status != http.StatusNotFound {
+			t.Errorf("status %d body %s", resp.Status, b)
 		}
-		assertOpenAIError(t, resp, b, "model_not_found")
+		assertOpenAIError(t, resp, "model_not_found")
 	})
 
 	httpClient.CloseIdleConnections()
@@ -190,12 +119,12 @@ func TestSplitRoles(t *testing.T) {
 		t.Errorf("worker exit code %d, want 0", code)
 	}
 	// Each process ran only its role (the execution above was the worker process's).
-	if wl, al := worker.stderr.String(), api.stderr.String(); !strings.Contains(wl, "workers started") ||
+	if wl, al := worker.log.String(), api.log.String(); !strings.Contains(wl, "workers started") ||
 		strings.Contains(al, "workers started") || strings.Contains(wl, "HTTP API serving") || !strings.Contains(al, "HTTP API serving") {
 		t.Errorf("roles not split: want \"workers started\" only in the worker's log and \"HTTP API serving\" only in the api's")
 	}
-	for _, p := range []*rolesProc{api, worker} {
-		if log := p.stderr.String(); strings.Contains(log, `"level":"error"`) || strings.Contains(log, "panic") {
+	for _, p := range []*proc{api, worker} {
+		if log := p.log.String(); strings.Contains(log, `"level":"error"`) || strings.Contains(log, "panic") {
 			t.Errorf("%s logged an error:\n%s", p.name, log)
 		}
 	}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -47,30 +47,6 @@ func directGateway(t *testing.T, cfg *config.Config) (gw *gateway.Gateway, stop 
 		}
 	})
 	return gw, stop
-}
-
-// sseFrames reads an SSE body in a goroutine and delivers each data payload; the channel is
-// closed at the end of the body, and *readErr then holds the read error (nil at a clean EOF).
-func sseFrames(body io.ReadCloser, readErr *error) <-chan string {
-	out := make(chan string, 1024)
-	go func() {
-		defer close(out)
-		defer body.Close()
-		br := bufio.NewReader(body)
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				if !errors.Is(err, io.EOF) || line != "" {
-					*readErr = err
-				}
-				return
-			}
-			if p, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), "data: "); ok {
-				out <- p
-			}
-		}
-	}()
-	return out
 }
 
 // listenerClosed reports whether addr refuses new connections.
@@ -127,8 +103,12 @@ func TestShutdown(t *testing.T) {
 			defer cancel()
 			stopErr <- stop(ctx)
 		}()
-		gatewaykit.Eventually(t, 5*time.Second, func() bool { return listenerClosed(addr) },
-			"the listener still accepts after Stop began")
+		testkit.CheckFor(t, 5*time.Second, pollEvery, func() error {
+			if !listenerClosed(addr) {
+				return errors.New("the listener still accepts after Stop began")
+			}
+			return nil
+		})
 		afterClose := 0
 		for f := range frames {
 			data = append(data, f)
@@ -140,7 +120,11 @@ func TestShutdown(t *testing.T) {
 		if afterClose == 0 {
 			t.Errorf("no frame arrived after the listener closed: the stream was not in flight during shutdown")
 		}
-		id, content, done := streamContent(t, append(data[:0:0], data...))
+		st, err := chatTranscript(data)
+		if err != nil {
+			t.Fatalf("stream: %v", err)
+		}
+		id, content, done := st.ID, st.Content, st.Done
 		if !done {
 			t.Fatalf("the in-flight stream did not end with [DONE]; last event %q", data[len(data)-1])
 		}
@@ -183,7 +167,7 @@ func TestShutdown(t *testing.T) {
 			resp.Body.Close()
 			got <- result{status: resp.StatusCode, b: b, err: err}
 		}()
-		gatewaykit.Eventually(t, 10*time.Second, func() bool { return slow.Stats().InFlight == 1 }, "the backend call never started")
+		testkit.CheckFor(t, 10*time.Second, pollEvery, inFlight(slow, 1))
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := stop(ctx); err != nil {

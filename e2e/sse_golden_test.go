@@ -46,9 +46,10 @@ func TestSSEGolden(t *testing.T) {
 			body := chatBody("oncegate-mock", "golden", c.extra)
 			hdr := map[string]string{"Idempotency-Key": "golden-" + string(rune('a'+i))}
 			before := mock.Stats().Requests
-			resp, b := postChat(t, gw.URL, body, hdr)
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d body %s", resp.StatusCode, b)
+			resp := postChat(t, gw.URL, body, hdr)
+			b := resp.Body
+			if resp.Status != http.StatusOK {
+				t.Fatalf("status %d body %s", resp.Status, b)
 			}
 			wantCT := "application/json"
 			if c.stream {
@@ -67,16 +68,16 @@ func TestSSEGolden(t *testing.T) {
 				t.Errorf("live answer differs from the backend's:\n got %s\nwant %s", tail(b), tail(direct))
 			}
 			if c.stream {
-				data := sseData(t, b)
-				if _, _, done := streamContent(t, data); !done {
+				if !chatStreamOf(t, b).Done {
 					t.Errorf("stream does not end with [DONE]")
 				}
 			}
 
 			// The same request again is a replay of the stored answer: the same bytes.
-			resp2, b2 := postChat(t, gw.URL, body, hdr)
-			if resp2.StatusCode != http.StatusOK {
-				t.Fatalf("replay: status %d body %s", resp2.StatusCode, b2)
+			resp2 := postChat(t, gw.URL, body, hdr)
+			b2 := resp2.Body
+			if resp2.Status != http.StatusOK {
+				t.Fatalf("replay: status %d body %s", resp2.Status, b2)
 			}
 			if got := resp2.Header.Get("Oncegate-Idempotency"); got != "replayed" {
 				t.Errorf("replay: Oncegate-Idempotency = %q, want replayed", got)
@@ -106,14 +107,16 @@ func TestSSEGolden(t *testing.T) {
 	t.Run("replay adds usage when asked", func(t *testing.T) {
 		hdr := map[string]string{"Idempotency-Key": "golden-usage-on-replay"}
 		before := mock.Stats().Requests
-		resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true`), hdr)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d body %s", resp.StatusCode, b)
+		resp := postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true`), hdr)
+		b := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("status %d body %s", resp.Status, b)
 		}
 		checkGolden(t, "chat-stream.golden", b)
-		resp, b = postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true,"stream_options":{"include_usage":true}`), hdr)
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
-			t.Fatalf("status %d outcome %q body %s", resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), b)
+		resp = postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true,"stream_options":{"include_usage":true}`), hdr)
+		b = resp.Body
+		if resp.Status != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+			t.Fatalf("status %d outcome %q body %s", resp.Status, resp.Header.Get("Oncegate-Idempotency"), b)
 		}
 		// The execution's chunks were recorded for a client that did not ask for usage (no
 		// "usage":null members); the usage chunk itself must be there, before [DONE].
@@ -129,14 +132,16 @@ func TestSSEGolden(t *testing.T) {
 	t.Run("replay drops usage when not asked", func(t *testing.T) {
 		hdr := map[string]string{"Idempotency-Key": "golden-usage-off-replay"}
 		before := mock.Stats().Requests
-		resp, b := postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true,"stream_options":{"include_usage":true}`), hdr)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d body %s", resp.StatusCode, b)
+		resp := postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true,"stream_options":{"include_usage":true}`), hdr)
+		b := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("status %d body %s", resp.Status, b)
 		}
 		checkGolden(t, "chat-stream-usage.golden", b)
-		resp, b = postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true`), hdr)
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
-			t.Fatalf("status %d outcome %q body %s", resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), b)
+		resp = postChat(t, gw.URL, chatBody("oncegate-mock", "golden", `"stream":true`), hdr)
+		b = resp.Body
+		if resp.Status != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
+			t.Fatalf("status %d outcome %q body %s", resp.Status, resp.Header.Get("Oncegate-Idempotency"), b)
 		}
 		checkGolden(t, "chat-stream.golden", b)
 		if n := mock.Stats().Requests - before; n != 1 {
@@ -176,10 +181,11 @@ func TestStreamAndNonStreamOneIntent(t *testing.T) {
 	wantSlow := parseCompletion(t, directMock(t, chatBody("oncegate-mock-slow", "one intent", "")))
 
 	// check asserts one response of the pair: status, content type, the backend's answer.
-	check := func(t *testing.T, resp *http.Response, b []byte, stream bool, want completion) {
+	check := func(t *testing.T, resp result, stream bool, want completion) {
 		t.Helper()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("stream=%v: status %d body %s", stream, resp.StatusCode, b)
+		b := resp.Body
+		if resp.Status != http.StatusOK {
+			t.Fatalf("stream=%v: status %d body %s", stream, resp.Status, b)
 		}
 		if !stream {
 			if ct := resp.Header.Get("Content-Type"); ct != "application/json" {
@@ -198,7 +204,8 @@ func TestStreamAndNonStreamOneIntent(t *testing.T) {
 		if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
 			t.Errorf("stream Content-Type = %q", ct)
 		}
-		id, content, done := streamContent(t, sseData(t, b))
+		st := chatStreamOf(t, b)
+		id, content, done := st.ID, st.Content, st.Done
 		if !done || id != want.ID || content != want.Choices[0].Message.Content {
 			t.Errorf("stream answer: done=%v id %q content %q, want id %q content %q", done, id, content, want.ID,
 				want.Choices[0].Message.Content)
@@ -214,10 +221,10 @@ func TestStreamAndNonStreamOneIntent(t *testing.T) {
 			before := mock.Stats().Requests
 			hdr := map[string]string{"Idempotency-Key": "one-intent " + order.name}
 			first, second := order.streamFirst, !order.streamFirst
-			r1, b1 := postChat(t, gw.URL, chatBody("oncegate-mock", "one intent", streamField(first)), hdr)
-			r2, b2 := postChat(t, gw.URL, chatBody("oncegate-mock", "one intent", streamField(second)), hdr)
-			check(t, r1, b1, first, want)
-			check(t, r2, b2, second, want)
+			r1 := postChat(t, gw.URL, chatBody("oncegate-mock", "one intent", streamField(first)), hdr)
+			r2 := postChat(t, gw.URL, chatBody("oncegate-mock", "one intent", streamField(second)), hdr)
+			check(t, r1, first, want)
+			check(t, r2, second, want)
 			if o := r2.Header.Get("Oncegate-Idempotency"); o != "replayed" {
 				t.Errorf("second copy: Oncegate-Idempotency = %q, want replayed", o)
 			}
@@ -235,34 +242,25 @@ func TestStreamAndNonStreamOneIntent(t *testing.T) {
 		before := slow.Stats().Requests
 		hdr := map[string]string{"Idempotency-Key": "one-intent concurrent"}
 		type res struct {
-			resp   *http.Response
-			b      []byte
+			r      result
 			stream bool
 		}
 		out := make(chan res, 4)
 		for i := 0; i < 4; i++ {
 			stream := i%2 == 0
 			go func() {
-				req, _ := http.NewRequest(http.MethodPost, gw.URL+chatPath,
-					bytes.NewReader([]byte(chatBody("oncegate-mock-slow", "one intent", streamField(stream)))))
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("Idempotency-Key", hdr["Idempotency-Key"])
-				resp, err := httpClient.Do(req)
-				if err != nil {
-					out <- res{stream: stream, b: []byte(err.Error()), resp: &http.Response{StatusCode: -1, Header: http.Header{}}}
-					return
+				r := send(http.MethodPost, gw.URL+chatPath, chatBody("oncegate-mock-slow", "one intent", streamField(stream)), hdr)
+				if r.Err != nil {
+					r.Body = []byte(r.Err.Error())
 				}
-				var buf bytes.Buffer
-				_, _ = buf.ReadFrom(resp.Body)
-				resp.Body.Close()
-				out <- res{resp: resp, b: buf.Bytes(), stream: stream}
+				out <- res{r, stream}
 			}()
 		}
 		created := 0
 		for i := 0; i < 4; i++ {
 			r := <-out
-			check(t, r.resp, r.b, r.stream, wantSlow)
-			if r.resp.Header.Get("Oncegate-Idempotency") == "created" {
+			check(t, r.r, r.stream, wantSlow)
+			if r.r.Header.Get("Oncegate-Idempotency") == "created" {
 				created++
 			}
 		}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/status"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -26,17 +28,20 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 	api := gatewaykit.StartGateway(t, apiCfg)
 
 	readyz := func() (int, string) {
-		resp, b := do(t, http.MethodGet, api.URL+"/readyz", "", "", nil)
-		return resp.StatusCode, string(b)
+		resp := do(t, http.MethodGet, api.URL+"/readyz", "", nil)
+		b := resp.Body
+		return resp.Status, string(b)
 	}
 	notReady := func(when string) {
 		t.Helper()
 		var code int
 		var body string
-		gatewaykit.Eventually(t, 30*time.Second, func() bool {
-			code, body = readyz()
-			return code == http.StatusServiceUnavailable
-		}, "/readyz false "+when)
+		testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+			if code, body = readyz(); code != http.StatusServiceUnavailable {
+				return fmt.Errorf("/readyz %s: %d %s, want 503", when, code, body)
+			}
+			return nil
+		})
 		if !strings.Contains(body, `"code":"unavailable"`) || !strings.Contains(body, "no worker") {
 			t.Errorf("/readyz %s: %d %s, want 503 saying no worker is running", when, code, body)
 		}
@@ -69,13 +74,15 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 	}
 	defer stopWorker()
 
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
-		code, _ := readyz()
-		return code == http.StatusOK
-	}, "/readyz true once the worker runs")
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if code, body := readyz(); code != http.StatusOK {
+			return fmt.Errorf("/readyz with a worker running: %d %s, want 200", code, body)
+		}
+		return nil
+	})
 	// Ready means served: a request through the api node is executed by the worker.
-	if resp, b := postChat(t, api.URL, chatBody("oncegate-mock", "readyz", ""), nil); resp.StatusCode != http.StatusOK {
-		t.Fatalf("request while ready: %d %s", resp.StatusCode, b)
+	if r := postChat(t, api.URL, chatBody("oncegate-mock", "readyz", ""), nil); r.Status != http.StatusOK {
+		t.Fatalf("request while ready: %d %s", r.Status, r.Body)
 	}
 
 	stopWorker()

@@ -6,11 +6,14 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -21,13 +24,12 @@ import (
 // the usage's completion tokens (it was 0 for non-stream records).
 func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, nil)
-	c := xoClient(t)
 	const key = "status-running-1"
 	hdr := map[string]string{"Idempotency-Key": key}
 	// 16 tokens at 125 ms each: about 2 s of generation.
-	body := xoChatBody(xoSlowModel, "report me running", false, `"mock":{"inter_token_ms":125}`)
-	resCh := xoGo(func() xoResult { return xoPost(c, gw.URL+xoChatPath, body, hdr) })
-	var res *xoResult
+	body := chatBody(slowModel, "report me running", `"mock":{"inter_token_ms":125}`)
+	resCh := async(func() result { return send(http.MethodPost, gw.URL+chatPath, body, hdr) })
+	var res *result
 	answered := func() bool {
 		if res == nil {
 			select {
@@ -40,13 +42,14 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 	}
 
 	var seen map[string]any
-	if !xoPoll(30*time.Second, func() bool {
+	// Polls until the status says running or the answer came (then seen stays nil).
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if answered() {
-			return true
+			return nil
 		}
-		r := xoDo(c, http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil)
+		r := send(http.MethodGet, gw.URL+"/v1/idempotency/"+key, "", nil)
 		if r.Status != http.StatusOK {
-			return false // not claimed yet
+			return fmt.Errorf("the key is not claimed yet: %d %s", r.Status, r.Body)
 		}
 		var m map[string]any
 		if err := json.Unmarshal(r.Body, &m); err != nil {
@@ -54,17 +57,18 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 		}
 		if m["job_status"] == "running" && !answered() {
 			seen = m
-			return true
+			return nil
 		}
-		return false
-	}) || seen == nil {
+		return fmt.Errorf("the status API does not say running: %s", r.Body)
+	})
+	if seen == nil {
 		t.Fatalf("the status API never said running while the request waited for its answer (answered: %v)", answered())
 	}
 	if seen["state"] != "PENDING" || seen["attempts"] != float64(1) || seen["backend"] != "slowmock" || seen["sent"] == nil {
 		t.Fatalf("idempotency status while running = %v; want PENDING, attempts 1, backend slowmock, sent", seen)
 	}
 	id, _ := seen["job_id"].(string)
-	j, jr := xoGetJob(t, c, gw.URL, id)
+	j, jr := getJob(t, gw.URL, id)
 	if !answered() { // read after the answer, it would prove nothing about running
 		if jr.Status != http.StatusOK || j.Status != "running" || j.Attempts != 1 {
 			t.Fatalf("job view while running: %d %s; want running, attempts 1", jr.Status, jr.Body)
@@ -75,7 +79,7 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 		res = &r
 	}
 	r := *res
-	xoWant(t, r, http.StatusOK, "created")
+	expect(t, r, http.StatusOK, "created")
 	var answer struct {
 		Usage struct {
 			CompletionTokens int `json:"completion_tokens"`
@@ -84,11 +88,11 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 	if err := json.Unmarshal(r.Body, &answer); err != nil || answer.Usage.CompletionTokens == 0 {
 		t.Fatalf("answer without usage: %s", r.Body)
 	}
-	after := xoIdem(t, c, gw.URL, key, nil)
+	after := idemStatus(t, gw.URL, key, nil)
 	if after["state"] != "COMPLETED" || after["tokens_so_far"] != float64(answer.Usage.CompletionTokens) || after["attempts"] != float64(1) {
 		t.Fatalf("idempotency status after completion = %v; want COMPLETED, tokens_so_far %d, attempts 1", after, answer.Usage.CompletionTokens)
 	}
-	j, jr = xoGetJob(t, c, gw.URL, id)
+	j, jr = getJob(t, gw.URL, id)
 	if j.Status != "completed" || j.Tokens != answer.Usage.CompletionTokens {
 		t.Fatalf("job view after completion: %s; want completed, tokens_so_far %d", jr.Body, answer.Usage.CompletionTokens)
 	}
@@ -99,14 +103,13 @@ func TestStatusShowsRunningWhileGenerating(t *testing.T) {
 // "status":200 as if it had succeeded: it says 502, partial, and the error.
 func TestStatusOfPartialStreamFailure(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, nil)
-	c := xoClient(t)
 	const key = "status-partial-1"
-	body := xoChatBody("oncegate-mock", "break after three", true, `"mock":{"fault":"drop_after","fault_after":3}`)
-	r := xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
+	body := chatBody("oncegate-mock", "break after three", `"stream":true,"mock":{"fault":"drop_after","fault_after":3}`)
+	r := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
 	if r.Err != nil || r.Status != http.StatusOK {
 		t.Fatalf("stream: %d %v %s", r.Status, r.Err, r.Body)
 	}
-	m := xoIdem(t, c, gw.URL, key, nil)
+	m := idemStatus(t, gw.URL, key, nil)
 	errObj, _ := m["error"].(map[string]any)
 	if m["state"] != "FAILED" || m["status"] != float64(http.StatusBadGateway) || m["partial"] != true || errObj["code"] != "stream_interrupted" {
 		t.Fatalf("status of a partial stream failure = %v; want FAILED, status 502, partial, error stream_interrupted", m)
@@ -122,11 +125,10 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 	cfg.Ledger.Prices = map[string]config.Price{"*": {InputPerMillion: 1_000_000, OutputPerMillion: 1_000_000}}
 	cfg.Admin.APIKeysSHA256 = []string{sha("admin-key")}
 	gw := gatewaykit.StartGateway(t, cfg)
-	c := xoClient(t)
 	const key = "cancel-running-1"
 	// 16 tokens at 250 ms each: about 4 s, past the first lease renewal that notices the cancel.
-	body := xoChatBody(xoSlowModel, "cancel me while I run", false, `"mock":{"inter_token_ms":250}`)
-	r := xoPost(c, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": key})
+	body := chatBody(slowModel, "cancel me while I run", `"mock":{"inter_token_ms":250}`)
+	r := do(t, http.MethodPost, gw.URL+"/v1/jobs", body, map[string]string{"Idempotency-Key": key})
 	if r.Status != http.StatusAccepted {
 		t.Fatalf("POST /v1/jobs: %d %s", r.Status, r.Body)
 	}
@@ -136,20 +138,20 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 	if err := json.Unmarshal(r.Body, &created); err != nil || created.ID == "" {
 		t.Fatalf("POST /v1/jobs body: %s", r.Body)
 	}
-	if !xoPoll(30*time.Second, func() bool {
-		j, _ := xoGetJob(t, c, gw.URL, created.ID)
-		return j.Status == "running"
-	}) {
-		t.Fatal("the job never read running")
-	}
-	if r := xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+created.ID, "", nil); r.Status != http.StatusOK {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if j, jr := getJob(t, gw.URL, created.ID); j.Status != "running" {
+			return fmt.Errorf("the job does not read running: %d %s", jr.Status, jr.Body)
+		}
+		return nil
+	})
+	if r := send(http.MethodDelete, gw.URL+"/v1/jobs/"+created.ID, "", nil); r.Status != http.StatusOK {
 		t.Fatalf("DELETE: %d %s", r.Status, r.Body)
 	}
-	m := xoIdem(t, c, gw.URL, key, nil)
+	m := idemStatus(t, gw.URL, key, nil)
 	if m["cancelled"] != true || m["attempts"] != float64(1) {
 		t.Fatalf("status after the cancel = %v; want cancelled, attempts 1", m)
 	}
-	if j, jr := xoGetJob(t, c, gw.URL, created.ID); j.Status != "cancelled" || j.Attempts != 1 {
+	if j, jr := getJob(t, gw.URL, created.ID); j.Status != "cancelled" || j.Attempts != 1 {
 		t.Fatalf("job after the cancel: %s; want cancelled, attempts 1", jr.Body)
 	}
 
@@ -161,7 +163,7 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 		Completed bool   `json:"completed"`
 	}
 	ofJob := func() []entry {
-		r := xoDo(c, http.MethodGet, gw.URL+"/v1/admin/ledger", "", admin)
+		r := send(http.MethodGet, gw.URL+"/v1/admin/ledger", "", admin)
 		var list struct {
 			Data []entry `json:"data"`
 		}
@@ -176,15 +178,16 @@ func TestCancelledRunningJobIsCountedAndCharged(t *testing.T) {
 		}
 		return out
 	}
-	if !xoPoll(30*time.Second, func() bool { return len(ofJob()) > 0 }) {
-		t.Fatal("the cancelled job's attempt was never charged")
-	}
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if len(ofJob()) == 0 {
+			return errors.New("the cancelled job's attempt is not charged")
+		}
+		return nil
+	})
 	// The worker that was running it stops at its next renewal: wait for the backend call
 	// to end, then the charge must still be the only one.
 	mock := gw.Mock(t, "slowmock")
-	if !xoPoll(30*time.Second, func() bool { return mock.Stats().InFlight == 0 }) {
-		t.Fatal("the cancelled backend call never ended")
-	}
+	testkit.CheckFor(t, 30*time.Second, pollEvery, inFlight(mock, 0))
 	if es := ofJob(); len(es) != 1 || es[0].Kind != "charge" || !es[0].Estimated || es[0].Completed {
 		t.Fatalf("ledger entries of the cancelled job = %+v; want one estimated, not completed charge", es)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -25,22 +26,21 @@ func TestDuplicateStorm(t *testing.T) {
 	}
 	gw := gatewaykit.StartGateway(t, nil)
 	slow := gw.Mock(t, "slowmock")
-	c := xoClient(t)
 
 	// Baseline: one first request of the same shape, alone.
-	baseBody := xoChatBody(xoSlowModel, "storm baseline", false, "")
-	base := xoPost(c, gw.URL+xoChatPath, baseBody, map[string]string{"Idempotency-Key": "xo-storm-baseline"})
-	xoWant(t, base, http.StatusOK, "created")
+	baseBody := chatBody(slowModel, "storm baseline", "")
+	base := postChat(t, gw.URL, baseBody, map[string]string{"Idempotency-Key": "xo-storm-baseline"})
+	expect(t, base, http.StatusOK, "created")
 	baseline := base.End.Sub(base.Start)
 
 	const n = 1000
 	const key = "xo-storm"
-	nsBody := xoChatBody(xoSlowModel, "a storm of duplicates", false, "")
-	stBody := xoChatBody(xoSlowModel, "a storm of duplicates", true, "")
-	_, wantContent := xoReference(t, xoSlowModel, nsBody)
+	nsBody := chatBody(slowModel, "a storm of duplicates", "")
+	stBody := chatBody(slowModel, "a storm of duplicates", `"stream":true`)
+	_, wantContent := reference(t, nsBody)
 	before := slow.Stats().Requests
 
-	results := make([]xoResult, n)
+	results := make([]result, n)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
@@ -52,7 +52,7 @@ func TestDuplicateStorm(t *testing.T) {
 				body = stBody
 			}
 			<-start
-			results[i] = xoPost(c, gw.URL+xoChatPath, body, map[string]string{"Idempotency-Key": key})
+			results[i] = send(http.MethodPost, gw.URL+chatPath, body, map[string]string{"Idempotency-Key": key})
 		}()
 	}
 	t0 := time.Now()
@@ -88,10 +88,10 @@ func TestDuplicateStorm(t *testing.T) {
 	if outcomes["created"] != 1 || outcomes["created"]+outcomes["joined"]+outcomes["replayed"] != n {
 		t.Fatalf("outcomes %v, want one created and the rest joined or replayed", outcomes)
 	}
-	if _, content, err := xoParseCompletion(nsRef); err != nil || content != wantContent {
+	if _, content, err := answerOf(nsRef); err != nil || content != wantContent {
 		t.Errorf("non-stream answer %q (%v), want %q", content, err, wantContent)
 	}
-	if st, err := xoParseStream(stRef); err != nil || st.Content != wantContent || !st.Done {
+	if st, err := parseChatStream(stRef); err != nil || st.Content != wantContent || !st.Done {
 		t.Errorf("stream answer %+v (%v), want %q then [DONE]", st, err, wantContent)
 	}
 
@@ -114,15 +114,14 @@ func TestDuplicateStorm(t *testing.T) {
 func BenchmarkReplayCompletedKey(b *testing.B) {
 	gw := gatewaykit.StartGateway(b, nil)
 	fast := gw.Mock(b, "mock")
-	c := xoClient(b)
-	body := xoChatBody(config.MockModel, "replay me", false, "")
+	body := chatBody(config.MockModel, "replay me", "")
 	hdr := map[string]string{"Idempotency-Key": "xo-bench-replay"}
-	if r := xoPost(c, gw.URL+xoChatPath, body, hdr); r.Status != http.StatusOK {
+	if r := send(http.MethodPost, gw.URL+chatPath, body, hdr); r.Status != http.StatusOK {
 		b.Fatalf("first request: %d %v %s", r.Status, r.Err, r.Body)
 	}
 	b.Run("serial", func(b *testing.B) {
 		for b.Loop() {
-			r := xoPost(c, gw.URL+xoChatPath, body, hdr)
+			r := send(http.MethodPost, gw.URL+chatPath, body, hdr)
 			if r.Status != http.StatusOK || r.Header.Get("Oncegate-Idempotency") != "replayed" {
 				b.Fatalf("replay: %d %q %v", r.Status, r.Header.Get("Oncegate-Idempotency"), r.Err)
 			}
@@ -131,7 +130,7 @@ func BenchmarkReplayCompletedKey(b *testing.B) {
 	b.Run("parallel", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				r := xoPost(c, gw.URL+xoChatPath, body, hdr)
+				r := send(http.MethodPost, gw.URL+chatPath, body, hdr)
 				if r.Status != http.StatusOK || r.Header.Get("Oncegate-Idempotency") != "replayed" {
 					b.Errorf("replay: %d %q %v", r.Status, r.Header.Get("Oncegate-Idempotency"), r.Err)
 					return
@@ -151,10 +150,9 @@ func BenchmarkReplayCompletedKey(b *testing.B) {
 func BenchmarkJoinDuplicate(b *testing.B) {
 	gw := gatewaykit.StartGateway(b, nil)
 	slow := gw.Mock(b, "slowmock")
-	c := xoClient(b)
-	body := xoChatBody(xoSlowModel, "join me", true, `"mock":{"tokens":1000000,"inter_token_ms":5}`)
+	body := chatBody(slowModel, "join me", `"stream":true,"mock":{"tokens":1000000,"inter_token_ms":5}`)
 	hdr := map[string]string{"Idempotency-Key": "xo-bench-join"}
-	leader, err := xoOpen(c, http.MethodPost, gw.URL+xoChatPath, body, hdr)
+	leader, err := openStream(http.MethodPost, gw.URL+chatPath, body, hdr)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -167,7 +165,7 @@ func BenchmarkJoinDuplicate(b *testing.B) {
 	jobID := leader.Header.Get("Oncegate-Job-Id")
 
 	join := func() error {
-		resp, err := xoOpen(c, http.MethodPost, gw.URL+xoChatPath, body, hdr)
+		resp, err := openStream(http.MethodPost, gw.URL+chatPath, body, hdr)
 		if err != nil {
 			return err
 		}
@@ -175,7 +173,7 @@ func BenchmarkJoinDuplicate(b *testing.B) {
 		if o := resp.Header.Get("Oncegate-Idempotency"); resp.StatusCode != http.StatusOK || o != "joined" {
 			return fmt.Errorf("join: %d %q", resp.StatusCode, o)
 		}
-		_, err = xoNewSSEReader(bufio.NewReader(resp.Body)).next()
+		_, err = newSSEReader(bufio.NewReader(resp.Body)).next()
 		return err
 	}
 	b.Run("serial", func(b *testing.B) {
@@ -197,11 +195,14 @@ func BenchmarkJoinDuplicate(b *testing.B) {
 	})
 
 	// Stop the execution (the job id of a chat request is indexed asynchronously).
-	gatewaykit.Eventually(b, 10*time.Second, func() bool {
-		return xoDo(c, http.MethodDelete, gw.URL+"/v1/jobs/"+jobID, "", nil).Status == http.StatusOK
-	}, "cancel the long execution")
+	testkit.CheckFor(b, 10*time.Second, pollEvery, func() error {
+		if r := send(http.MethodDelete, gw.URL+"/v1/jobs/"+jobID, "", nil); r.Status != http.StatusOK {
+			return fmt.Errorf("cancel of the long execution: %d %v %s", r.Status, r.Err, r.Body)
+		}
+		return nil
+	})
 	<-leaderDone
-	gatewaykit.Eventually(b, 10*time.Second, func() bool { return slow.Stats().InFlight == 0 }, "the backend call stops")
+	testkit.CheckFor(b, 10*time.Second, pollEvery, inFlight(slow, 0))
 	if n := slow.Stats().Requests; n != 1 {
 		b.Fatalf("backend executions = %d, want 1", n)
 	}

@@ -24,7 +24,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -57,27 +56,26 @@ func TestTakeoverZombieWorker(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			xoTakeover(t, tc.zombieChunks)
+			takeover(t, tc.zombieChunks)
 		})
 	}
 }
 
-func xoTakeover(t *testing.T, zombieChunks int) {
+func takeover(t *testing.T, zombieChunks int) {
 	cfg := gatewaykit.Config(t)
 	cfg.Role = "api"
 	cfg.NATS.Listen = "127.0.0.1:0" // an api-only process needs a NATS that workers can reach
 	cfg.Idempotency.Lease = config.Duration(2 * time.Second)
 	cfg.Idempotency.RenewEvery = config.Duration(500 * time.Millisecond)
 	gw := gatewaykit.StartGateway(t, cfg)
-	c := xoClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	key := fmt.Sprintf("xo-takeover-%d", zombieChunks)
 	hdr := map[string]string{"Idempotency-Key": key}
-	streamBody := xoChatBody(xoSlowModel, "taken over", true, "")
-	nsBody := xoChatBody(xoSlowModel, "taken over", false, "")
-	_, wantContent := xoReference(t, xoSlowModel, nsBody)
+	streamBody := chatBody(slowModel, "taken over", `"stream":true`)
+	nsBody := chatBody(slowModel, "taken over", "")
+	_, wantContent := reference(t, nsBody)
 
 	// The zombie: its own connection, the shared durable consumer, the IDEM bucket.
 	zjs := gw.JetStream(t, "xo-zombie")
@@ -101,13 +99,13 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	aDone := make(chan streamed, 1)
 	go func() {
 		defer close(aEvents)
-		resp, err := xoOpen(c, http.MethodPost, gw.URL+xoChatPath, streamBody, hdr)
+		resp, err := openStream(http.MethodPost, gw.URL+chatPath, streamBody, hdr)
 		if err != nil {
 			aDone <- streamed{err: err}
 			return
 		}
 		defer resp.Body.Close()
-		r := xoNewSSEReader(resp.Body)
+		r := newSSEReader(resp.Body)
 		n := 0
 		for {
 			if _, err := r.next(); err != nil {
@@ -148,7 +146,7 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	pub := jobs.NewPublisher(zjs, job)
 	var zframes []byte
 	for i := range zombieChunks {
-		f := xoZombieFrame(i)
+		f := zombieFrame(i)
 		if err := pub.Publish(ctx, jobs.KindData, 0, f); err != nil {
 			t.Fatalf("zombie: publish while owning the lease: %v", err)
 		}
@@ -169,17 +167,17 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 
 	// Client B, non-stream, joins now: the lease cannot expire for another ~1.5 s, so B is
 	// attached to epoch 1 when the takeover happens.
-	bDone := xoGo(func() xoResult { return xoPost(c, gw.URL+xoChatPath, nsBody, hdr) })
+	bDone := async(func() result { return send(http.MethodPost, gw.URL+chatPath, nsBody, hdr) })
 
 	// The zombie goes silent. A real worker pool starts; its backend (the slow mock) counts
 	// executions.
-	slow := xoStartPool(t, gw, cfg, "xo-rescuer")
+	slow := startPool(t, gw, cfg, "xo-rescuer")
 
 	a := <-aDone
 	if a.err != nil || a.status != http.StatusOK || a.outcome != "created" {
 		t.Fatalf("client A: status %d outcome %q err %v", a.status, a.outcome, a.err)
 	}
-	st, err := xoParseStream(a.raw)
+	st, err := parseChatStream(a.raw)
 	if err != nil {
 		t.Fatalf("client A: %v: %q", err, a.raw)
 	}
@@ -192,7 +190,7 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 			t.Errorf("client A after output: %d events, error %q, done %v; want the %d zombie frames then one execution_restarted event and no [DONE]: %q",
 				len(st.Data), st.ErrCode, st.Done, zombieChunks, a.raw)
 		}
-		if st.Content != xoZombieContent(zombieChunks) {
+		if st.Content != zombieContent(zombieChunks) {
 			t.Errorf("client A's stream splices two executions: %q", st.Content)
 		}
 	} else {
@@ -204,25 +202,25 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	}
 
 	b := <-bDone
-	xoWant(t, b, http.StatusOK, "joined")
-	if _, content, err := xoParseCompletion(b.Body); err != nil || content != wantContent {
+	expect(t, b, http.StatusOK, "joined")
+	if _, content, err := answerOf(b.Body); err != nil || content != wantContent {
 		t.Errorf("client B (non-stream, joined before the takeover): %q (%v), want the complete answer %q", content, err, wantContent)
 	}
 
-	status := xoIdem(t, c, gw.URL, key, nil)
+	status := idemStatus(t, gw.URL, key, nil)
 	if status["state"] != "COMPLETED" || status["epoch"] != 2.0 || status["job_id"] != job.ID {
 		t.Errorf("record after the takeover: %v; want COMPLETED, epoch 2, job %s", status, job.ID)
 	}
 
 	// Retries with the same key get the complete answer of epoch 2, streamed or not.
-	retry := xoPost(c, gw.URL+xoChatPath, nsBody, hdr)
-	xoWant(t, retry, http.StatusOK, "replayed")
-	if _, content, _ := xoParseCompletion(retry.Body); content != wantContent {
+	retry := postChat(t, gw.URL, nsBody, hdr)
+	expect(t, retry, http.StatusOK, "replayed")
+	if _, content, _ := answerOf(retry.Body); content != wantContent {
 		t.Errorf("non-stream retry: %q, want %q", content, wantContent)
 	}
-	sretry := xoPost(c, gw.URL+xoChatPath, streamBody, hdr)
-	xoWant(t, sretry, http.StatusOK, "replayed")
-	if rs, err := xoParseStream(sretry.Body); err != nil || rs.Content != wantContent || !rs.Done {
+	sretry := postChat(t, gw.URL, streamBody, hdr)
+	expect(t, sretry, http.StatusOK, "replayed")
+	if rs, err := parseChatStream(sretry.Body); err != nil || rs.Content != wantContent || !rs.Done {
 		t.Errorf("stream retry: %+v (%v), want %q then [DONE]", rs, err, wantContent)
 	}
 
@@ -231,7 +229,7 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	}
 
 	// The zombie wakes up: every write it tries is refused.
-	if err := pub.Publish(ctx, jobs.KindData, 0, xoZombieFrame(zombieChunks)); !errors.Is(err, jobs.ErrFenced) {
+	if err := pub.Publish(ctx, jobs.KindData, 0, zombieFrame(zombieChunks)); !errors.Is(err, jobs.ErrFenced) {
 		t.Errorf("zombie's chunk after the takeover: err = %v, want jobs.ErrFenced", err)
 	}
 	stale := *rec
@@ -241,23 +239,23 @@ func xoTakeover(t *testing.T, zombieChunks int) {
 	if _, err := zstore.Update(ctx, job.Key, &stale, rev); !errors.Is(err, kv.ErrConflict) {
 		t.Errorf("zombie's record write with its old revision: err = %v, want kv.ErrConflict", err)
 	}
-	again := xoPost(c, gw.URL+xoChatPath, nsBody, hdr)
+	again := postChat(t, gw.URL, nsBody, hdr)
 	if !bytes.Equal(again.Body, retry.Body) {
 		t.Errorf("the answer changed after the zombie's writes: %s", again.Body)
 	}
 }
 
-// xoZombieFrame is a valid chat.completion.chunk frame the zombie worker sends.
-func xoZombieFrame(i int) []byte {
+// zombieFrame is a valid chat.completion.chunk frame the zombie worker sends.
+func zombieFrame(i int) []byte {
 	role := ""
 	if i == 0 {
 		role = `"role":"assistant",`
 	}
 	return []byte(fmt.Sprintf(`data: {"id":"chatcmpl-zombie","object":"chat.completion.chunk","created":1700000000,"model":"%s",`+
-		`"choices":[{"index":0,"delta":{%s"content":"zombie%d "},"logprobs":null,"finish_reason":null}]}`+"\n\n", xoSlowModel, role, i))
+		`"choices":[{"index":0,"delta":{%s"content":"zombie%d "},"logprobs":null,"finish_reason":null}]}`+"\n\n", slowModel, role, i))
 }
 
-func xoZombieContent(n int) string {
+func zombieContent(n int) string {
 	var s string
 	for i := range n {
 		s += fmt.Sprintf("zombie%d ", i)
@@ -265,10 +263,10 @@ func xoZombieContent(n int) string {
 	return s
 }
 
-// xoStartPool runs a worker pool beside an api-role gateway, wired like the gateway wires its
+// startPool runs a worker pool beside an api-role gateway, wired like the gateway wires its
 // own (gateway startWorkers), with fresh mock backends; it returns the slow mock. The
 // pool stops, and its connection closes, before the gateway does.
-func xoStartPool(t testing.TB, gw *gatewaykit.Gateway, cfg *config.Config, id string) *mockllm.Server {
+func startPool(t testing.TB, gw *gatewaykit.Gateway, cfg *config.Config, id string) *mockllm.Server {
 	t.Helper()
 	nc, err := gw.Connect(id)
 	if err != nil {
@@ -325,15 +323,11 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the oncegate binary")
 	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
+	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go tool to build the binary")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "oncegate")
-	if out, err := exec.Command(goBin, "build", "-o", bin, "github.com/oncegate/oncegate/cmd/oncegate").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := oncegateBinary(t)
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cfgPath := filepath.Join(dir, "c.yaml")
 	yaml := fmt.Sprintf("listen: %s\ndata_dir: %s\nlog_level: warn\n"+
@@ -343,23 +337,25 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	xoProcess(t, dir, "api", bin, "serve", "--role", "api", "--nats-listen", natsAddr, "--config", cfgPath)
+	startProc(t, "api", bin, "serve", "--role", "api", "--nats-listen", natsAddr, "--config", cfgPath)
 	base := "http://" + httpAddr
-	c := xoClient(t)
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		// healthz, not readyz: A runs no worker, so it is ready only once worker B runs
-		return xoDo(c, http.MethodGet, base+"/healthz", "", nil).Status == http.StatusOK
-	}, "gateway A serving")
-	workerB := xoProcess(t, dir, "worker-b", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
+		if r := send(http.MethodGet, base+"/healthz", "", nil); r.Status != http.StatusOK {
+			return fmt.Errorf("gateway A is not serving: %d %v", r.Status, r.Err)
+		}
+		return nil
+	})
+	workerB := startProc(t, "worker-b", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
 
 	const key = "xo-process-kill"
 	hdr := map[string]string{"Idempotency-Key": key}
 	knobs := `"mock":{"tokens":40,"inter_token_ms":50}` // ≈2 s of output
-	streamBody := xoChatBody(xoSlowModel, "worker killed", true, knobs)
-	nsBody := xoChatBody(xoSlowModel, "worker killed", false, knobs)
-	_, wantContent := xoReference(t, xoSlowModel, nsBody)
+	streamBody := chatBody(slowModel, "worker killed", `"stream":true,`+knobs)
+	nsBody := chatBody(slowModel, "worker killed", knobs)
+	_, wantContent := reference(t, nsBody)
 
-	resp, err := xoOpen(c, http.MethodPost, base+xoChatPath, streamBody, hdr)
+	resp, err := openStream(http.MethodPost, base+chatPath, streamBody, hdr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,26 +363,18 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("stream: status %d", resp.StatusCode)
 	}
-	r := xoNewSSEReader(resp.Body)
+	r := newSSEReader(resp.Body)
 	for i := 0; i < 3; i++ { // the role chunk and two tokens at least
 		if _, err := r.next(); err != nil {
 			t.Fatalf("stream ended before worker B was killed: %v: %q", err, r.raw.Bytes())
 		}
 	}
-	nsDone := xoGo(func() xoResult { return xoPost(c, base+xoChatPath, nsBody, hdr) })
+	nsDone := async(func() result { return send(http.MethodPost, base+chatPath, nsBody, hdr) })
 
-	if err := workerB.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = workerB.Wait()
-	xoProcess(t, dir, "worker-c", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
+	workerB.kill(t)
+	startProc(t, "worker-c", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
 
-	for {
-		if _, err := r.next(); err != nil {
-			break
-		}
-	}
-	st, err := xoParseStream(r.raw.Bytes())
+	st, err := parseChatStream(r.drain())
 	if err != nil {
 		t.Fatalf("stream: %v: %q", err, r.raw.Bytes())
 	}
@@ -396,63 +384,28 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	}
 
 	var status map[string]any
-	gatewaykit.Eventually(t, 30*time.Second, func() bool {
-		status = xoIdem(t, c, base, key, nil)
-		return status["state"] != "PENDING"
-	}, "the key is finished by worker C")
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if status = idemStatus(t, base, key, nil); status["state"] == "PENDING" {
+			return fmt.Errorf("the key is not finished by worker C: %v", status)
+		}
+		return nil
+	})
 	if status["state"] != "COMPLETED" || status["epoch"] != 2.0 {
 		t.Errorf("record: %v, want COMPLETED at epoch 2", status)
 	}
 	ns := <-nsDone
-	xoWant(t, ns, http.StatusOK, "joined")
-	if _, content, _ := xoParseCompletion(ns.Body); content != wantContent {
+	expect(t, ns, http.StatusOK, "joined")
+	if _, content, _ := answerOf(ns.Body); content != wantContent {
 		t.Errorf("non-stream copy: %q, want %q", content, wantContent)
 	}
-	retry := xoPost(c, base+xoChatPath, nsBody, hdr)
-	xoWant(t, retry, http.StatusOK, "replayed")
-	if _, content, _ := xoParseCompletion(retry.Body); content != wantContent {
+	retry := postChat(t, base, nsBody, hdr)
+	expect(t, retry, http.StatusOK, "replayed")
+	if _, content, _ := answerOf(retry.Body); content != wantContent {
 		t.Errorf("same-key retry: %q, want the full answer %q", content, wantContent)
 	}
-	sretry := xoPost(c, base+xoChatPath, streamBody, hdr)
-	xoWant(t, sretry, http.StatusOK, "replayed")
-	if rs, err := xoParseStream(sretry.Body); err != nil || rs.Content != wantContent || !rs.Done {
+	sretry := postChat(t, base, streamBody, hdr)
+	expect(t, sretry, http.StatusOK, "replayed")
+	if rs, err := parseChatStream(sretry.Body); err != nil || rs.Content != wantContent || !rs.Done {
 		t.Errorf("same-key stream retry: %+v (%v), want %q then [DONE]", rs, err, wantContent)
 	}
-}
-
-// xoProcess starts the binary with its output in dir/name.log. At the end of the test it gets
-// SIGTERM and, if it has not exited 20 s later, SIGKILL; its log is shown when the test failed.
-func xoProcess(t testing.TB, dir, name, bin string, args ...string) *exec.Cmd {
-	t.Helper()
-	logPath := filepath.Join(dir, name+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		defer logf.Close()
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { _ = cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-			}
-		}
-		if t.Failed() {
-			if b, err := os.ReadFile(logPath); err == nil {
-				t.Logf("%s log:\n%s", name, b)
-			}
-		}
-	})
-	return cmd
 }

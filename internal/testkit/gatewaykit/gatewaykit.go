@@ -111,15 +111,3 @@ func (g *Gateway) JetStream(t testing.TB, name string) jetstream.JetStream {
 func Client() *http.Client {
 	return &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 }
-
-// Eventually polls cond every 10 ms until it holds or timeout passes.
-func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gatewaykit: timed out after %s: %s", timeout, msg)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
