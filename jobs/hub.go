@@ -24,6 +24,12 @@ var ErrHistoryLost = errors.New("jobs: chunk history no longer retained")
 // consumer for joiners), never one JetStream consumer per HTTP client. The chunks of a live
 // execution are kept in memory, so a follower attaching late replays from index 0 with no gap
 // and no repeat at the join point.
+//
+// An ordered consumer lives no longer than its feed: when the feed ends (terminal chunk, last
+// follower gone, error, Close) the hub deletes it from the server, because nats.go's Stop
+// leaves it there for its inactive threshold and a stream holds at most 1,000 consumers by
+// default. Deleting is preferred to using the core fast path everywhere: a joiner needs the
+// history, and on an external cluster a core subscription may miss the terminal chunk.
 type Hub struct {
 	js       jetstream.JetStream
 	nc       *nats.Conn
@@ -33,9 +39,23 @@ type Hub struct {
 	mu     sync.Mutex
 	feeds  map[string]*feed
 	closed bool
-	// stopped are consumers told to stop whose goroutines may still be ending; Close waits.
-	stopped []jetstream.ConsumeContext
+	// deleting counts the goroutines stopping and deleting ended feeds' consumers; Close waits.
+	// Add runs under mu as a feed ends, and Close ends every feed before it waits, so no Add
+	// follows the Wait.
+	deleting sync.WaitGroup
 }
+
+// orderedInactive is the InactiveThreshold of the hub's ordered consumers (nats.go's default
+// is 5 minutes). It only matters for a consumer nothing deletes, one whose API node died:
+// while its node lives, a consumer always has a pull request waiting and stays, and after a
+// reconnect the ordered consumer recreates itself anyway. 5 s is the server's own default for
+// ephemeral consumers: an orphan is gone within ~6 s (the server adds up to 1 s of jitter),
+// so filling 1,000 consumers with orphans takes ~170 followed executions orphaned per second.
+const orderedInactive = 5 * time.Second
+
+// deleteTimeout bounds deleting an ended feed's consumer; one that fails (a leader election, a
+// lost connection) is removed by the server after orderedInactive.
+const deleteTimeout = 5 * time.Second
 
 // HubOptions configures a Hub.
 type HubOptions struct {
@@ -147,29 +167,45 @@ func (h *Hub) Close() {
 	for _, f := range feeds {
 		f.finish(ErrHubClosed)
 	}
-	h.mu.Lock()
-	stopped := h.stopped
-	h.stopped = nil
-	h.mu.Unlock()
-	for _, cc := range stopped {
-		<-cc.Closed()
-	}
+	// Every feed is done now: a consumer created for one later is deleted by its creator.
+	h.deleting.Wait()
 }
 
-// retire records a stopped consumer (finish may run inside its own callback, so it cannot
-// wait there) and forgets those that have ended.
-func (h *Hub) retire(cc jetstream.ConsumeContext) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	live := h.stopped[:0]
-	for _, old := range h.stopped {
-		select {
-		case <-old.Closed():
-		default:
-			live = append(live, old)
-		}
+// release stops an ended feed's ordered consumer and deletes it from the server. It runs on
+// its own goroutine: finish may run inside the consumer's callback, and Stop can wait for a
+// reset in progress.
+func (h *Hub) release(subject string, src orderedSource) {
+	defer h.deleting.Done()
+	src.stop(h.js, h.log, subject)
+}
+
+// orderedSource is a feed's ordered consumer and its consume loop.
+type orderedSource struct {
+	cons jetstream.Consumer
+	cc   jetstream.ConsumeContext
+}
+
+// stop ends the consume loop, then deletes the consumer it used last (the loop replaces it on
+// a reset). A consumer already gone (deleted by a reset or by the server) is no error.
+func (src orderedSource) stop(js jetstream.JetStream, log zerolog.Logger, subject string) {
+	src.cc.Stop()
+	<-src.cc.Closed()
+	deleteOrdered(js, log, subject, src.cons)
+}
+
+// deleteOrdered deletes an ordered consumer's current server consumer, within deleteTimeout.
+func deleteOrdered(js jetstream.JetStream, log zerolog.Logger, subject string, cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil {
+		return
 	}
-	h.stopped = append(live, cc)
+	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+	defer cancel()
+	err := js.DeleteConsumer(ctx, ChunksStream, info.Name)
+	if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		log.Warn().Err(err).Str("subject", subject).Str("consumer", info.Name).
+			Dur("expires_in", orderedInactive).Msg("deleting an ended feed's consumer failed; the server will expire it")
+	}
 }
 
 // Active is the number of executions this hub follows (for metrics and tests).
@@ -177,14 +213,6 @@ func (h *Hub) Active() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.feeds)
-}
-
-func (h *Hub) drop(f *feed) {
-	h.mu.Lock()
-	if h.feeds[f.subject] == f {
-		delete(h.feeds, f.subject)
-	}
-	h.mu.Unlock()
 }
 
 type feed struct {
@@ -197,7 +225,7 @@ type feed struct {
 	err       error // set with done when the feed ended without a terminal chunk
 	followers map[*Follower]struct{}
 	sub       *nats.Subscription
-	cons      jetstream.ConsumeContext
+	ordered   *orderedSource
 }
 
 // startCore subscribes on the core subject.
@@ -221,24 +249,27 @@ func (f *feed) startCore() error {
 // startConsumer reads the subject's history and then live chunks through one ordered consumer.
 func (f *feed) startConsumer(ctx context.Context) error {
 	cons, err := f.hub.js.OrderedConsumer(ctx, ChunksStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{f.subject},
-		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		FilterSubjects:    []string{f.subject},
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: orderedInactive,
 	})
 	if err != nil {
 		return fmt.Errorf("jobs: ordered consumer %s: %w", f.subject, err)
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) { f.deliver(m.Headers(), m.Data()) })
 	if err != nil {
+		// Consume creates the server consumer before it fails on the first pull.
+		deleteOrdered(f.hub.js, f.hub.log, f.subject, cons)
 		return fmt.Errorf("jobs: consume %s: %w", f.subject, err)
 	}
+	src := orderedSource{cons: cons, cc: cc}
 	f.mu.Lock()
-	if f.done { // finished while the consumer was being created
+	if f.done { // finished while the consumer was being created: nobody else will delete it
 		f.mu.Unlock()
-		cc.Stop()
-		f.hub.retire(cc)
+		src.stop(f.hub.js, f.hub.log, f.subject)
 		return nil
 	}
-	f.cons = cc
+	f.ordered = &src
 	f.mu.Unlock()
 	return nil
 }
@@ -312,25 +343,36 @@ func (f *feed) wakeLocked() {
 	}
 }
 
-// finish ends the feed: no more chunks, the source stops, the hub forgets it.
+// finish ends the feed: no more chunks, the source stops (an ordered consumer is deleted),
+// the hub forgets it.
 func (f *feed) finish(err error) {
+	h := f.hub
+	// h.mu first, as attach: ending the feed, forgetting it and counting its consumer's
+	// deletion are one step, so Close cannot miss a deletion.
+	h.mu.Lock()
 	f.mu.Lock()
 	if f.done {
 		f.mu.Unlock()
+		h.mu.Unlock()
 		return
 	}
 	f.done, f.err = true, err
-	sub, cons := f.sub, f.cons
-	f.sub, f.cons = nil, nil
+	sub, src := f.sub, f.ordered
+	f.sub, f.ordered = nil, nil
 	f.wakeLocked()
 	f.mu.Unlock()
-	f.hub.drop(f)
+	if h.feeds[f.subject] == f {
+		delete(h.feeds, f.subject)
+	}
+	if src != nil {
+		h.deleting.Add(1)
+	}
+	h.mu.Unlock()
 	if sub != nil {
 		_ = sub.Unsubscribe()
 	}
-	if cons != nil {
-		cons.Stop()
-		f.hub.retire(cons)
+	if src != nil {
+		go h.release(f.subject, *src)
 	}
 }
 

@@ -1,0 +1,206 @@
+package jobs_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/jobs"
+)
+
+// chunkConsumers is the number of consumers the server holds on CHUNKS.
+func chunkConsumers(ctx context.Context, js jetstream.JetStream) (int, error) {
+	st, err := js.Stream(ctx, jobs.ChunksStream)
+	if err != nil {
+		return 0, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Consumers, nil
+}
+
+// limitChunkConsumers sets a stream-level MaxConsumers on CHUNKS: the test servers lift the
+// server default (1,000 per stream), and a stream limit still applies, as a stock server's
+// default would.
+func limitChunkConsumers(t *testing.T, js jetstream.JetStream, limit int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, jobs.ChunksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.MaxConsumers = limit
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitConsumers(t *testing.T, js jetstream.JetStream, want int) {
+	t.Helper()
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		n, err := chunkConsumers(ctx, js)
+		if err != nil {
+			return err
+		}
+		if n != want {
+			return fmt.Errorf("CHUNKS has %d consumers, want %d", n, want)
+		}
+		return nil
+	})
+}
+
+// TestFollowedExecutionsLeaveNoConsumer: executions followed through ordered consumers (the
+// external-NATS path: Open without CoreFastPath on one node, Join on another) leave no
+// consumer on CHUNKS once they end, whether the terminal chunk ended the feed or its last
+// follower left first; so 50 executions in a row fit under a limit of 10 consumers, on one
+// server and on a 3-node cluster (each node connected to any of its servers).
+func TestFollowedExecutionsLeaveNoConsumer(t *testing.T) {
+	type conn struct {
+		nc *nats.Conn
+		js jetstream.JetStream
+	}
+	cases := map[string]func(t *testing.T) (a, b conn){
+		"single": func(t *testing.T) (conn, conn) {
+			srv := testkit.RunJetStream(t, time.Second)
+			ncB, jsB := srv.Conn(t)
+			return conn{srv.NC, srv.JS}, conn{ncB, jsB}
+		},
+		"cluster": func(t *testing.T) (conn, conn) {
+			c := testkit.RunCluster(t, 3)
+			ncA, jsA := c.Connect(t)
+			ncB, jsB := c.Connect(t)
+			return conn{ncA, jsA}, conn{ncB, jsB}
+		},
+	}
+	for name, start := range cases {
+		t.Run(name, func(t *testing.T) {
+			a, b := start(t)
+			followMany(t, a.nc, a.js, b.nc, b.js)
+		})
+	}
+}
+
+func followMany(t *testing.T, ncA *nats.Conn, jsA jetstream.JetStream, ncB *nats.Conn, jsB jetstream.JetStream) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// The cluster's servers hold 256 MB of memory storage each, below CHUNKS' default cap.
+	if err := jobs.EnsureStreams(ctx, jsA, jobs.StreamConfig{MaxChunkBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	const limit, executions = 10, 50
+	limitChunkConsumers(t, jsA, limit)
+	nodeA := jobs.NewHub(ncA, jsA, zerolog.Nop(), jobs.HubOptions{})
+	defer nodeA.Close()
+	nodeB := jobs.NewHub(ncB, jsB, zerolog.Nop(), jobs.HubOptions{})
+	defer nodeB.Close()
+	baseline, err := chunkConsumers(ctx, jsA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := baseline
+	for i := range executions {
+		job := newJob("leak" + strconv.Itoa(i))
+		creator, err := nodeA.Open(ctx, job.Subject())
+		if err != nil {
+			t.Fatalf("execution %d: open: %v", i, err)
+		}
+		pub := jobs.NewPublisher(jsA, job)
+		if err := pub.Publish(ctx, jobs.KindData, 0, []byte("p0")); err != nil {
+			t.Fatal(err)
+		}
+		joiner, err := nodeB.Join(ctx, job.Subject())
+		if err != nil {
+			t.Fatalf("execution %d: join: %v", i, err)
+		}
+		n, err := chunkConsumers(ctx, jsA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peak = max(peak, n)
+		if i%2 == 1 { // the followers leave before the end: the last one stops the feed
+			creator.Close()
+			joiner.Close()
+		}
+		if err := pub.Publish(ctx, jobs.KindData, 0, []byte("p1")); err != nil {
+			t.Fatal(err)
+		}
+		if err := pub.Publish(ctx, jobs.KindDone, 200, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 { // the terminal chunk ends the feed
+			checkSequence(t, readAll(t, creator), 2)
+			checkSequence(t, readAll(t, joiner), 2)
+			creator.Close()
+			joiner.Close()
+		}
+	}
+	waitConsumers(t, jsA, baseline)
+	t.Logf("CHUNKS consumers: %d before, at most %d while followed, %d after %d executions (limit %d)",
+		baseline, peak, baseline, executions, limit)
+	if nodeA.Active() != 0 || nodeB.Active() != 0 {
+		t.Fatalf("hubs still follow %d and %d executions", nodeA.Active(), nodeB.Active())
+	}
+}
+
+// TestOrphanConsumerExpires: when an API node dies while it follows an execution, nothing
+// deletes its ordered consumer; the server must remove it soon by its inactive threshold, not
+// after 5 minutes. On one server and on a 3-node cluster (the consumer may live on a server
+// other than the dead node's).
+func TestOrphanConsumerExpires(t *testing.T) {
+	cases := map[string]func(t *testing.T) (admin, node jetstream.JetStream, nodeNC *nats.Conn){
+		"single": func(t *testing.T) (jetstream.JetStream, jetstream.JetStream, *nats.Conn) {
+			srv := testkit.RunJetStream(t, time.Second)
+			nc, js := srv.Conn(t)
+			return srv.JS, js, nc
+		},
+		"cluster": func(t *testing.T) (jetstream.JetStream, jetstream.JetStream, *nats.Conn) {
+			c := testkit.RunCluster(t, 3)
+			_, admin := c.Connect(t)
+			nc, js := c.Connect(t)
+			return admin, js, nc
+		},
+	}
+	for name, start := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel() // most of each case is waiting for the server's threshold
+			admin, js, nc := start(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := jobs.EnsureStreams(ctx, admin, jobs.StreamConfig{MaxChunkBytes: 64 << 20}); err != nil {
+				t.Fatal(err)
+			}
+			node := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{})
+			defer node.Close()
+			fl, err := node.Join(ctx, newJob("orphan").Subject())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fl.Close()
+			waitConsumers(t, admin, 1)
+			nc.Close() // the node dies: its hub can delete nothing
+			testkit.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
+				n, err := chunkConsumers(ctx, admin)
+				if err != nil {
+					return err
+				}
+				if n != 0 {
+					return fmt.Errorf("CHUNKS still has %d consumers after their node died", n)
+				}
+				return nil
+			})
+		})
+	}
+}
