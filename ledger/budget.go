@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -377,10 +379,7 @@ func (b *Budgets) renew(tenant string, tb *tenantBudget, gen uint64) {
 func (b *Budgets) Close() {
 	b.closed.Store(true)
 	b.mu.Lock()
-	tbs := make([]*tenantBudget, 0, len(b.tenants))
-	for _, tb := range b.tenants {
-		tbs = append(tbs, tb)
-	}
+	tbs := slices.Collect(maps.Values(b.tenants))
 	b.mu.Unlock()
 	for _, tb := range tbs {
 		tb.mu.Lock()
