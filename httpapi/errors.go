@@ -136,6 +136,7 @@ var errorTable = []struct {
 		Message: "this Idempotency-Key was used with a different request", Retry: retryNo}},
 	{ledger.ErrBudgetExceeded, apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
 		Message: "this tenant's spend limit for the period is reached", Retry: retryNo}},
+	{ledger.ErrBudgetUnavailable, unavailableAnswer("the budget could not be checked; retry")},
 	{intent.ErrContended, unavailableAnswer("the idempotency key is contended; retry")},
 	{intent.ErrHistoryLost, unavailableAnswer("this execution's early output is no longer retained; retry once it has finished")},
 	{intent.ErrInterrupted, unavailableAnswer("the execution was interrupted; retry")},
