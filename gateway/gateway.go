@@ -128,13 +128,24 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		if cfg.NATS.Sync != "always" {
 			syncEvery, _ = time.ParseDuration(cfg.NATS.Sync)
 		}
-		ns, err := natsrv.Start(ctx, natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload})
+		cl := cfg.NATS.Cluster
+		opts := natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload,
+			ServerName: cl.ServerName, Cluster: natsrv.Cluster{Name: cl.Name, Listen: cl.Listen, Routes: cl.Routes}}
+		if cl.Enabled() {
+			// Start returns once the nodes elected a JetStream meta leader: say what it waits for.
+			log.Info().Str("nats_cluster", cl.Name).Str("nats_cluster_listen", cl.Listen).Strs("nats_routes", cl.Routes).
+				Msg("joining the NATS cluster: waiting for a majority of its nodes")
+		}
+		ns, err := natsrv.Start(ctx, opts)
 		if err != nil {
 			return embeddedStartError(cfg, err)
 		}
 		g.ns = ns
 		abs, _ := filepath.Abs(storeDir)
 		ev := log.Info().Str("data_dir", abs).Str("sync", cfg.NATS.Sync)
+		if cl.Enabled() {
+			ev = ev.Str("nats_cluster", cl.Name).Str("nats_server_name", ns.Name())
+		}
 		if u := g.ns.ClientURL(); u != "" {
 			ev = ev.Str("nats_listen", u)
 		} else {
@@ -202,6 +213,10 @@ func embeddedStartError(cfg *config.Config, err error) error {
 		return &StartError{Field: "data_dir", Err: err, Msg: fmt.Sprintf("data dir %s is not usable: %v", cfg.DataDir, pe)}
 	case errors.Is(err, natsrv.ErrStoreDir):
 		return &StartError{Field: "data_dir", Err: err, Msg: fmt.Sprintf("data dir %s is not usable: %v", cfg.DataDir, err)}
+	case errors.Is(err, natsrv.ErrClusterListen):
+		return &StartError{Field: "nats.cluster.listen", Err: err, Msg: fmt.Sprintf("nats cluster listen %s: %v", cfg.NATS.Cluster.Listen, listenCause(err))}
+	case errors.Is(err, natsrv.ErrNoQuorum):
+		return &StartError{Field: "nats.cluster.routes", Err: err}
 	case errors.Is(err, natsrv.ErrListen):
 		return &StartError{Field: "nats.listen", Err: err, Msg: fmt.Sprintf("nats listen %s: %v", cfg.NATS.Listen, listenCause(err))}
 	}
@@ -296,7 +311,9 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	}
 	nc, js, store, board := side.nc, side.js, side.store, side.board
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
-	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil})
+	// The core fast path needs the chunks published on this process's server; in a cluster a
+	// worker on another node publishes them, and interest crosses the routes asynchronously.
+	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil && !g.cfg.NATS.Cluster.Enabled()})
 	if len(g.cfg.Tenants) == 0 {
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}
