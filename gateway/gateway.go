@@ -161,16 +161,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := jobs.EnsureStreams(ctx, setupJS, jobs.StreamConfig{}); err != nil {
-		return err
-	}
-	if _, err := kv.Open(ctx, setupJS, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()}); err != nil {
-		return err
-	}
-	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
-		return err
-	}
-	if err := ledger.EnsureStream(ctx, setupJS); err != nil {
+	if err := g.ensureResourcesRetried(ctx, setupJS); err != nil {
 		return err
 	}
 	logRouting(log, cfg)
@@ -184,6 +175,43 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		if err := g.startAPI(ctx, connect); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// clusterSetupWindow bounds the retries of ensureResources on a cluster node.
+const clusterSetupWindow = time.Minute
+
+// ensureResourcesRetried is ensureResources, retried on a cluster node while a JetStream
+// request times out: the nodes create the same streams at once, and nats-server answers a
+// stream request only from the stream's leader, so a request for a stream whose creation
+// by another node is in flight goes unanswered. Every step is idempotent.
+func (g *Gateway) ensureResourcesRetried(ctx context.Context, js jetstream.JetStream) error {
+	deadline := time.Now().Add(clusterSetupWindow)
+	for {
+		err := g.ensureResources(ctx, js)
+		if err == nil || !g.cfg.NATS.Cluster.Enabled() || ctx.Err() != nil || time.Now().After(deadline) ||
+			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
+			return err
+		}
+		g.log.Info().Err(err).Msg("JetStream setup timed out while the cluster settles: retrying")
+	}
+}
+
+// ensureResources creates or checks the streams, buckets and the work consumer.
+func (g *Gateway) ensureResources(ctx context.Context, setupJS jetstream.JetStream) error {
+	cfg := g.cfg
+	if err := jobs.EnsureStreams(ctx, setupJS, jobs.StreamConfig{}); err != nil {
+		return err
+	}
+	if _, err := kv.Open(ctx, setupJS, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()}); err != nil {
+		return err
+	}
+	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
+		return err
+	}
+	if err := ledger.EnsureStream(ctx, setupJS); err != nil {
+		return err
 	}
 	return nil
 }
