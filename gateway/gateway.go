@@ -128,13 +128,24 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		if cfg.NATS.Sync != "always" {
 			syncEvery, _ = time.ParseDuration(cfg.NATS.Sync)
 		}
-		ns, err := natsrv.Start(ctx, natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload})
+		cl := cfg.NATS.Cluster
+		opts := natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload,
+			ServerName: cl.ServerName, Cluster: natsrv.Cluster{Name: cl.Name, Listen: cl.Listen, Routes: cl.Routes}}
+		if cl.Enabled() {
+			// Start returns once the nodes elected a JetStream meta leader: say what it waits for.
+			log.Info().Str("nats_cluster", cl.Name).Str("nats_cluster_listen", cl.Listen).Strs("nats_routes", cl.Routes).
+				Msg("joining the NATS cluster: waiting for a majority of its nodes")
+		}
+		ns, err := natsrv.Start(ctx, opts)
 		if err != nil {
 			return embeddedStartError(cfg, err)
 		}
 		g.ns = ns
 		abs, _ := filepath.Abs(storeDir)
 		ev := log.Info().Str("data_dir", abs).Str("sync", cfg.NATS.Sync)
+		if cl.Enabled() {
+			ev = ev.Str("nats_cluster", cl.Name).Str("nats_server_name", ns.Name())
+		}
 		if u := g.ns.ClientURL(); u != "" {
 			ev = ev.Str("nats_listen", u)
 		} else {
@@ -150,16 +161,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := jobs.EnsureStreams(ctx, setupJS, jobs.StreamConfig{}); err != nil {
-		return err
-	}
-	if _, err := kv.Open(ctx, setupJS, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()}); err != nil {
-		return err
-	}
-	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
-		return err
-	}
-	if err := ledger.EnsureStream(ctx, setupJS); err != nil {
+	if err := g.ensureResourcesRetried(ctx, setupJS); err != nil {
 		return err
 	}
 	logRouting(log, cfg)
@@ -173,6 +175,43 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		if err := g.startAPI(ctx, connect); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// clusterSetupWindow bounds the retries of ensureResources on a cluster node.
+const clusterSetupWindow = time.Minute
+
+// ensureResourcesRetried is ensureResources, retried on a cluster node while a JetStream
+// request times out: the nodes create the same streams at once, and nats-server answers a
+// stream request only from the stream's leader, so a request for a stream whose creation
+// by another node is in flight goes unanswered. Every step is idempotent.
+func (g *Gateway) ensureResourcesRetried(ctx context.Context, js jetstream.JetStream) error {
+	deadline := time.Now().Add(clusterSetupWindow)
+	for {
+		err := g.ensureResources(ctx, js)
+		if err == nil || !g.cfg.NATS.Cluster.Enabled() || ctx.Err() != nil || time.Now().After(deadline) ||
+			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
+			return err
+		}
+		g.log.Info().Err(err).Msg("JetStream setup timed out while the cluster settles: retrying")
+	}
+}
+
+// ensureResources creates or checks the streams, buckets and the work consumer.
+func (g *Gateway) ensureResources(ctx context.Context, setupJS jetstream.JetStream) error {
+	cfg := g.cfg
+	if err := jobs.EnsureStreams(ctx, setupJS, jobs.StreamConfig{}); err != nil {
+		return err
+	}
+	if _, err := kv.Open(ctx, setupJS, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()}); err != nil {
+		return err
+	}
+	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
+		return err
+	}
+	if err := ledger.EnsureStream(ctx, setupJS); err != nil {
+		return err
 	}
 	return nil
 }
@@ -202,6 +241,10 @@ func embeddedStartError(cfg *config.Config, err error) error {
 		return &StartError{Field: "data_dir", Err: err, Msg: fmt.Sprintf("data dir %s is not usable: %v", cfg.DataDir, pe)}
 	case errors.Is(err, natsrv.ErrStoreDir):
 		return &StartError{Field: "data_dir", Err: err, Msg: fmt.Sprintf("data dir %s is not usable: %v", cfg.DataDir, err)}
+	case errors.Is(err, natsrv.ErrClusterListen):
+		return &StartError{Field: "nats.cluster.listen", Err: err, Msg: fmt.Sprintf("nats cluster listen %s: %v", cfg.NATS.Cluster.Listen, listenCause(err))}
+	case errors.Is(err, natsrv.ErrNoQuorum):
+		return &StartError{Field: "nats.cluster.routes", Err: err}
 	case errors.Is(err, natsrv.ErrListen):
 		return &StartError{Field: "nats.listen", Err: err, Msg: fmt.Sprintf("nats listen %s: %v", cfg.NATS.Listen, listenCause(err))}
 	}
@@ -296,7 +339,9 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	}
 	nc, js, store, board := side.nc, side.js, side.store, side.board
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
-	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil})
+	// The core fast path needs the chunks published on this process's server; in a cluster a
+	// worker on another node publishes them, and interest crosses the routes asynchronously.
+	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil && !g.cfg.NATS.Cluster.Enabled()})
 	if len(g.cfg.Tenants) == 0 {
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}

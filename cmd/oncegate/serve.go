@@ -26,6 +26,10 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	role := fs.String("role", "", "all | api | worker")
 	natsURL := fs.String("nats-url", "", "external NATS URL (default: embedded server)")
 	natsListen := fs.String("nats-listen", "", "let the embedded NATS server listen on ADDR (default: no port)")
+	natsCluster := fs.String("nats-cluster", "", "join the embedded NATS server to the cluster NAME (with --nats-cluster-listen and --nats-routes)")
+	clusterListen := fs.String("nats-cluster-listen", "", "host:port the other cluster nodes' routes connect to")
+	natsRoutes := fs.String("nats-routes", "", "every cluster node's route URL, this one included: nats://HOST:PORT,nats://HOST:PORT,...")
+	serverName := fs.String("nats-server-name", "", "this node's name in the cluster (default HOSTNAME-PORT of --nats-cluster-listen)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback ADDR (profiling)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -45,6 +49,12 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	override(*role, &cfg.Role)
 	override(*natsURL, &cfg.NATS.URL)
 	override(*natsListen, &cfg.NATS.Listen)
+	override(*natsCluster, &cfg.NATS.Cluster.Name)
+	override(*clusterListen, &cfg.NATS.Cluster.Listen)
+	override(*serverName, &cfg.NATS.Cluster.ServerName)
+	if *natsRoutes != "" {
+		cfg.NATS.Cluster.Routes = strings.Split(*natsRoutes, ",")
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "oncegate: %v\n", err)
 		return 1
@@ -92,6 +102,10 @@ func startFailure(err error) string {
 		return msg + "; pass --listen"
 	case se.Field == "nats.listen":
 		return msg + "; pass another --nats-listen"
+	case se.Field == "nats.cluster.listen":
+		return msg + "; pass another --nats-cluster-listen"
+	case se.Field == "nats.cluster.routes":
+		return msg + "; start the other nodes, or fix --nats-routes"
 	case se.Field == "data_dir" && errors.Is(err, natsrv.ErrLocked):
 		return msg + "; stop it, or pass another --data-dir"
 	case se.Field == "data_dir":

@@ -81,6 +81,24 @@ type NATS struct {
 	Listen     string `yaml:"listen"`      // embedded server client listener; empty = no network port
 	Sync       string `yaml:"sync"`        // "always" or a duration like "1s" (embedded only)
 	MaxPayload int32  `yaml:"max_payload"` // bytes
+	// Cluster joins the embedded server to the embedded servers of other oncegate nodes in
+	// one JetStream cluster; empty = a single-node server.
+	Cluster NATSCluster `yaml:"cluster"`
+}
+
+// NATSCluster configures the embedded server as one node of a JetStream cluster.
+type NATSCluster struct {
+	Name   string   `yaml:"name"`   // the cluster's name, the same on every node
+	Listen string   `yaml:"listen"` // host:port for the other nodes' routes
+	Routes []string `yaml:"routes"` // every node's route URL (nats://host:port), this one included
+	// ServerName names this node in the cluster; empty = "<hostname>-<listen port>". It must
+	// be unique and must not change: JetStream knows its peers by name.
+	ServerName string `yaml:"server_name"`
+}
+
+// Enabled says whether any cluster setting is given (Validate then requires all of them).
+func (c NATSCluster) Enabled() bool {
+	return c.Name != "" || c.Listen != "" || len(c.Routes) > 0 || c.ServerName != ""
 }
 
 // HTTP configures the HTTP server.

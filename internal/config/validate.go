@@ -126,6 +126,7 @@ func (c *Config) Validate() error {
 	v := &validator{}
 	v.top(c)
 	v.nats(&c.NATS)
+	v.natsCluster(&c.NATS)
 	v.http(&c.HTTP)
 	v.workers(&c.Workers)
 	v.idempotency(&c.Idempotency)
@@ -150,10 +151,12 @@ func (v *validator) top(c *Config) {
 	v.oneOf("role", c.Role, "all", "api", "worker")
 	// An api-only process on an embedded server that listens nowhere accepts requests that no
 	// worker can ever take: its JOBS stream is reachable from this process only.
-	if c.Role == "api" && c.NATS.URL == "" && c.NATS.Listen == "" {
+	// With an embedded cluster the other nodes reach this one's streams over the routes.
+	unreachable := c.NATS.URL == "" && c.NATS.Listen == "" && !c.NATS.Cluster.Enabled()
+	if c.Role == "api" && unreachable {
 		v.add("role", `"api" runs no workers and the embedded NATS server has no network port, so no worker could ever connect: pass --nats-listen ADDR (nats.listen) or --nats-url URL (nats.url)`)
 	}
-	if c.Role == "worker" && c.NATS.URL == "" && c.NATS.Listen == "" {
+	if c.Role == "worker" && unreachable {
 		v.add("role", `"worker" serves no API and the embedded NATS server has no network port, so no request could ever reach these workers: pass --nats-listen ADDR (nats.listen) or --nats-url URL (nats.url)`)
 	}
 }
@@ -179,6 +182,105 @@ func (v *validator) nats(n *NATS) {
 	if n.MaxPayload < minNATSPayload || n.MaxPayload > maxNATSPayload {
 		v.add("nats.max_payload", "must be between %d (1 MiB) and %d (64 MiB), got %d",
 			minNATSPayload, maxNATSPayload, n.MaxPayload)
+	}
+}
+
+// clusterNameRE is what nats-server takes as a cluster or server name (no spaces), kept to
+// characters that need no quoting in a shell or a log.
+var clusterNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// natsCluster checks nats.cluster: all of name, listen and routes, for the embedded server only.
+func (v *validator) natsCluster(n *NATS) {
+	c := &n.Cluster
+	if !c.Enabled() {
+		return
+	}
+	if n.URL != "" {
+		v.add("nats.cluster", "forms a cluster of embedded servers, but nats.url is set (an external NATS is its own cluster): drop --nats-url (nats.url) or the --nats-cluster flags (nats.cluster)")
+		return
+	}
+	var missing []string
+	for _, m := range []struct {
+		unset bool
+		flag  string
+	}{
+		{c.Name == "", "--nats-cluster NAME (nats.cluster.name)"},
+		{c.Listen == "", "--nats-cluster-listen HOST:PORT (nats.cluster.listen)"},
+		{len(c.Routes) == 0, "--nats-routes URL,URL,... (nats.cluster.routes)"},
+	} {
+		if m.unset {
+			missing = append(missing, m.flag)
+		}
+	}
+	if len(missing) > 0 {
+		v.add("nats.cluster", "a cluster node needs a name, a route listen address and the routes; missing %s", strings.Join(missing, ", "))
+		return
+	}
+	if !clusterNameRE.MatchString(c.Name) {
+		v.add("nats.cluster.name", "must be letters, digits, '_', '.' or '-', got %q", c.Name)
+	}
+	if c.ServerName != "" && !clusterNameRE.MatchString(c.ServerName) {
+		v.add("nats.cluster.server_name", "must be letters, digits, '_', '.' or '-', got %q", c.ServerName)
+	}
+	before := len(v.errs)
+	if c.Listen == n.Listen {
+		v.add("nats.cluster.listen", "must differ from nats.listen (%s): routes and clients need their own ports", n.Listen)
+	} else if _, port, err := net.SplitHostPort(c.Listen); err == nil && port == "0" {
+		v.add("nats.cluster.listen", "needs a fixed port, not 0: the other nodes' routes name it")
+	} else {
+		v.hostPort("nats.cluster.listen", c.Listen)
+	}
+	v.natsRoutes(c, len(v.errs) == before)
+}
+
+// natsRoutes checks the route list. JetStream sizes its meta group from the number of routes
+// (nats-server's bootstrapRaftNode), so every node must list all nodes, itself included.
+// listenOK says whether c.Listen passed, so it can be looked for among the routes.
+func (v *validator) natsRoutes(c *NATSCluster, listenOK bool) {
+	const fix = "pass --nats-routes with every node's route URL, this one included, e.g. nats://10.0.0.1:6222,nats://10.0.0.2:6222,nats://10.0.0.3:6222"
+	seen := map[string]bool{}
+	var hosts []string
+	for i, r := range c.Routes {
+		p := fmt.Sprintf("nats.cluster.routes[%d]", i)
+		u, err := url.Parse(strings.TrimSpace(r))
+		if err != nil || !slices.Contains([]string{"nats", "nats-route", "tls"}, u.Scheme) || u.Port() == "" || u.Hostname() == "" {
+			v.add(p, "must be a route URL nats://HOST:PORT, got %q", r)
+			return
+		}
+		if n, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || n == 0 {
+			v.add(p, "port must be a number between 1 and 65535, got %q", u.Port())
+			return
+		}
+		if seen[u.Host] {
+			v.add(p, "names %s twice", u.Host)
+			return
+		}
+		seen[u.Host] = true
+		hosts = append(hosts, u.Host)
+	}
+	if len(c.Routes) < 2 {
+		v.add("nats.cluster.routes", "names one node: a cluster needs at least two (three to survive a failure); %s", fix)
+		return
+	}
+	if !listenOK {
+		return
+	}
+	// Only decidable when every address is an IP: a name may resolve to this node.
+	host, port, err := net.SplitHostPort(c.Listen)
+	if ip := net.ParseIP(host); err != nil || ip == nil || ip.IsUnspecified() {
+		return
+	}
+	self := false
+	for _, hp := range hosts {
+		h, p, _ := net.SplitHostPort(hp)
+		ip := net.ParseIP(h)
+		if ip == nil {
+			return
+		}
+		self = self || ip.Equal(net.ParseIP(host)) && p == port
+	}
+	if !self {
+		v.add("nats.cluster.routes", "does not name this node (nats.cluster.listen %s): the JetStream meta group sizes itself from the routes; %s", c.Listen, fix)
 	}
 }
 

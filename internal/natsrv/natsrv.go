@@ -8,6 +8,10 @@
 // fsync. On this class of machine a synced write costs ~0.2-0.3 ms and the disk takes ~4k
 // syncs/s; a request makes two synced writes on its critical path (claim and completion).
 //
+// Cluster: with Options.Cluster the server is one node of a JetStream cluster of embedded
+// servers (routes between oncegate processes), and Start returns once the nodes have elected
+// a JetStream meta leader, so the caller's first stream request has someone to answer it.
+//
 // One process per store: Start takes an advisory lock on the store directory (LockFile) and
 // holds it until Shutdown, so a second gateway or the ledger CLI on the same data directory is
 // refused with the holder's pid instead of opening the same files.
@@ -18,12 +22,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ErrNotReady is returned when the embedded server does not become ready in time.
@@ -47,9 +54,31 @@ type Options struct {
 	SyncInterval time.Duration
 	// MaxPayload bounds one message (request records and stored results); default 8 MiB.
 	MaxPayload int32
-	// ServerName names the server; default "oncegate".
+	// ServerName names the server; default "oncegate". In a cluster it must be unique and
+	// stable: JetStream knows its peers by name.
 	ServerName string
+	// Cluster, when its Name is set, makes the server one node of a JetStream cluster.
+	Cluster Cluster
 }
+
+// Cluster joins the embedded server to other nodes' servers. Every node lists the same
+// Routes, its own included (a server ignores the route to itself): JetStream sizes its meta
+// group from the number of routes, so a node that lists fewer expects a smaller cluster.
+type Cluster struct {
+	Name   string   // the cluster's name, the same on every node
+	Listen string   // host:port the other nodes' routes connect to; the port must be fixed
+	Routes []string // route URLs, nats://host:port
+	// FormTimeout bounds the wait for the cluster to elect a JetStream meta leader (the other
+	// nodes may start later); 0 means the ctx's deadline, or one minute without one.
+	FormTimeout time.Duration
+}
+
+// ErrClusterListen is returned when the embedded server cannot listen on Cluster.Listen.
+var ErrClusterListen = errors.New("natsrv: cluster listen")
+
+// ErrNoQuorum is returned when a clustered server's JetStream found no meta leader in time:
+// too few of the routed nodes are up, or the routes do not reach them.
+var ErrNoQuorum = errors.New("natsrv: JetStream cluster not formed")
 
 // Server is a running embedded nats-server.
 type Server struct {
@@ -97,6 +126,21 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		}
 		so.Host, so.Port = host, p
 	}
+	if opts.Cluster.Name != "" {
+		if opts.ServerName == "" {
+			so.ServerName = clusterServerName(opts.Cluster.Listen)
+		}
+		if opts.Listen == "" {
+			// nats-server starts routing only once its client listener is up (StartRouting
+			// waits for the accept loop): a node without nats.listen gets a loopback port of
+			// the system's choice, not advertised to clients of the other nodes.
+			so.DontListen, so.Host, so.Port = false, "127.0.0.1", server.RANDOM_PORT
+			so.Cluster.NoAdvertise = true
+		}
+		if err := clusterOptions(so, opts.Cluster); err != nil {
+			return nil, err
+		}
+	}
 	lock, err := lockDir(opts.StoreDir, so.ServerName)
 	if err != nil {
 		return nil, err
@@ -131,13 +175,115 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		switch {
 		case ferr == nil:
 			return nil, ErrNotReady
+		case opts.Cluster.Name != "" && strings.HasPrefix(ferr.Error(), routeListenFatal) && errors.As(ferr, &oe):
+			return nil, fmt.Errorf("%w %s: %w", ErrClusterListen, opts.Cluster.Listen, oe.Err)
 		case opts.Listen != "" && errors.As(ferr, &oe) && oe.Op == "listen":
 			return nil, fmt.Errorf("%w %s: %w", ErrListen, opts.Listen, oe.Err)
 		default:
 			return nil, fmt.Errorf("%w: %w", ErrStart, ferr)
 		}
 	}
-	return &Server{ns: ns, lock: lock}, nil
+	srv := &Server{ns: ns, lock: lock}
+	if opts.Cluster.Name != "" {
+		if err := srv.waitMetaLeader(ctx, opts.Cluster); err != nil {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+			return nil, err
+		}
+	}
+	return srv, nil
+}
+
+// connectedNodes is the number of other servers this one has a route to.
+func (s *Server) connectedNodes() int {
+	rz, err := s.ns.Routez(nil)
+	if err != nil {
+		return 0
+	}
+	names := map[string]bool{}
+	for _, r := range rz.Routes {
+		names[r.RemoteName] = true
+	}
+	return len(names)
+}
+
+// clusterServerName is a node's default name, "<hostname>-<route port>": unique for nodes on
+// different machines and for nodes on one machine, and the same at every restart.
+func clusterServerName(listen string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "oncegate"
+	}
+	_, port, _ := net.SplitHostPort(listen)
+	return host + "-" + port
+}
+
+// routeListenFatal starts the server's fatal message when the route port cannot be bound
+// (route.go: "Error listening on router port: %d - %v").
+const routeListenFatal = "Error listening on router port"
+
+// clusterOptions sets so up as a cluster node. The route port must be fixed (the other nodes
+// name it in their routes), and no JetStream domain is set: the nodes form one domain.
+func clusterOptions(so *server.Options, c Cluster) error {
+	host, port, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return fmt.Errorf("natsrv: cluster listen %q: %w", c.Listen, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p <= 0 {
+		return fmt.Errorf("natsrv: cluster listen %q: the port must be a fixed number", c.Listen)
+	}
+	if len(c.Routes) == 0 {
+		return fmt.Errorf("natsrv: cluster %s has no routes", c.Name)
+	}
+	so.Cluster.Name, so.Cluster.Host, so.Cluster.Port = c.Name, host, p
+	so.Routes = server.RoutesFromStr(strings.Join(c.Routes, ","))
+	return nil
+}
+
+// waitMetaLeader waits until JetStream answers an account info request, which in a cluster
+// needs an elected meta leader: until then stream and bucket creation would fail. It asks
+// through an in-process connection, as the gateway's own calls will.
+func (s *Server) waitMetaLeader(parent context.Context, c Cluster) error {
+	timeout := c.FormTimeout
+	if _, ok := parent.Deadline(); timeout == 0 && !ok {
+		timeout = time.Minute
+	}
+	ctx, cancel := parent, context.CancelFunc(func() {})
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(parent, timeout)
+	}
+	defer cancel()
+	nc, err := s.Connect("oncegate-cluster-wait")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("natsrv: jetstream: %w", err)
+	}
+	for {
+		// A short try each time: a request sent before the election is answered by no one.
+		tctx, tcancel := context.WithTimeout(ctx, time.Second)
+		_, err := js.AccountInfo(tctx)
+		tcancel()
+		// This node's copy of the meta state must be current too: stream requests are
+		// answered from it.
+		if err == nil && s.ns.JetStreamIsCurrent() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if perr := parent.Err(); perr != nil {
+				return fmt.Errorf("natsrv: waiting for the JetStream cluster: %w", perr)
+			}
+			// Routes pools open several connections per node: count the nodes.
+			return fmt.Errorf("%w: no meta leader; %d of the %d other node(s) connected (%v)",
+				ErrNoQuorum, s.connectedNodes(), len(c.Routes)-1, err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // fatalLog is the embedded server's logger: it keeps the first fatal error and drops the rest
@@ -192,6 +338,9 @@ func (s *Server) Connect(name string) (*nats.Conn, error) {
 	}
 	return nc, nil
 }
+
+// Name is the server's name (in a cluster, the node's name among its peers).
+func (s *Server) Name() string { return s.ns.Name() }
 
 // ClientURL is the server's network URL when it listens, or "" when it does not.
 func (s *Server) ClientURL() string {
