@@ -77,6 +77,9 @@ func EnsureReplicated(ctx context.Context, js jetstream.JetStream, n int) error 
 	if _, err := js.UpdateStream(ctx, next); err != nil {
 		return fmt.Errorf("ledger: update stream %s: %w", StreamName, replicas.Explain(StreamName, cur.Replicas, next.Replicas, err))
 	}
+	if err := replicas.WaitRaised(ctx, js, StreamName, cur.Replicas, next.Replicas); err != nil {
+		return fmt.Errorf("ledger: raise stream %s: %w", StreamName, err)
+	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -95,7 +96,50 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamCon
 	if err != nil {
 		return nil, Explain(cfg.Name, have, n, err)
 	}
+	if err := WaitRaised(ctx, js, cfg.Name, have, n); err != nil {
+		return nil, err
+	}
 	return st, nil
+}
+
+// scalePoll is how often WaitRaised reads a stream's state.
+const scalePoll = 100 * time.Millisecond
+
+// WaitRaised waits, when the stream was just raised from have to n replicas, until every
+// replica is in place and current. Writes can stall while it scales (JOBS, with the workers'
+// consumer, took ~12 s on a 3-node test cluster and a submit timed out meanwhile): a start
+// that raised a stream serves only once it is done.
+func WaitRaised(ctx context.Context, js jetstream.JetStream, stream string, have, n int) error {
+	if have == 0 || have >= n {
+		return nil
+	}
+	t := time.NewTicker(scalePoll)
+	defer t.Stop()
+	for {
+		st, err := js.Stream(ctx, stream)
+		if err == nil && Scaled(st.CachedInfo().Cluster, n) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return &Error{Stream: stream, Have: have, Want: n, Cause: "still scaling when the start gave up: " + ctx.Err().Error()}
+		case <-t.C:
+		}
+	}
+}
+
+// Scaled reports whether a stream's cluster state shows n replicas, all current, and no
+// reconfiguration in flight.
+func Scaled(ci *jetstream.ClusterInfo, n int) bool {
+	if ci == nil || ci.Desired != nil || len(ci.Replicas) != n-1 {
+		return false
+	}
+	for _, p := range ci.Replicas {
+		if !p.Current {
+			return false
+		}
+	}
+	return true
 }
 
 // EnsureKV creates or updates key-value bucket cfg as Ensure does a stream: with cfg.Replicas
@@ -110,6 +154,9 @@ func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 	kvs, err := js.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {
 		return nil, Explain(stream, have, n, err)
+	}
+	if err := WaitRaised(ctx, js, stream, have, n); err != nil {
+		return nil, err
 	}
 	return kvs, nil
 }
