@@ -110,19 +110,26 @@ func TestClusterReplicas(t *testing.T) {
 	chat(t, gw.URL, "cluster-replicas-0001")
 }
 
-// TestReplicasNeverLowered: a start with nats.replicas 1 keeps the 3 replicas an operator gave
-// the records' bucket (KV_IDEM); the other streams stay at 1.
-func TestReplicasNeverLowered(t *testing.T) {
+// replicas1Cluster is a 3-node cluster on which a gateway with nats.replicas 1 started (every
+// stream has 1 replica). The gateways of these tests stay up until the test ends: each start
+// is what a new node would do.
+func replicas1Cluster(t *testing.T) (*testkit.Cluster, jetstream.JetStream) {
+	t.Helper()
 	c := testkit.RunCluster(t, 3)
 	_, js := c.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// The gateways of these tests stay up until the test ends: each start is what a new node
-	// would do.
 	if _, err := start(t, clusterConfig(t, c, 1)); err != nil {
 		t.Fatal(err)
 	}
 	wantReplicas(t, js, 1, nil)
+	return c, js
+}
+
+// TestReplicasNeverLowered: a start with nats.replicas 1 keeps the 3 replicas an operator gave
+// the records' bucket (KV_IDEM); the other streams stay at 1.
+func TestReplicasNeverLowered(t *testing.T) {
+	c, js := replicas1Cluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 
 	st, err := js.Stream(ctx, kv.BucketStream)
 	if err != nil {
@@ -146,14 +153,9 @@ func TestReplicasNeverLowered(t *testing.T) {
 // start made (file and memory) to 3 in place, keeping what they hold, and serves once they are
 // all in place.
 func TestReplicasUpgradedInPlace(t *testing.T) {
-	c := testkit.RunCluster(t, 3)
-	_, js := c.Connect(t)
+	c, js := replicas1Cluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := start(t, clusterConfig(t, c, 1)); err != nil {
-		t.Fatal(err)
-	}
-	wantReplicas(t, js, 1, nil)
 	// What the streams hold must survive the upgrade: a record in IDEM, an id in JOBIDX.
 	idem, err := js.KeyValue(ctx, kv.Bucket)
 	if err != nil {
