@@ -87,7 +87,7 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 
 	stopWorker()
 	// A worker that stops cleanly leaves the board as it stops, not when its entry expires.
-	board, err := status.Open(ctx, api.JetStream(t, "readyz-board"), 10*time.Second)
+	board, err := status.Open(ctx, api.JetStream(t, "readyz-board"), 10*time.Second, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

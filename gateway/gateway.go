@@ -25,6 +25,7 @@ import (
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/natsrv"
+	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -46,6 +47,13 @@ type Gateway struct {
 	stopWorkers context.CancelFunc
 	workersDone chan struct{}
 	backends    map[string]*backend.Client
+
+	// res is the JetStream setup; kick asks resLoop to run it again (a connection reconnected,
+	// or /readyz found a stream missing).
+	res     *resources
+	kick    chan struct{}
+	stopRes context.CancelFunc
+	resDone chan struct{}
 }
 
 // Addr is the HTTP address the API listens on ("" for a worker-only process).
@@ -89,7 +97,7 @@ func (e *StartError) Unwrap() error { return e.Err }
 // The HTTP port is bound first, so a taken port fails before the store is opened, and the
 // embedded server takes the data directory's lock (natsrv.LockFile) before it reads the store.
 func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (*Gateway, error) {
-	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}}
+	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1)}
 	if err := g.start(ctx, getenv); err != nil {
 		if serr := g.Stop(context.Background()); serr != nil {
 			log.Warn().Err(serr).Msg("stopping after a failed start")
@@ -119,6 +127,8 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		}
 		if err == nil {
 			g.conns = append(g.conns, nc)
+			// A reconnect may be to a server that restarted and lost the memory streams.
+			nc.SetReconnectHandler(func(*nats.Conn) { g.kickSetup() })
 		}
 		return nc, err
 	}
@@ -161,9 +171,17 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := g.ensureResourcesRetried(ctx, setupJS); err != nil {
+	g.res = &resources{js: setupJS, replicas: chooseReplicas(cfg.NATS.Replicas, setupNC, g.ns != nil),
+		ttl: cfg.Idempotency.TTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup}
+	if err := g.ensureResourcesRetried(ctx); err != nil {
+		var re *replicas.Error
+		if errors.As(err, &re) {
+			return &StartError{Field: "nats.replicas", Err: err, Msg: re.Error()}
+		}
 		return err
 	}
+	log.Info().Int("replicas", g.res.replicas).Bool("replicas_chosen", cfg.NATS.Replicas == 0).Msg("JetStream streams and buckets ready")
+	g.startResLoop(ctx)
 	logRouting(log, cfg)
 
 	if cfg.Role == "all" || cfg.Role == "worker" {
@@ -182,38 +200,20 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 // clusterSetupWindow bounds the retries of ensureResources on a cluster node.
 const clusterSetupWindow = time.Minute
 
-// ensureResourcesRetried is ensureResources, retried on a cluster node while a JetStream
-// request times out: the nodes create the same streams at once, and nats-server answers a
-// stream request only from the stream's leader, so a request for a stream whose creation
-// by another node is in flight goes unanswered. Every step is idempotent.
-func (g *Gateway) ensureResourcesRetried(ctx context.Context, js jetstream.JetStream) error {
+// ensureResourcesRetried is the setup (resources.ensure), retried on a cluster node while a
+// JetStream request times out: the nodes create the same streams at once, and nats-server
+// answers a stream request only from the stream's leader, so a request for a stream whose
+// creation by another node is in flight goes unanswered. Every step is idempotent.
+func (g *Gateway) ensureResourcesRetried(ctx context.Context) error {
 	deadline := time.Now().Add(clusterSetupWindow)
 	for {
-		err := g.ensureResources(ctx, js)
+		err := g.res.ensure(ctx)
 		if err == nil || !g.cfg.NATS.Cluster.Enabled() || ctx.Err() != nil || time.Now().After(deadline) ||
 			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
 			return err
 		}
 		g.log.Info().Err(err).Msg("JetStream setup timed out while the cluster settles: retrying")
 	}
-}
-
-// ensureResources creates or checks the streams, buckets and the work consumer.
-func (g *Gateway) ensureResources(ctx context.Context, setupJS jetstream.JetStream) error {
-	cfg := g.cfg
-	if err := jobs.EnsureStreams(ctx, setupJS, jobs.StreamConfig{}); err != nil {
-		return err
-	}
-	if _, err := kv.Open(ctx, setupJS, kv.BucketConfig{TTL: cfg.Idempotency.TTL.D()}); err != nil {
-		return err
-	}
-	if _, err := workers.EnsureConsumer(ctx, setupJS, cfg.Idempotency.Lease.D(), cfg.Workers.Concurrency*4); err != nil {
-		return err
-	}
-	if err := ledger.EnsureStream(ctx, setupJS); err != nil {
-		return err
-	}
-	return nil
 }
 
 // listenCause is the system's reason a listen failed ("address already in use"), without the
@@ -271,11 +271,11 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D()})
+	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D(), Replicas: g.res.replicas})
 	if err != nil {
 		return nil, err
 	}
-	board, err := status.Open(ctx, js, statusTTL)
+	board, err := status.Open(ctx, js, statusTTL, g.res.replicas)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +355,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens}})
 	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
-		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog})
+		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res})
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
 	g.log.Info().Str("listen", "http://"+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
@@ -388,6 +388,10 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	if g.stopWorkers != nil {
 		g.stopWorkers()
 		<-g.workersDone
+	}
+	if g.stopRes != nil {
+		g.stopRes()
+		<-g.resDone
 	}
 	for _, nc := range g.conns {
 		if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

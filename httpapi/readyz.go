@@ -19,8 +19,15 @@ type readiness struct {
 	reason string // why not ready; "" = ready
 }
 
+// ResourceChecker reports whether every JetStream stream and bucket the gateway needs exists:
+// nil when they do, else an error that says which are missing.
+type ResourceChecker interface {
+	Check(ctx context.Context) error
+}
+
 // readyz is 200 when this API node can get a request executed: connected to NATS, JetStream
-// answers, and at least one worker has posted to the status board within its TTL (a worker
+// answers, every stream and bucket exists (memory streams are lost with a NATS restart until
+// the gateway recreates them), and at least one worker has posted to the status board within its TTL (a worker
 // posts every 2 s while its pool consumes JOBS, and removes its entry when it stops; a worker
 // that died without stopping drops off when the entry expires, 10 s). Otherwise 503 with the
 // reason, so a load balancer does not send requests that would only wait in the queue.
@@ -49,6 +56,11 @@ func (s *Server) checkReady() string {
 	defer cancel()
 	if _, err := s.js.AccountInfo(ctx); err != nil {
 		return "JetStream is not available"
+	}
+	if s.resources != nil {
+		if err := s.resources.Check(ctx); err != nil {
+			return err.Error()
+		}
 	}
 	if s.status == nil { // no board (a bare API in unit tests): nothing to say about workers
 		return ""

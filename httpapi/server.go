@@ -49,8 +49,10 @@ type Deps struct {
 	Intents *intent.Core
 	Router  Router
 	// Status reads the workers' backend health (circuit breakers, retry budgets).
-	Status  StatusReader
-	Tenants []config.Tenant
+	Status StatusReader
+	// Resources says whether the streams and buckets exist (/readyz); optional.
+	Resources ResourceChecker
+	Tenants   []config.Tenant
 	// Ledger and AdminKeys enable the admin API (entries, bills); optional.
 	Ledger          LedgerReader
 	AdminKeysSHA256 []string
@@ -69,6 +71,7 @@ type Server struct {
 	intents   *intent.Core
 	router    Router
 	status    StatusReader
+	resources ResourceChecker
 	tenants   []tenantKeys
 	ledger    LedgerReader
 	adminKeys [][]byte
@@ -90,7 +93,7 @@ const anonymousTenant = "anonymous"
 
 // New builds the app and its routes.
 func New(d Deps) *Server {
-	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, idem: d.Idem, log: d.Log,
+	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
 		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger}
 	if s.now == nil {
 		s.now = time.Now

@@ -21,6 +21,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/replicas"
 )
 
 // Stream and subject names.
@@ -105,9 +106,15 @@ type StreamConfig struct {
 	ChunkRetention time.Duration
 	// MaxChunkBytes caps the CHUNKS stream's memory.
 	MaxChunkBytes int64
+	// Replicas of both streams (0 or 1: one). Memory streams with replicas lose nothing to one
+	// server's loss: without them, every new job (JOBS) or every live execution's output
+	// (CHUNKS) would stop while the one server holding the stream is down.
+	Replicas int
 }
 
-// EnsureStreams creates or updates JOBS and CHUNKS; it is idempotent.
+// EnsureStreams creates or updates JOBS and CHUNKS; it is idempotent, and keeps a stream's
+// replica count when it is larger than cfg's (a start never lowers what an operator raised).
+// It is also how a gateway recreates them after a NATS restart lost them (memory storage).
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig) error {
 	if cfg.ChunkRetention == 0 {
 		cfg.ChunkRetention = 15 * time.Minute
@@ -121,6 +128,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.MemoryStorage,
 		Duplicates: 2 * time.Minute,
+		Replicas:   cfg.Replicas,
 	}, {
 		Name:              ChunksStream,
 		Subjects:          []string{chunksPrefix + ">"},
@@ -131,9 +139,10 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 		Duplicates:        2 * time.Minute,
 		AllowDirect:       true,
 		MaxMsgsPerSubject: 100_000,
+		Replicas:          cfg.Replicas,
 	}}
 	for _, sc := range streams {
-		if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+		if _, err := replicas.Ensure(ctx, js, sc); err != nil {
 			return fmt.Errorf("jobs: ensure stream %s: %w", sc.Name, err)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/replicas"
 )
 
 // Bucket is the name of the idempotency bucket.
@@ -60,7 +61,8 @@ var (
 type BucketConfig struct {
 	// TTL is how long a key's record is kept after its last write.
 	TTL time.Duration
-	// Replicas for clustered NATS; 1 for the embedded server.
+	// Replicas of the bucket, the job index and the progress stream (0 or 1: one). Open keeps
+	// an existing stream's count when it is larger.
 	Replicas int
 }
 
@@ -82,9 +84,11 @@ type Store struct {
 	ttl  time.Duration // the bucket's record TTL
 }
 
-// Open creates or updates the bucket (file storage: records must survive a crash).
+// Open creates or updates the bucket (file storage: records must survive a crash), the job
+// index and the progress stream. It never lowers a replica count an operator raised, and it is
+// also how a gateway recreates the two memory streams after a NATS restart lost them.
 func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store, error) {
-	kvs, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kvs, err := replicas.EnsureKV(ctx, js, jetstream.KeyValueConfig{
 		Bucket:   Bucket,
 		History:  1,
 		TTL:      cfg.TTL,
@@ -94,7 +98,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
-	idx, err := js.CreateOrUpdateStream(ctx, lastValueStream(IndexStream, indexPrefix, indexTTL, indexMaxIDs, cfg.Replicas))
+	idx, err := replicas.Ensure(ctx, js, lastValueStream(IndexStream, indexPrefix, indexTTL, indexMaxIDs, cfg.Replicas))
 	if err != nil {
 		return nil, fmt.Errorf("kv: open index %s: %w", IndexStream, err)
 	}
@@ -104,6 +108,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	}
 	return &Store{kv: kvs, idx: idx, prog: prog, js: js, ttl: cfg.TTL}, nil
 }
+
+// BucketStream is the stream behind the bucket.
+const BucketStream = "KV_" + Bucket
 
 // recordV2 is the record format that stores the request after the record's JSON; version 1
 // (records written before it) had the request inside, as the "request" member.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/replicas"
 )
 
 // ProgressStream holds how far the execution of each PENDING record has got, as its worker
@@ -53,8 +55,8 @@ type Progress struct {
 	Tokens int `json:"tokens,omitempty"`
 }
 
-func openProgress(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.Stream, error) {
-	st, err := js.CreateOrUpdateStream(ctx, lastValueStream(ProgressStream, progressPrefix, progressMaxAge, progressMaxMsgs, replicas))
+func openProgress(ctx context.Context, js jetstream.JetStream, n int) (jetstream.Stream, error) {
+	st, err := replicas.Ensure(ctx, js, lastValueStream(ProgressStream, progressPrefix, progressMaxAge, progressMaxMsgs, n))
 	if err != nil {
 		return nil, fmt.Errorf("kv: open progress %s: %w", ProgressStream, err)
 	}

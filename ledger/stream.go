@@ -8,10 +8,12 @@ import (
 	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/replicas"
 )
 
-// StreamConfig is the configuration EnsureStream creates LEDGER with (replicas 1; an existing
-// stream keeps its own replica count).
+// StreamConfig is the configuration EnsureStream creates LEDGER with (replicas 1, which
+// EnsureReplicated raises; an existing stream keeps its own count when larger).
 func StreamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:              StreamName,
@@ -32,16 +34,23 @@ func StreamConfig() jetstream.StreamConfig {
 	}
 }
 
-// EnsureStream creates the LEDGER stream, or brings an existing one up to the ledger's
-// protections without ever lowering one: deletes, purges and rollups denied, discard new, no
-// age limit and no per-subject limit (both evict entries), message TTLs off, synchronous
-// persistence, a duplicate window of at least DuplicateWindow. Limits that only refuse new
-// entries (MaxMsgs, MaxBytes with discard new), replicas and placement are kept. It updates
-// the stream only when something must change, so it is idempotent and needs no update
-// permission on a stream that is already right. A memory, mirrored or sealed LEDGER is an
-// ErrStreamConfig.
+// EnsureStream is EnsureReplicated with one replica (an existing stream keeps its own count).
 func EnsureStream(ctx context.Context, js jetstream.JetStream) error {
+	return EnsureReplicated(ctx, js, 1)
+}
+
+// EnsureReplicated creates the LEDGER stream with n replicas, or brings an existing one up to
+// the ledger's protections without ever lowering one: deletes, purges and rollups denied,
+// discard new, no age limit and no per-subject limit (both evict entries), message TTLs off,
+// synchronous persistence, a duplicate window of at least DuplicateWindow, at least n
+// replicas (raised in place; never lowered). Limits that only refuse new entries (MaxMsgs,
+// MaxBytes with discard new) and placement are kept. It updates the stream only when something
+// must change, so it is idempotent and needs no update permission on a stream that is already
+// right. A memory, mirrored or sealed LEDGER is an ErrStreamConfig; a replica count NATS
+// refuses is a replicas.ErrReplicas that says what to do.
+func EnsureReplicated(ctx context.Context, js jetstream.JetStream, n int) error {
 	want := StreamConfig()
+	want.Replicas = max(n, 1)
 	st, err := js.Stream(ctx, StreamName)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		_, err = js.CreateStream(ctx, want)
@@ -49,7 +58,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream) error {
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("ledger: create stream %s: %w", StreamName, err)
+			return fmt.Errorf("ledger: create stream %s: %w", StreamName, replicas.Explain(StreamName, 0, want.Replicas, err))
 		}
 		st, err = js.Stream(ctx, StreamName) // created meanwhile by another process: check it
 	}
@@ -61,11 +70,15 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream) error {
 	if err != nil {
 		return err
 	}
+	next.Replicas = max(cur.Replicas, want.Replicas)
 	if reflect.DeepEqual(next, cur) {
 		return nil
 	}
 	if _, err := js.UpdateStream(ctx, next); err != nil {
-		return fmt.Errorf("ledger: update stream %s: %w", StreamName, err)
+		return fmt.Errorf("ledger: update stream %s: %w", StreamName, replicas.Explain(StreamName, cur.Replicas, next.Replicas, err))
+	}
+	if err := replicas.WaitRaised(ctx, js, StreamName, cur.Replicas, next.Replicas); err != nil {
+		return fmt.Errorf("ledger: raise stream %s: %w", StreamName, err)
 	}
 	return nil
 }

@@ -146,6 +146,12 @@ func (p *Pool) Status() []BackendStatus {
 	return out
 }
 
+// pullExpiry bounds one pull request. A pull sent while JOBS and this consumer were gone (a
+// NATS restart, until the gateway recreates them) is answered by nobody and re-sent only when
+// it expires or its heartbeats (half of it) go missing: with the default 30 s, the first
+// request after a restart waited 30 s for a worker; at 5 s, at most 5 s.
+const pullExpiry = 5 * time.Second
+
 // EnsureConsumer creates or updates the shared durable consumer.
 func EnsureConsumer(ctx context.Context, js jetstream.JetStream, lease time.Duration, maxAckPending int) (jetstream.Consumer, error) {
 	c, err := js.CreateOrUpdateConsumer(ctx, jobs.JobsStream, jetstream.ConsumerConfig{
@@ -185,7 +191,7 @@ func (p *Pool) Run(ctx context.Context) error {
 			defer func() { <-sem }()
 			p.handle(jobCtx, m)
 		}()
-	}, jetstream.PullMaxMessages(p.opts.Concurrency))
+	}, jetstream.PullMaxMessages(p.opts.Concurrency), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return fmt.Errorf("workers: consume: %w", err)
 	}

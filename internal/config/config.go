@@ -81,6 +81,9 @@ type NATS struct {
 	Listen     string `yaml:"listen"`      // embedded server client listener; empty = no network port
 	Sync       string `yaml:"sync"`        // "always" or a duration like "1s" (embedded only)
 	MaxPayload int32  `yaml:"max_payload"` // bytes
+	// Replicas of every stream and bucket: 1, 3 or 5; 0 (the default) picks 1 on a single
+	// server and 3 on a cluster of 3 or more. A start never lowers a count an operator raised.
+	Replicas int `yaml:"replicas"`
 	// Cluster joins the embedded server to the embedded servers of other oncegate nodes in
 	// one JetStream cluster; empty = a single-node server.
 	Cluster NATSCluster `yaml:"cluster"`

@@ -179,6 +179,12 @@ func (v *validator) nats(n *NATS) {
 			v.add("nats.sync", `must be "always" or a positive duration like "1s", got %q`, n.Sync)
 		}
 	}
+	switch n.Replicas {
+	case 0, 1, 3, 5: // 0: chosen from the cluster's size at start
+	default:
+		// Raft needs an odd count to keep a majority through a loss; NATS allows at most 5.
+		v.add("nats.replicas", "must be 1, 3 or 5 (or 0: 1 on a single server, 3 on a cluster of 3 or more), got %d", n.Replicas)
+	}
 	if n.MaxPayload < minNATSPayload || n.MaxPayload > maxNATSPayload {
 		v.add("nats.max_payload", "must be between %d (1 MiB) and %d (64 MiB), got %d",
 			minNATSPayload, maxNATSPayload, n.MaxPayload)

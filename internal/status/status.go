@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/replicas"
 )
 
 // Bucket is the name of the status bucket.
@@ -24,10 +26,16 @@ type Board struct {
 	kv jetstream.KeyValue
 }
 
-// Open creates or updates the bucket; a worker's entry expires ttl after its last post.
-func Open(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*Board, error) {
-	kvs, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: Bucket, History: 1, TTL: ttl, Storage: jetstream.MemoryStorage,
+// Stream is the stream behind the bucket.
+const Stream = "KV_" + Bucket
+
+// Open creates or updates the bucket with n replicas (an existing bucket keeps its count when
+// larger); a worker's entry expires ttl after its last post. It is also how a gateway
+// recreates the bucket after a NATS restart lost it (memory storage). Replicated, the board
+// survives one server's loss: every API node's /readyz reads it.
+func Open(ctx context.Context, js jetstream.JetStream, ttl time.Duration, n int) (*Board, error) {
+	kvs, err := replicas.EnsureKV(ctx, js, jetstream.KeyValueConfig{
+		Bucket: Bucket, History: 1, TTL: ttl, Storage: jetstream.MemoryStorage, Replicas: n,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("status: open: %w", err)

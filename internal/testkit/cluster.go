@@ -82,14 +82,16 @@ func (c *Cluster) options(i int) *server.Options {
 		port = server.RANDOM_PORT // nats-server reads 0 as 4222
 	}
 	o := &server.Options{
-		ServerName:         nd.name,
-		Host:               "127.0.0.1",
-		Port:               port,
-		NoSigs:             true,
-		NoLog:              true,
-		JetStream:          true,
-		StoreDir:           nd.storeDir,
-		JetStreamMaxMemory: 256 << 20,
+		ServerName: nd.name,
+		Host:       "127.0.0.1",
+		Port:       port,
+		NoSigs:     true,
+		NoLog:      true,
+		JetStream:  true,
+		StoreDir:   nd.storeDir,
+		// As natsrv: CHUNKS reserves 512 MiB (its MaxBytes) on every replica. A reservation,
+		// not an allocation.
+		JetStreamMaxMemory: 1 << 30,
 		JetStreamMaxStore:  1 << 30,
 		MaxPayload:         8 << 20,
 		Cluster: server.ClusterOpts{

@@ -1,0 +1,170 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/status"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/ledger"
+	"github.com/oncegate/oncegate/workers"
+)
+
+// resources is the JetStream setup of a gateway: every stream and bucket, with its replicas,
+// and the workers' consumer on JOBS. It runs at start, and again after any reconnect: a NATS
+// server that restarted has lost its memory streams (JOBS, CHUNKS, JOBIDX, PROGRESS, the status
+// bucket) and, with them, the consumer on JOBS. Safe for concurrent use (it holds no state
+// besides its configuration).
+type resources struct {
+	js       jetstream.JetStream
+	replicas int
+	ttl      time.Duration // IDEM's record TTL
+	lease    time.Duration // the JOBS consumer's AckWait
+	// maxAckPending bounds the JOBS consumer's unacknowledged deliveries.
+	maxAckPending int
+	// kick asks for the setup to run again (Gateway.kickSetup).
+	kick func()
+}
+
+// streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
+var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream,
+	ledger.StreamName, status.Stream}
+
+// ensure creates or updates every stream, bucket and the JOBS consumer; idempotent, and it
+// never lowers a replica count.
+func (r *resources) ensure(ctx context.Context) error {
+	if err := jobs.EnsureStreams(ctx, r.js, jobs.StreamConfig{Replicas: r.replicas}); err != nil {
+		return err
+	}
+	if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, Replicas: r.replicas}); err != nil {
+		return err
+	}
+	if _, err := workers.EnsureConsumer(ctx, r.js, r.lease, r.maxAckPending); err != nil {
+		return err
+	}
+	if err := ledger.EnsureReplicated(ctx, r.js, r.replicas); err != nil {
+		return err
+	}
+	if _, err := status.Open(ctx, r.js, statusTTL, r.replicas); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Check is /readyz's question: nil when every stream and the JOBS consumer exist. When one is
+// missing, it also asks for the setup to run again, so a lost stream comes back even without a
+// reconnect to notice.
+func (r *resources) Check(ctx context.Context) error {
+	have := map[string]bool{}
+	names := r.js.StreamNames(ctx)
+	for n := range names.Name() {
+		have[n] = true
+	}
+	if err := names.Err(); err != nil {
+		return fmt.Errorf("listing JetStream streams: %w", err)
+	}
+	var missing []string
+	for _, n := range streams {
+		if !have[n] {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) == 0 {
+		if _, err := r.js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName); err != nil {
+			missing = append(missing, "consumer "+jobs.JobsStream+"/"+workers.ConsumerName)
+		}
+	}
+	if len(missing) > 0 {
+		r.kick()
+		return fmt.Errorf("JetStream is missing %s (lost with a NATS restart?); recreating", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// Setup attempts after a reconnect: a restarted server (or a cluster electing leaders) may take
+// a while to answer, so the setup is retried with a growing wait, then left to the next kick.
+const (
+	resAttempts    = 30
+	resAttemptTime = 5 * time.Second
+	resFirstWait   = 50 * time.Millisecond
+	resMaxWait     = 2 * time.Second
+)
+
+// kickSetup asks resLoop to run the setup again; kicks while one is pending coalesce.
+func (g *Gateway) kickSetup() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// startResLoop runs the setup again on every kick until Stop.
+func (g *Gateway) startResLoop(ctx context.Context) {
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.stopRes, g.resDone = cancel, make(chan struct{})
+	go func() {
+		defer close(g.resDone)
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-g.kick:
+			}
+			g.resetup(rctx)
+		}
+	}()
+}
+
+// resetup runs the setup until it succeeds, resAttempts fail, or ctx ends.
+func (g *Gateway) resetup(ctx context.Context) {
+	wait := resFirstWait
+	for attempt := 1; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, resAttemptTime)
+		err := g.res.ensure(actx)
+		cancel()
+		if err == nil {
+			g.log.Debug().Int("attempt", attempt).Msg("JetStream streams and buckets checked after a reconnect")
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if attempt == resAttempts {
+			g.log.Error().Err(err).Int("attempt", attempt).Msg("JetStream streams and buckets could not be recreated; retrying on the next reconnect or /readyz check")
+			return
+		}
+		g.log.Warn().Err(err).Int("attempt", attempt).Msg("recreating JetStream streams and buckets")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, resMaxWait)
+	}
+}
+
+// chooseReplicas is nats.replicas (set), or when it is 0: 3 when nc is connected to a cluster
+// of 3 or more servers, else 1. The servers counted are those the client knows: its URLs and
+// the ones the cluster advertised (an in-process connection knows only the advertised ones).
+func chooseReplicas(set int, nc *nats.Conn, inProcess bool) int {
+	if set > 0 {
+		return set
+	}
+	if nc.ConnectedClusterName() == "" {
+		return 1
+	}
+	n := len(nc.Servers())
+	if inProcess {
+		n = len(nc.DiscoveredServers())
+	}
+	if n >= 3 {
+		return 3
+	}
+	return 1
+}
