@@ -64,7 +64,7 @@ func Of(ctx context.Context, js jetstream.JetStream, stream string, want int) (n
 		return want, 0, nil
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("replicas: stream %s: %v", stream, err)
+		return 0, 0, fmt.Errorf("replicas: stream %s: %w", stream, err) // %w: a timeout is retried by the caller
 	}
 	have = st.CachedInfo().Config.Replicas
 	return max(want, have), have, nil
