@@ -82,14 +82,15 @@ func (c *Cluster) options(i int) *server.Options {
 		port = server.RANDOM_PORT // nats-server reads 0 as 4222
 	}
 	o := &server.Options{
-		ServerName:         nd.name,
-		Host:               "127.0.0.1",
-		Port:               port,
-		NoSigs:             true,
-		NoLog:              true,
-		JetStream:          true,
-		StoreDir:           nd.storeDir,
-		JetStreamMaxMemory: 256 << 20,
+		ServerName: nd.name,
+		Host:       "127.0.0.1",
+		Port:       port,
+		NoSigs:     true,
+		NoLog:      true,
+		JetStream:  true,
+		StoreDir:   nd.storeDir,
+		// Reserved, not allocated: the gateway's CHUNKS stream asks for 512 MiB of memory.
+		JetStreamMaxMemory: 1 << 30,
 		JetStreamMaxStore:  1 << 30,
 		MaxPayload:         8 << 20,
 		Cluster: server.ClusterOpts{

@@ -1,0 +1,383 @@
+package e2e
+
+// The fault suite (issue 12; notes/reliability-matrix.md §7.2), rows 1, 1b, 2 and 8, on the
+// harness of chaos_harness_test.go. Each row runs -chaos.trials trials; a trial starts a few
+// intents with several copies each (stream and not, spread over both API nodes), injects
+// its fault at a seeded moment, and checks every intent against the invariants I1-I5.
+//
+//	go test -count=1 -run Chaos ./e2e                                 # the short rows (CI)
+//	go test -count=1 -run Chaos ./e2e -chaos.long -chaos.trials 100  # the long suite and its table
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+)
+
+const (
+	chaosIntents = 3 // intents per trial
+	// chaosChunkBytes is about one token chunk on the wire from the mock (a chat.completion.chunk).
+	chaosChunkBytes = 180
+)
+
+func TestChaos(t *testing.T) {
+	rows := []struct {
+		name string
+		run  func(t *testing.T, c *chaosEnv, s *rowStats)
+	}{
+		{"1", chaosWorkerKill},
+		{"1b", chaosWorkerPause},
+		{"2", chaosAPIKill},
+		{"8", chaosClientReconnect},
+	}
+	var table []string
+	for _, row := range rows {
+		t.Run("row "+row.name, func(t *testing.T) {
+			c := startChaos(t, row.name)
+			s := &rowStats{row: row.name}
+			row.run(t, c, s)
+			table = append(table, s.line())
+		})
+	}
+	out := fmt.Sprintf("fault suite, seed %d, %d trials per row:\n%s\n%s", *chaosSeed, chaosTrialCount(), chaosTableHeader, strings.Join(table, "\n"))
+	t.Log(out)
+	if *chaosLong {
+		fmt.Println(out)
+	}
+}
+
+// startCopies starts each intent's copies: for every (stream, node) pair in placement, one
+// client; hooks[i], when set, acts on intent i's first copy. It returns a wait for all.
+func (c *chaosEnv) startCopies(specs []*intentSpec, placement func(i int) []copyPlan) func() {
+	var wg sync.WaitGroup
+	for i, sp := range specs {
+		sp.invoked = time.Now()
+		for _, p := range placement(i) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.runCopy(sp, p.stream, p.node, p.hook)
+			}()
+		}
+	}
+	return wg.Wait
+}
+
+// copyPlan is one client of an intent: streamed or not, its first API node, its hook.
+type copyPlan struct {
+	stream bool
+	node   int
+	hook   streamHook
+}
+
+// seededCopies are three clients of an intent on seeded nodes: two streams and one not.
+func (c *chaosEnv) seededCopies() []copyPlan {
+	return []copyPlan{{true, c.rng.IntN(2), nil}, {true, c.rng.IntN(2), nil}, {false, c.rng.IntN(2), nil}}
+}
+
+func (c *chaosEnv) trialIntents(row string, trial int) []*intentSpec {
+	specs := make([]*intentSpec, chaosIntents)
+	for i := range specs {
+		specs[i] = c.seededIntent(row, trial, i)
+	}
+	return specs
+}
+
+// victimExecution waits until a worker's backend call has relayed at least minBytes and
+// returns the worker (the seeded one when both qualify) and the intents it is running.
+func (c *chaosEnv) victimExecution(minBytes int) (int, map[string]bool) {
+	c.t.Helper()
+	first := c.rng.IntN(2)
+	var slot int
+	var running []execution
+	testkit.CheckFor(c.t, chaosSettle, pollEvery, func() error {
+		for _, w := range []int{first, 1 - first} {
+			if running = c.rec.running(w, minBytes); len(running) > 0 {
+				slot = w
+				return nil
+			}
+		}
+		return fmt.Errorf("no worker has relayed %d bytes of a running execution (%s)", minBytes, c.rec)
+	})
+	// Everything the worker runs now is hit by the fault, not only the first.
+	hit := map[string]bool{}
+	for _, ex := range c.rec.running(slot, 0) {
+		hit[ex.intent] = true
+	}
+	return slot, hit
+}
+
+func markFault(specs []*intentSpec, hit map[string]bool, at time.Time) {
+	for _, sp := range specs {
+		if hit == nil || hit[sp.msg] {
+			sp.faultAt = at
+		}
+	}
+}
+
+// checkTrial waits for the copies and checks every intent of the trial.
+func (c *chaosEnv) checkTrial(s *rowStats, specs []*intentSpec, wait func(), amb ambiguity, jobIDs *[]string) {
+	c.t.Helper()
+	wait()
+	for _, sp := range specs {
+		if id := c.checkIntent(s, sp, amb); id != "" {
+			*jobIDs = append(*jobIDs, id)
+		}
+	}
+	s.trials++
+}
+
+// Row 1: SIGKILL a worker after a seeded number of bytes of one of its executions. The
+// other worker takes the job over once the lease (2 s) ran out and runs it once; a stream
+// client that had output gets execution_restarted and retries with its key.
+func chaosWorkerKill(t *testing.T, c *chaosEnv, s *rowStats) {
+	var jobIDs []string
+	for trial := range chaosTrialCount() {
+		specs := c.trialIntents("1", trial)
+		wait := c.startCopies(specs, func(int) []copyPlan { return c.seededCopies() })
+		slot, hit := c.victimExecution(chaosChunkBytes * (1 + c.rng.IntN(15)))
+		victim := c.workers[slot]
+		victim.p.kill(t)
+		markFault(specs, hit, time.Now())
+		c.checkTrial(s, specs, wait, takeoverOK, &jobIDs)
+		for _, sp := range specs {
+			if hit[sp.msg] && !tookOver(t, c, sp) {
+				s.fail(t, "row 1: intent %q was running on the killed %s but its record shows no takeover", sp.key, victim.name)
+			}
+		}
+		c.start(victim)
+	}
+	c.finishRow(s, jobIDs)
+}
+
+// tookOver says whether the intent's record counts a takeover.
+func tookOver(t *testing.T, c *chaosEnv, sp *intentSpec) bool {
+	v, _ := idemStatus(t, c.apis[0].base, sp.key, nil)["takeovers"].(float64)
+	return v >= 1
+}
+
+// Row 1b: SIGSTOP a worker mid-generation past its lease; the other worker takes its jobs
+// over and finishes them; then SIGCONT. The zombie's writes are all refused: the records,
+// the replays and the transcripts hold one execution's output, unchanged by its waking up.
+func chaosWorkerPause(t *testing.T, c *chaosEnv, s *rowStats) {
+	var jobIDs []string
+	for trial := range chaosTrialCount() {
+		specs := c.trialIntents("1b", trial)
+		wait := c.startCopies(specs, func(int) []copyPlan { return c.seededCopies() })
+		slot, hit := c.victimExecution(chaosChunkBytes * (1 + c.rng.IntN(15)))
+		zombie := c.workers[slot]
+		logBefore := len(zombie.p.log.String())
+		c.signal(zombie, syscall.SIGSTOP)
+		markFault(specs, hit, time.Now())
+		// The paused worker's intents are taken over and finished by the other worker.
+		before := map[string]map[string]any{}
+		testkit.CheckFor(t, chaosSettle, pollEvery, func() error {
+			for _, sp := range specs {
+				if !hit[sp.msg] {
+					continue
+				}
+				st := idemStatus(t, c.apis[0].base, sp.key, nil)
+				if st["state"] == "PENDING" {
+					return fmt.Errorf("intent %q of the paused worker is not finished: %v", sp.key, st)
+				}
+				before[sp.key] = st
+			}
+			return nil
+		})
+		replays := map[string]attempt{}
+		for _, sp := range specs {
+			if hit[sp.msg] {
+				replays[sp.key] = c.exchange(sp, true, 0, nil)
+			}
+		}
+		c.signal(zombie, syscall.SIGCONT)
+		// The zombie wakes up and finds itself fenced: it says so, and its backend calls end.
+		testkit.CheckFor(t, chaosSettle, pollEvery, func() error {
+			log := zombie.p.log.String()[logBefore:]
+			if !strings.Contains(log, "fenced") && !strings.Contains(log, "lease lost") {
+				return fmt.Errorf("the resumed %s has not noticed it lost its lease", zombie.name)
+			}
+			if n := len(c.rec.running(slot, 0)); n > 0 {
+				return fmt.Errorf("the resumed %s still runs %d backend calls", zombie.name, n)
+			}
+			return nil
+		})
+		c.checkTrial(s, specs, wait, takeoverOK, &jobIDs)
+		for key, was := range before {
+			now := idemStatus(t, c.apis[0].base, key, nil)
+			for _, f := range []string{"state", "epoch", "job_id", "finished", "attempts", "takeovers"} {
+				if fmt.Sprint(now[f]) != fmt.Sprint(was[f]) {
+					s.fail(t, "row 1b: the zombie changed intent %q's record: %s %v, was %v", key, f, now[f], was[f])
+				}
+			}
+			if was["takeovers"] == nil || was["takeovers"].(float64) < 1 {
+				s.fail(t, "row 1b: intent %q of the paused worker finished with no takeover: %v", key, was)
+			}
+		}
+		for _, sp := range specs {
+			if r, ok := replays[sp.key]; ok {
+				if a := c.exchange(sp, true, 1, nil); !a.ok(true) || string(a.raw) != string(r.raw) {
+					s.fail(t, "row 1b: intent %q's replay changed after the zombie woke: %s", sp.key, describe(a))
+				}
+			}
+		}
+	}
+	c.finishRow(s, jobIDs)
+}
+
+// Row 2: SIGKILL an API node while its clients stream; they retry with the same key on the
+// other node and get the complete, identical transcript without a second execution.
+func chaosAPIKill(t *testing.T, c *chaosEnv, s *rowStats) {
+	var jobIDs []string
+	for trial := range chaosTrialCount() {
+		specs := c.trialIntents("2", trial)
+		victim := c.rng.IntN(2)
+		k := 2 + c.rng.IntN(12) // events the victim's first stream of each intent has read
+		reached := make(chan struct{}, len(specs))
+		wait := c.startCopies(specs, func(int) []copyPlan {
+			var once sync.Once
+			hook := func(n int) bool {
+				if n >= k {
+					once.Do(func() { reached <- struct{}{} })
+				}
+				return false
+			}
+			return []copyPlan{{true, victim, hook}, {true, victim, nil}, {false, victim, nil}, {true, 1 - victim, nil}}
+		})
+		for range specs {
+			select {
+			case <-reached:
+			case <-time.After(chaosSettle):
+				t.Fatalf("row 2: the victim's streams never reached %d events", k)
+			}
+		}
+		c.apis[victim].p.kill(t)
+		markFault(specs, nil, time.Now())
+		wait()
+		c.start(c.apis[victim])
+		c.checkTrial(s, specs, func() {}, noTakeover, &jobIDs)
+		for _, sp := range specs {
+			for _, cr := range sp.copies {
+				if cr.attempts[0].node == victim && len(cr.attempts) < 2 {
+					s.fail(t, "row 2: intent %q: a client of the killed %s finished without a retry: %s", sp.key, c.apis[victim].name, describe(cr.attempts[0]))
+				}
+			}
+		}
+	}
+	c.finishRow(s, jobIDs)
+}
+
+// Row 8: a client closes its stream at a seeded event and reconnects on the other node:
+// with the same key (a new POST), or to the job's events with Last-Event-ID. The
+// generation goes on; the client ends with the whole answer, no gap, no repeat, one
+// execution.
+func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
+	var jobIDs []string
+	for trial := range chaosTrialCount() {
+		specs := c.trialIntents("8", trial)
+		type resume struct {
+			sp   *intentSpec
+			node int
+			k    int
+		}
+		var resumes []resume
+		wait := c.startCopies(specs, func(i int) []copyPlan {
+			node, k := c.rng.IntN(2), 2+c.rng.IntN(12)
+			plans := []copyPlan{{true, 1 - node, nil}, {false, c.rng.IntN(2), nil}}
+			if c.rng.IntN(2) == 0 {
+				// The same key again: runCopy's retry on the other node is the reconnect.
+				return append(plans, copyPlan{true, node, func(n int) bool { return n >= k }})
+			}
+			resumes = append(resumes, resume{specs[i], node, k})
+			return plans
+		})
+		var wg sync.WaitGroup
+		results := make([]error, len(resumes))
+		for i, r := range resumes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = c.resumeEvents(r.sp, r.node, r.k)
+			}()
+		}
+		wg.Wait()
+		c.checkTrial(s, specs, wait, noTakeover, &jobIDs)
+		for i, err := range results {
+			if err != nil {
+				s.mismatches++
+				s.fail(t, "row 8: intent %q, resumed with Last-Event-ID on the other node: %v", resumes[i].sp.key, err)
+			}
+		}
+	}
+	c.finishRow(s, jobIDs)
+}
+
+// resumeEvents is row 8's second reconnect: a stream on node that the client closes after k
+// events, then GET /v1/jobs/{id}/events on the other node with Last-Event-ID k-1. The
+// events before the disconnect and those after must be the whole stream, in order, once.
+func (c *chaosEnv) resumeEvents(sp *intentSpec, node, k int) error {
+	first := c.exchangeJob(sp, node, k)
+	if first.jobID == "" {
+		return fmt.Errorf("the first stream had no Oncegate-Job-Id: %s", describe(first.attempt))
+	}
+	evs, err := sseEvents(trimPartialEvent(first.raw))
+	if err != nil || len(evs) < k {
+		return fmt.Errorf("the first stream: %d events (%v), want %d: %q", len(evs), err, k, tail(first.raw))
+	}
+	data := make([]string, 0, 64)
+	for _, ev := range evs[:k] {
+		data = append(data, ev.Data)
+	}
+	r := send(http.MethodGet, c.apis[1-node].base+"/v1/jobs/"+first.jobID+"/events", "", map[string]string{"Last-Event-ID": strconv.Itoa(k - 1)})
+	if r.Err != nil || r.Status != http.StatusOK {
+		return fmt.Errorf("GET events after %d on %s: %d %v %q", k-1, c.apis[1-node].name, r.Status, r.Err, tail(r.Body))
+	}
+	rest, err := sseEvents(r.Body)
+	if err != nil {
+		return fmt.Errorf("resumed events: %v: %q", err, tail(r.Body))
+	}
+	for i, ev := range rest {
+		if want := strconv.Itoa(k + i); ev.ID != want {
+			return fmt.Errorf("resumed event %d has id %q, want %s: a gap or a repeat", i, ev.ID, want)
+		}
+		data = append(data, ev.Data)
+	}
+	st, err := chatTranscript(data)
+	if err != nil || st.Content != sp.want || !st.Done {
+		return fmt.Errorf("the stitched stream (%v): content %q done %v, want %q and [DONE]", err, st.Content, st.Done, sp.want)
+	}
+	return nil
+}
+
+// jobExchange is an exchange with the job id its answer named.
+type jobExchange struct {
+	attempt
+	jobID string
+}
+
+// exchangeJob streams sp on node and closes the connection after k events.
+func (c *chaosEnv) exchangeJob(sp *intentSpec, node, k int) jobExchange {
+	resp, err := openStream(http.MethodPost, c.apis[node].base+chatPath, sp.body, sp.hdr())
+	if err != nil {
+		return jobExchange{attempt: attempt{node: node, err: err}}
+	}
+	defer resp.Body.Close()
+	je := jobExchange{attempt: attempt{node: node, status: resp.StatusCode, outcome: resp.Header.Get("Oncegate-Idempotency")},
+		jobID: resp.Header.Get("Oncegate-Job-Id")}
+	r := newSSEReader(resp.Body)
+	for range k {
+		if _, err := r.next(); err != nil {
+			je.err = err
+			break
+		}
+	}
+	je.raw = r.raw.Bytes()
+	return je
+}
