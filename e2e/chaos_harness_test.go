@@ -359,13 +359,6 @@ func (c *chaosEnv) start(n *gwNode) {
 	})
 }
 
-// kill SIGKILLs n and starts it again (the same ports, the same config).
-func (c *chaosEnv) killAndRestart(n *gwNode) {
-	c.t.Helper()
-	n.p.kill(c.t)
-	c.start(n)
-}
-
 func (c *chaosEnv) signal(n *gwNode, sig syscall.Signal) {
 	c.t.Helper()
 	if err := n.p.cmd.Process.Signal(sig); err != nil {

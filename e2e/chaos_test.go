@@ -144,8 +144,9 @@ func chaosWorkerKill(t *testing.T, c *chaosEnv, s *rowStats) {
 		wait := c.startCopies(specs, func(int) []copyPlan { return c.seededCopies() })
 		slot, hit := c.victimExecution(chaosChunkBytes * (1 + c.rng.IntN(15)))
 		victim := c.workers[slot]
+		at := time.Now()
 		victim.p.kill(t)
-		markFault(specs, hit, time.Now())
+		markFault(specs, hit, at)
 		c.checkTrial(s, specs, wait, takeoverOK, &jobIDs)
 		for _, sp := range specs {
 			if hit[sp.msg] && !tookOver(t, c, sp) {
@@ -251,24 +252,32 @@ func chaosAPIKill(t *testing.T, c *chaosEnv, s *rowStats) {
 			}
 			return []copyPlan{{true, victim, hook}, {true, victim, nil}, {false, victim, nil}, {true, 1 - victim, nil}}
 		})
-		for range specs {
-			select {
-			case <-reached:
-			case <-time.After(chaosSettle):
-				t.Fatalf("row 2: the victim's streams never reached %d events", k)
-			}
+		// The first stream to reach k events sets the moment: intents differ in length, and
+		// one that already finished is simply not hit.
+		select {
+		case <-reached:
+		case <-time.After(chaosSettle):
+			t.Fatalf("row 2: no stream of the victim reached %d events", k)
 		}
+		at := time.Now() // before the kill: its clients may see the EOF before kill returns
 		c.apis[victim].p.kill(t)
-		markFault(specs, nil, time.Now())
+		markFault(specs, nil, at)
 		wait()
 		c.start(c.apis[victim])
 		c.checkTrial(s, specs, func() {}, noTakeover, &jobIDs)
+		hit := 0
 		for _, sp := range specs {
 			for _, cr := range sp.copies {
-				if cr.attempts[0].node == victim && len(cr.attempts) < 2 {
-					s.fail(t, "row 2: intent %q: a client of the killed %s finished without a retry: %s", sp.key, c.apis[victim].name, describe(cr.attempts[0]))
+				if cr.attempts[0].node == victim && cr.attempts[0].end.After(sp.faultAt) {
+					hit++
+				}
+				if cr.attempts[0].node == victim && cr.attempts[0].end.After(sp.faultAt) && len(cr.attempts) < 2 {
+					s.fail(t, "row 2: intent %q: a client of the killed %s finished without a retry: it ended %s after the kill: %s", sp.key, c.apis[victim].name, cr.attempts[0].end.Sub(sp.faultAt), describe(cr.attempts[0]))
 				}
 			}
+		}
+		if hit == 0 {
+			s.fail(t, "row 2: the kill of %s hit no client", c.apis[victim].name)
 		}
 	}
 	c.finishRow(s, jobIDs)
@@ -298,6 +307,9 @@ func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
 			resumes = append(resumes, resume{specs[i], node, k})
 			return plans
 		})
+		for _, sp := range specs {
+			sp.faultAt = time.Now() // the disconnects happen now
+		}
 		var wg sync.WaitGroup
 		results := make([]error, len(resumes))
 		for i, r := range resumes {
@@ -329,7 +341,7 @@ func (c *chaosEnv) resumeEvents(sp *intentSpec, node, k int) error {
 	}
 	evs, err := sseEvents(trimPartialEvent(first.raw))
 	if err != nil || len(evs) < k {
-		return fmt.Errorf("the first stream: %d events (%v), want %d: %q", len(evs), err, k, tail(first.raw))
+		return fmt.Errorf("the first stream: %d events (%v), want %d: %s", len(evs), err, k, describe(first.attempt))
 	}
 	data := make([]string, 0, 64)
 	for _, ev := range evs[:k] {
