@@ -13,6 +13,7 @@ import (
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/anthropicwire"
+	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/ledger"
 )
@@ -135,10 +136,17 @@ var errorTable = []struct {
 		Message: "this Idempotency-Key was used with a different request", Retry: retryNo}},
 	{ledger.ErrBudgetExceeded, apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
 		Message: "this tenant's spend limit for the period is reached", Retry: retryNo}},
+	{ledger.ErrBudgetUnavailable, unavailableAnswer("the budget could not be checked; retry")},
 	{intent.ErrContended, unavailableAnswer("the idempotency key is contended; retry")},
 	{intent.ErrHistoryLost, unavailableAnswer("this execution's early output is no longer retained; retry once it has finished")},
 	{intent.ErrInterrupted, unavailableAnswer("the execution was interrupted; retry")},
 	{intent.ErrJobChanging, unavailableAnswer("the job is changing; retry")},
+	// NATS kept failing through the whole retry window (a leader election longer than it, a
+	// lost quorum): nothing was decided, so the same request is safe to send again.
+	// kv.ErrUnavailable and jobs.ErrUnavailable are this error.
+	{jsretry.ErrUnavailable, apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "store_unavailable",
+		Message: "the gateway's message store (NATS JetStream) is unavailable; retry with the same Idempotency-Key",
+		Retry:   retryYes, RetryAfter: 2}},
 	{intent.ErrNoJob, notFound("no such job")},
 	{intent.ErrNoRecord, notFound("no record for this Idempotency-Key")},
 

@@ -19,6 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // Stream and subject names.
@@ -139,7 +141,9 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 }
 
 // Submit publishes a job to JOBS. The message id is key+epoch, so a re-published job inside
-// the duplicate window is dropped by JetStream (the record is the real gate).
+// the duplicate window is dropped by JetStream (the record is the real gate). Transient NATS
+// failures are retried with that same id (a try applied although its answer was lost is
+// dropped as a duplicate) for jsretry.Window or until ctx ends; then ErrUnavailable.
 func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	if len(job.Record) == 0 || job.Rev == 0 {
 		return fmt.Errorf("%w: job %s has no record", ErrInvalidJob, job.ID)
@@ -151,7 +155,12 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	m.Header.Set(hdrJobEpoch, strconv.Itoa(job.Epoch))
 	m.Header.Set(hdrJobRev, strconv.FormatUint(job.Rev, 10))
 	m.Data = job.Record
-	if _, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(job.Key+"."+strconv.Itoa(job.Epoch))); err != nil {
+	id := job.Key + "." + strconv.Itoa(job.Epoch)
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		_, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(id))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("jobs: submit %s: %w", job.ID, err)
 	}
 	return nil

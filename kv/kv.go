@@ -18,6 +18,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // Bucket is the name of the idempotency bucket.
@@ -48,6 +50,10 @@ var (
 	ErrConflict = errors.New("kv: revision conflict")
 	// ErrNotFound is returned when the key has no record (never claimed, or expired).
 	ErrNotFound = errors.New("kv: key not found")
+	// ErrUnavailable is returned when NATS kept failing with transient errors (an election,
+	// a reconnect) for the whole retry window; a write that returns it may or may not have
+	// been applied (Landed tells). It is jsretry.ErrUnavailable.
+	ErrUnavailable = jsretry.ErrUnavailable
 )
 
 // BucketConfig sizes the bucket.
@@ -162,23 +168,40 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, err
 }
 
 // ClaimEncoded is Claim of rec already encoded as data (Encode(rec)), for a caller that also
-// sends those bytes elsewhere.
+// sends those bytes elsewhere. Transient NATS failures are retried (the same create, so it
+// can only be applied once) for jsretry.Window or until ctx ends; then ErrUnavailable.
 func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data []byte) (uint64, error) {
-	rev, err := s.write(ctx, key, rec, data, 0)
-	if err == nil {
-		return rev, nil
-	}
-	if !errors.Is(err, errWrongLast) {
+	var rev uint64
+	unsure := false // a try may have created the record although its answer was lost
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		r, err := s.write(ctx, key, rec, data, 0)
+		if err == nil {
+			rev = r
+			return nil
+		}
+		if !errors.Is(err, errWrongLast) {
+			unsure = unsure || jsretry.Ambiguous(err)
+			return err
+		}
+		// A retried create whose first try succeeded answers "exists" too: the owner nonce
+		// says whose record it is.
+		cur, curRev, gerr := s.get(ctx, key)
+		switch {
+		case gerr == nil && cur.Owner == rec.Owner && cur.Epoch == rec.Epoch:
+			rev = curRev
+			return nil
+		case gerr == nil:
+			return &ExistsError{Record: cur, Rev: curRev}
+		case jsretry.Transient(gerr) || unsure && errors.Is(gerr, ErrNotFound):
+			// Unreadable, or read from a replica that does not have our create yet.
+			return jsretry.Again(gerr)
+		}
+		return ErrExists
+	})
+	if err != nil {
 		return 0, fmt.Errorf("kv: claim %s: %w", key, err)
 	}
-	cur, curRev, gerr := s.Get(ctx, key)
-	if gerr == nil && cur.Owner == rec.Owner && cur.Epoch == rec.Epoch {
-		return curRev, nil
-	}
-	if gerr != nil {
-		return 0, fmt.Errorf("kv: claim %s: %w", key, ErrExists)
-	}
-	return 0, fmt.Errorf("kv: claim %s: %w", key, &ExistsError{Record: cur, Rev: curRev})
+	return rev, nil
 }
 
 // ExistsError is the ErrExists of a Claim that also read the record holding the key, so the
@@ -193,36 +216,117 @@ func (e *ExistsError) Error() string { return ErrExists.Error() }
 // Is makes an ExistsError match ErrExists.
 func (e *ExistsError) Is(target error) bool { return target == ErrExists }
 
-// Get reads the record and its revision.
+// Get reads the record and its revision, retrying transient NATS failures for
+// jsretry.Window or until ctx ends (then ErrUnavailable). The read may be served by any
+// replica, so it can be stale: decisions are made by Claim and Update.
 func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
+	var rec *Record
+	var rev uint64
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		var err error
+		rec, rev, err = s.get(ctx, key)
+		return err
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("kv: get %s: %w", key, err)
+	}
+	return rec, rev, nil
+}
+
+// get is one try of Get.
+func (s *Store) get(ctx context.Context, key string) (*Record, uint64, error) {
 	e, err := s.kv.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			return nil, 0, fmt.Errorf("kv: get %s: %w", key, ErrNotFound)
+			return nil, 0, ErrNotFound
 		}
-		return nil, 0, fmt.Errorf("kv: get %s: %w", key, err)
+		return nil, 0, err
 	}
 	rec, err := Decode(e.Value())
 	if err != nil {
-		return nil, 0, fmt.Errorf("kv: get %s: %w", key, err)
+		return nil, 0, err
 	}
 	return rec, e.Revision(), nil
 }
 
-// Update writes rec if the record is still at rev; ErrConflict otherwise.
+// Update writes rec if the record is still at rev; ErrConflict otherwise. Transient NATS
+// failures are retried for jsretry.Window or until ctx ends; then ErrUnavailable.
 func (s *Store) Update(ctx context.Context, key string, rec *Record, rev uint64) (uint64, error) {
+	return s.UpdateBefore(ctx, key, rec, rev, time.Now().Add(jsretry.Window))
+}
+
+// UpdateBefore is Update retrying transient NATS failures until until (or until ctx ends),
+// for a writer whose right to write ends then (a lease).
+//
+// Every try expects the same revision, so the write is applied at most once. A try whose
+// answer was lost may have been applied: a later try then finds the record moved on, and the
+// record is read to tell our own write (success, at its revision) from another writer's
+// (ErrConflict). ErrUnavailable means the write may or may not have been applied: see Landed.
+func (s *Store) UpdateBefore(ctx context.Context, key string, rec *Record, rev uint64, until time.Time) (uint64, error) {
 	data, err := Encode(rec)
 	if err != nil {
 		return 0, err
 	}
-	nrev, err := s.write(ctx, key, rec, data, rev)
-	if err != nil {
-		if errors.Is(err, errWrongLast) {
-			return 0, fmt.Errorf("kv: update %s at %d: %w", key, rev, ErrConflict)
+	var nrev uint64
+	unsure := false // a try may have been applied although its answer was lost
+	err = jsretry.Do(ctx, until, func(ctx context.Context) error {
+		r, err := s.write(ctx, key, rec, data, rev)
+		switch {
+		case err == nil:
+		case errors.Is(err, errWrongLast) && unsure:
+			r, err = s.landed(ctx, key, data, rev)
+		case errors.Is(err, errWrongLast):
+			return ErrConflict
+		default:
+			unsure = unsure || jsretry.Ambiguous(err)
+			return err
 		}
+		nrev = r
+		return err
+	})
+	if err != nil {
 		return 0, fmt.Errorf("kv: update %s at %d: %w", key, rev, err)
 	}
 	return nrev, nil
+}
+
+// Landed says whether rec, written over the record at rev by an Update that returned
+// ErrUnavailable, was applied after all: its revision if the record holds exactly rec now,
+// ErrConflict if the record moved on without it, ErrUnavailable if that cannot be read.
+func (s *Store) Landed(ctx context.Context, key string, rec *Record, rev uint64) (uint64, error) {
+	data, err := Encode(rec)
+	if err != nil {
+		return 0, err
+	}
+	var nrev uint64
+	err = jsretry.Within(ctx, func(ctx context.Context) error {
+		var err error
+		nrev, err = s.landed(ctx, key, data, rev)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("kv: landed %s after %d: %w", key, rev, err)
+	}
+	return nrev, nil
+}
+
+// landed is one try of Landed: the stored bytes of a record written after rev are ours only
+// if they are exactly data (a record names its owner, epoch and times, so no other writer
+// writes the same bytes). A read at rev or before comes from a replica behind its leader,
+// which said the record is past rev: read again.
+func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64) (uint64, error) {
+	e, err := s.kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+		return 0, ErrConflict // gone: nothing we wrote is there
+	case err != nil:
+		return 0, err
+	case e.Revision() <= rev:
+		return 0, jsretry.Again(fmt.Errorf("a replica still at revision %d", e.Revision()))
+	case bytes.Equal(e.Value(), data):
+		return e.Revision(), nil
+	}
+	return 0, ErrConflict
 }
 
 var errWrongLast = errors.New("wrong last sequence")

@@ -2,10 +2,16 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Period is the span a budget limit applies to, in UTC calendar terms.
@@ -37,7 +43,7 @@ type BudgetError struct {
 	Tenant         string
 	LimitMicros    int64
 	SpentMicros    int64 // net spend in the period, from the ledger
-	ReservedMicros int64 // outstanding reservations and settling costs in this process
+	ReservedMicros int64 // outstanding reservations and settle holds of every API node
 	EstimateMicros int64
 	PeriodStart    time.Time
 }
@@ -64,59 +70,104 @@ type BudgetStatus struct {
 // BudgetOption configures Budgets.
 type BudgetOption func(*Budgets)
 
-// WithBudgetClock sets the clock that decides the current period (default: the ledger's).
+// WithBudgetClock sets the clock that decides the current period and the reservations'
+// expiry (default: the ledger's).
 func WithBudgetClock(now func() time.Time) BudgetOption { return func(b *Budgets) { b.now = now } }
 
 // WithSettleHold sets how long a released reservation's actual cost keeps counting.
 func WithSettleHold(d time.Duration) BudgetOption { return func(b *Budgets) { b.hold = d } }
 
-// Budgets enforces optional per-tenant spend limits per period. A request is admitted only if
-// the tenant's net spend in the current period (charges and continuations minus reversals with
-// Time in the period, read from the ledger) plus this process's outstanding reservations plus
-// its estimate stays within the limit. Tenants without a limit are never refused.
+// Budgets enforces optional per-tenant spend limits per period, across every API node that
+// shares the NATS cluster. A request is admitted only if the tenant's net spend in the
+// current period (charges and continuations minus reversals with Time in the period, read
+// from the ledger) plus the outstanding reservations of all nodes plus its estimate stays
+// within the limit. Tenants without a limit are never refused.
 //
-// The net spend is cached per tenant and period: the first Reserve of a tenant reads its
-// entries stored since the current period began (by the server's clock, less an hour), later
-// ones only the new entries (one read when nothing is new); an entry counts in the period of
-// its Time. Released costs keep counting for the settle hold (default
-// 30 s) because the ledger charge of an execution is written off the request's critical path:
-// until it is, the hold stands in for it; meanwhile a cost may count twice, which errs on the
-// side of refusing. Reservations are per process: several API processes each admit up to the
-// limit against the same ledger spend, so a limit can be overshot by what is in flight.
+// Reserve then settle. The reservations live in BudgetBucket, one key per tenant holding the
+// list of its reservations, each with an id, an amount and an expiry. Reserve reads the list,
+// drops what expired, checks the sum and appends its estimate with a compare-and-set write
+// (Create, or Update at the revision read); on a conflict it reads again, so two nodes can
+// never both admit against the same remainder. Within a process a tenant's admissions are
+// serialized, so conflicts only come from other nodes. The release replaces the reservation,
+// in one compare-and-set, with a settle hold of the actual cost.
+//
+// The hold. The ledger charge of an execution is written off the request's critical path (by
+// its worker); until it is, the hold (default 30 s) stands in for it, and while both exist the
+// cost counts twice, which errs on the side of refusing. The ledger is the truth of what was
+// spent; the bucket only holds what is in flight.
+//
+// Expiry. A node renews its live reservations every TTL/4 (DefaultReservationTTL, 1 minute);
+// one that lapsed while NATS was unreachable is put back by the next renewal. A node that dies
+// stops renewing: its reservations stop counting within the TTL, so a crash blocks at most
+// what that node had in flight, for at most a minute. Renewal ends at release, or after
+// DefaultReservationMax for a reservation never released.
+//
+// What can overshoot the limit, and by how much:
+//   - an execution still running when its reservation stopped counting: its node died (the
+//     execution goes on on a worker) or could not renew for a whole TTL, or its node's clock
+//     is behind another's by more than TTL·3/4: at most that reservation's estimate, until its
+//     charge reaches the ledger;
+//   - a charge written more than the settle hold after its release (an async job released at
+//     acceptance, an execution that outlives the request that started it): at most its actual
+//     cost, until the charge reaches the ledger;
+//   - an execution that costs more than its estimate: the difference.
+//
+// A release whose write fails (NATS unavailable) leaves the reservation in the bucket, where
+// it expires within the TTL (at least the hold, and an estimate ≥ the actual cost in the
+// usual case). The net spend is cached per tenant and period: the first Reserve of a tenant
+// reads its entries stored since the current period began (by the server's clock, less an
+// hour), later ones only the new entries (one read when nothing is new); an entry counts in
+// the period of its Time.
 type Budgets struct {
-	l      *Ledger
-	period Period
-	limits map[string]int64
-	now    func() time.Time
-	hold   time.Duration
+	l        *Ledger
+	period   Period
+	limits   map[string]int64
+	now      func() time.Time
+	hold     time.Duration
+	ttl      time.Duration
+	maxHold  time.Duration
+	replicas int
+
+	kvMu sync.Mutex
+	kv   jetstream.KeyValue // nil until first used, and after a NATS failure
 
 	mu      sync.Mutex
 	tenants map[string]*tenantBudget
+	closed  atomic.Bool
+	renews  sync.WaitGroup // armed renewal timers and running renewals
 }
 
 type tenantBudget struct {
-	mu       chanMutex // serializes refresh + admission for the tenant
-	loaded   bool
-	lastSeq  uint64              // last ledger entry of the tenant counted
-	spent    map[time.Time]int64 // net spend by period start (entries read once, incrementally)
-	reserved int64
-	settling []settle
+	mu      chanMutex // serializes refresh, admission, release and renewal for the tenant
+	key     string    // in BudgetBucket
+	loaded  bool
+	lastSeq uint64              // last ledger entry of the tenant counted
+	spent   map[time.Time]int64 // net spend by period start (entries read once, incrementally)
+	held    map[string]held     // this process's unreleased reservations, by id
+	timer   *time.Timer         // renews held; nil when nothing is held
+	gen     uint64              // which timer is current (a stopped one may still fire)
 }
 
-type settle struct {
+// held is a reservation this process holds and renews.
+type held struct {
 	micros int64
-	until  time.Time
+	since  time.Time
 }
 
-// NewBudgets enforces limits (tenant -> micro-units per period) over l's entries. The limits
-// map is read, never written.
+// NewBudgets enforces limits (tenant -> micro-units per period) over l's entries, with the
+// reservations in BudgetBucket on l's JetStream (created on first use). The limits map is
+// read, never written. Close stops renewing this process's reservations.
 func NewBudgets(l *Ledger, period Period, limits map[string]int64, opts ...BudgetOption) (*Budgets, error) {
 	if !period.Valid() {
 		return nil, fmt.Errorf("ledger: budgets: %w: period %q (day or month)", ErrInvalid, period)
 	}
-	b := &Budgets{l: l, period: period, limits: limits, now: l.now, hold: DefaultSettleHold, tenants: map[string]*tenantBudget{}}
+	b := &Budgets{l: l, period: period, limits: limits, now: l.now, hold: DefaultSettleHold, ttl: DefaultReservationTTL,
+		maxHold: DefaultReservationMax, tenants: map[string]*tenantBudget{}}
 	for _, o := range opts {
 		o(b)
+	}
+	if b.ttl <= 0 {
+		return nil, fmt.Errorf("ledger: budgets: %w: reservation TTL %s", ErrInvalid, b.ttl)
 	}
 	return b, nil
 }
@@ -126,7 +177,7 @@ func (b *Budgets) tenant(t string) *tenantBudget {
 	defer b.mu.Unlock()
 	tb := b.tenants[t]
 	if tb == nil {
-		tb = &tenantBudget{mu: make(chanMutex, 1), spent: map[time.Time]int64{}}
+		tb = &tenantBudget{mu: make(chanMutex, 1), key: reservationKey(t), spent: map[time.Time]int64{}, held: map[string]held{}}
 		b.tenants[strings.Clone(t)] = tb // kept: never a caller's borrowed bytes
 	}
 	return tb
@@ -166,24 +217,11 @@ func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, 
 	return nil
 }
 
-// holding sums the settle holds still running at now, dropping the others.
-func (tb *tenantBudget) holding(now time.Time) int64 {
-	var sum int64
-	kept := tb.settling[:0]
-	for _, s := range tb.settling {
-		if now.Before(s.until) {
-			kept = append(kept, s)
-			sum += s.micros
-		}
-	}
-	tb.settling = kept
-	return sum
-}
-
 // Reserve admits a request of tenant estimated to cost estimateMicros, or returns a
-// *BudgetError (ErrBudgetExceeded). Call release exactly once when the execution is settled,
-// with its actual cost (0 if it produced none); later calls do nothing. A tenant without a
-// limit is admitted without reading the ledger.
+// *BudgetError (ErrBudgetExceeded), or ErrBudgetUnavailable when the shared reservations
+// could not be changed. Call release exactly once when the execution is settled, with its
+// actual cost (0 if it produced none); later calls do nothing. A tenant without a limit is
+// admitted without reading the ledger.
 func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int64) (release func(actualMicros int64), err error) {
 	limit, limited := b.limits[tenant]
 	if !limited {
@@ -202,26 +240,157 @@ func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int
 		return nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
 	ps := b.period.start(now)
-	spent, reserved := tb.spent[ps], tb.reserved+tb.holding(now)
-	if spent+reserved+estimateMicros > limit {
-		return nil, &BudgetError{Tenant: tenant, LimitMicros: limit, SpentMicros: spent, ReservedMicros: reserved,
-			EstimateMicros: estimateMicros, PeriodStart: ps}
+	spent := tb.spent[ps]
+	id := newReservationID()
+	err = b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
+		reserved := rs.live(now)
+		if rs.find(id) >= 0 {
+			return false, nil // an earlier try was written; its answer was lost
+		}
+		if spent+reserved+estimateMicros > limit {
+			return false, &BudgetError{Tenant: tenant, LimitMicros: limit, SpentMicros: spent, ReservedMicros: reserved,
+				EstimateMicros: estimateMicros, PeriodStart: ps}
+		}
+		if estimateMicros == 0 {
+			return false, nil // nothing to hold
+		}
+		rs.List = append(rs.List, reservation{ID: id, Micros: estimateMicros, Until: now.Add(b.ttl).UnixMilli()})
+		return true, nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrBudgetExceeded) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
-	tb.reserved += estimateMicros
+	if estimateMicros > 0 {
+		tb.held[id] = held{micros: estimateMicros, since: now}
+		b.arm(tenant, tb)
+	}
 	var once sync.Once
 	return func(actualMicros int64) {
-		once.Do(func() {
-			tb.mu.Lock()
-			defer tb.mu.Unlock()
-			tb.reserved -= estimateMicros
-			if actualMicros > 0 && b.hold > 0 {
-				tb.settling = append(tb.settling, settle{micros: actualMicros, until: b.now().Add(b.hold)})
-			}
-		})
+		once.Do(func() { b.settle(tenant, tb, id, actualMicros) })
 	}, nil
 }
 
-// Status reports tenant's spend, reservations and limit in the current period.
+// settleTimeout bounds a release's write (it has no caller context); it rides out an election.
+const settleTimeout = 10 * time.Second
+
+// settle replaces reservation id with a settle hold of actualMicros.
+func (b *Budgets) settle(tenant string, tb *tenantBudget, id string, actualMicros int64) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	delete(tb.held, id)
+	if len(tb.held) == 0 {
+		b.disarm(tb)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+	defer cancel()
+	err := b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
+		rs.live(now)
+		i := rs.find(id)
+		if i >= 0 && rs.List[i].Settled {
+			return false, nil // an earlier try was written
+		}
+		if i >= 0 {
+			rs.List = append(rs.List[:i], rs.List[i+1:]...)
+		}
+		hold := actualMicros > 0 && b.hold > 0
+		if hold {
+			rs.List = append(rs.List, reservation{ID: id, Micros: actualMicros, Until: now.Add(b.hold).UnixMilli(), Settled: true})
+		}
+		return i >= 0 || hold, nil
+	})
+	if err != nil {
+		b.l.log.Warn().Err(err).Str(fieldTenant, tenant).Msg("releasing a budget reservation; it expires by itself")
+	}
+}
+
+// arm schedules the renewal of tb's held reservations, unless it is scheduled. The caller
+// holds tb.mu.
+func (b *Budgets) arm(tenant string, tb *tenantBudget) {
+	if tb.timer != nil || len(tb.held) == 0 || b.closed.Load() {
+		return
+	}
+	tb.gen++
+	gen := tb.gen
+	b.renews.Add(1)
+	tb.timer = time.AfterFunc(b.ttl/4, func() {
+		defer b.renews.Done()
+		b.renew(tenant, tb, gen)
+	})
+}
+
+// disarm cancels a scheduled renewal. The caller holds tb.mu.
+func (b *Budgets) disarm(tb *tenantBudget) {
+	if tb.timer != nil && tb.timer.Stop() {
+		b.renews.Done() // it will not run
+	}
+	tb.timer = nil
+}
+
+// renewTimeout bounds one renewal; a failed one is tried again at the next period.
+const renewTimeout = 5 * time.Second
+
+// renew extends the expiry of this process's held reservations of tenant, and puts back one
+// that lapsed meanwhile (its execution still runs, so it still counts).
+func (b *Budgets) renew(tenant string, tb *tenantBudget, gen uint64) {
+	tb.mu.Lock()
+	defer tb.mu.Unlock()
+	if tb.gen != gen || tb.timer == nil {
+		return // disarmed, or replaced, after this one fired
+	}
+	tb.timer = nil
+	now := b.now()
+	for id, h := range tb.held {
+		if now.Sub(h.since) > b.maxHold {
+			delete(tb.held, id) // never released: let it expire
+		}
+	}
+	if len(tb.held) == 0 || b.closed.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), renewTimeout)
+	defer cancel()
+	err := b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
+		rs.live(now)
+		until := now.Add(b.ttl).UnixMilli()
+		for id, h := range tb.held {
+			switch i := rs.find(id); {
+			case i < 0:
+				rs.List = append(rs.List, reservation{ID: id, Micros: h.micros, Until: until})
+			case !rs.List[i].Settled:
+				rs.List[i].Until = until
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		if b.l.js.Conn().IsClosed() {
+			return // this process is going away: so are its reservations, within the TTL
+		}
+		b.l.log.Warn().Err(err).Str(fieldTenant, tenant).Msg("renewing budget reservations")
+	}
+	b.arm(tenant, tb)
+}
+
+// Close stops renewing this process's reservations (they expire within the TTL unless
+// released) and waits for a renewal under way. Reserve keeps working, without renewals.
+func (b *Budgets) Close() {
+	b.closed.Store(true)
+	b.mu.Lock()
+	tbs := slices.Collect(maps.Values(b.tenants))
+	b.mu.Unlock()
+	for _, tb := range tbs {
+		tb.mu.Lock()
+		b.disarm(tb)
+		tb.mu.Unlock()
+	}
+	b.renews.Wait()
+}
+
+// Status reports tenant's spend, the reservations of all nodes, and its limit in the current
+// period.
 func (b *Budgets) Status(ctx context.Context, tenant string) (BudgetStatus, error) {
 	limit, limited := b.limits[tenant]
 	tb := b.tenant(tenant)
@@ -233,7 +402,14 @@ func (b *Budgets) Status(ctx context.Context, tenant string) (BudgetStatus, erro
 	if err := b.refresh(ctx, tenant, tb, now); err != nil {
 		return BudgetStatus{}, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
+	var reserved int64
+	if err := b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
+		reserved = rs.live(now)
+		return false, nil
+	}); err != nil {
+		return BudgetStatus{}, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
+	}
 	ps := b.period.start(now)
 	return BudgetStatus{Tenant: tenant, Limited: limited, LimitMicros: limit, SpentMicros: tb.spent[ps],
-		ReservedMicros: tb.reserved + tb.holding(now), PeriodStart: ps}, nil
+		ReservedMicros: reserved, PeriodStart: ps}, nil
 }

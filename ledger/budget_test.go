@@ -48,6 +48,7 @@ func TestBudgets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(b.Close)
 	exceeded := func(err error) bool {
 		var be *ledger.BudgetError
 		return errors.Is(err, ledger.ErrBudgetExceeded) && errors.As(err, &be)
@@ -119,6 +120,7 @@ func TestBudgetsConcurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(b.Close)
 	var admitted, refused atomic.Int32
 	var wg sync.WaitGroup
 	for range 40 {

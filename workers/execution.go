@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -34,9 +35,12 @@ type execution struct {
 	log  zerolog.Logger
 	pub  *jobs.Publisher
 
-	mu  sync.Mutex // guards rec and rev: the renewer and the main flow both write the record
+	mu  sync.Mutex // guards rec, rev and unsure: the renewer and the main flow both write the record
 	rec *kv.Record
 	rev uint64
+	// unsure is the last record written over rev that failed unavailable: it may have landed
+	// (see update).
+	unsure *kv.Record
 	// tokens counts output events published (≈ tokens), for progress in the record.
 	tokens atomic.Int64
 	// progress is what the status API reads while the execution runs (progress.go).
@@ -221,6 +225,26 @@ func (ex *execution) abandon(err error) {
 	ex.log.Error().Err(err).Msg("execution abandoned; the lease will lapse and the job be taken over")
 }
 
+// finalMargin is how long before the lease ends the record writes stop retrying (a quarter of
+// a shorter lease): past it, another worker may take the execution over (the revision fences
+// any later write anyway).
+const finalMargin = time.Second
+
+// leaseLeft is how long the record's writes may still be retried: until the lease (in the
+// pool's clock) ends, less the margin; as a deadline on the wall clock, which the retries use.
+// One whole try is always allowed, as before retries: the revision makes a late write safe.
+func (ex *execution) leaseLeft() time.Time {
+	if ex.rec.LeaseUntil.IsZero() {
+		return time.Now().Add(jsretry.Window)
+	}
+	margin := min(finalMargin, ex.pool.opts.Lease/4)
+	left := ex.rec.LeaseUntil.Sub(ex.pool.opts.Now()) - margin
+	return time.Now().Add(max(left, jsretry.PerTry))
+}
+
+// writeFinal stores the outcome. A finished answer is never thrown away for one failed write:
+// a transient NATS failure (an election, a reconnect) is retried with the same expected
+// revision while the lease lasts; only a conflict (fenced) or the lease running out ends it.
 func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Result) error {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -232,13 +256,41 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 		finish = ex.rec.Failed
 	}
 	next := finish(ex.pool.opts.Now(), res, ex.done())
-	rev, err := ex.pool.store.Update(ctx, ex.job.Key, next, ex.rev)
-	if err != nil {
-		ex.rec = nil
+	if err := ex.update(ctx, next, ex.leaseLeft()); err != nil {
+		if errors.Is(err, kv.ErrConflict) {
+			ex.rec = nil
+		}
 		return fmt.Errorf("workers: finish %s: %w", ex.job.ID, err)
 	}
-	ex.rec, ex.rev = next, rev
 	return nil
+}
+
+// update writes next over the record at ex.rev (ex.mu held), retrying transient failures
+// until until. A write that failed unavailable may have landed after all, so the next
+// write's conflict may be against our own record: it is checked (kv.Landed) before
+// concluding we were fenced.
+func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Time) error {
+	rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
+	if errors.Is(err, kv.ErrConflict) && ex.unsure != nil {
+		lrev, lerr := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure, ex.rev)
+		if lerr != nil {
+			if errors.Is(lerr, kv.ErrConflict) {
+				ex.unsure = nil
+				return err
+			}
+			return lerr // undecided: nothing learned, ex.unsure stays
+		}
+		ex.log.Info().Msg("an earlier record write whose answer was lost had landed")
+		ex.rec, ex.rev, ex.unsure = ex.unsure, lrev, nil
+		rev, err = ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
+	}
+	switch {
+	case err == nil:
+		ex.rec, ex.rev, ex.unsure = next, rev, nil
+	case errors.Is(err, kv.ErrUnavailable):
+		ex.unsure = next
+	}
+	return err
 }
 
 // done is what this execution did, as its outcome stores it.
@@ -275,9 +327,13 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 			return
 		}
 		next := ex.rec.Renewed(ex.pool.opts.Now(), ex.pool.opts.Lease, ex.pool.opts.ID, ex.pub.Next(), int(ex.tokens.Load()))
-		rev, err := ex.pool.store.Update(ctx, ex.job.Key, next, ex.rev)
+		// Retried until the next renewal at most (it tries again), never past the lease.
+		until := ex.leaseLeft()
+		if tick := time.Now().Add(ex.pool.opts.RenewEvery); tick.Before(until) {
+			until = tick
+		}
+		err := ex.update(ctx, next, until)
 		if err == nil {
-			ex.rec, ex.rev = next, rev
 			ex.mu.Unlock()
 			continue
 		}

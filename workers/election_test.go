@@ -1,0 +1,165 @@
+package workers_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/backend"
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/workers"
+)
+
+// gated is the project's mock backend behind a gate: Send says it was called, then waits for
+// the gate to open before the mock runs, so a test can break NATS while the execution is at
+// the backend.
+type gated struct {
+	*backend.Client
+	entered chan struct{} // closed by the first Send
+	open    chan struct{} // closed by the test
+}
+
+func (g *gated) Send(ctx context.Context, call *backend.Call) (*http.Response, context.CancelFunc, error) {
+	select {
+	case <-g.entered:
+	default:
+		close(g.entered)
+	}
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return nil, nil, fmt.Errorf("%w: %w", backend.ErrNotSent, ctx.Err())
+	}
+	return g.Client.Send(ctx, call)
+}
+
+// TestCompletedSurvivesIDEMLeaderLoss: the IDEM bucket (R3) loses its leader, and its quorum,
+// between the claim and the finish. The worker's COMPLETED write fails until a server comes
+// back and a new leader is elected; the worker keeps trying (the same expected revision)
+// while its lease lasts, so the record ends COMPLETED with the answer after one backend
+// execution. Before, the worker gave the answer up after the first failed write: the record
+// stayed PENDING until its lease ran out, and a taker executed it again.
+func TestCompletedSurvivesIDEMLeaderLoss(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	_, js := c.Connect(t)
+	ctx := context.Background()
+	if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mock, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
+		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8},
+		Breaker: config.Breaker{MinRequests: 1000}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &gated{Client: mock, entered: make(chan struct{}), open: make(chan struct{})}
+	const lease = 20 * time.Second // longer than a restart and an election
+	var logs testkit.SyncBuffer
+	_, wjs := c.Connect(t)
+	run(t, workers.New(wjs, store, workers.Options{ID: "w1", Concurrency: 2, Lease: lease, RenewEvery: time.Second,
+		Backends: map[string]workers.Backend{"mock": gate}, Log: zerolog.New(&logs), SweepEvery: -1}))
+
+	const key = "election-completed"
+	now := time.Now()
+	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
+		Created: now, EpochStarted: now, LeaseUntil: now.Add(lease), Progress: kv.ProgressQueued,
+		Model: "oncegate-mock", Backends: []string{"mock"},
+		Request: json.RawMessage(`{"model":"oncegate-mock","messages":[{"role":"user","content":"ride out an election"}]}`)}
+	rev, err := store.Claim(ctx, key, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.Submit(ctx, js, mustJob(t, key, rec, rev)); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.entered
+
+	// Take the bucket's leader and one more server away: no quorum, no writes, until one
+	// comes back and a leader is elected (a crash's 4-9 s election, made certain).
+	leader := c.StreamLeader("KV_" + kv.Bucket)
+	if leader < 0 {
+		t.Fatal("KV_IDEM has no leader")
+	}
+	other := (leader + 1) % c.Size()
+	survivor := (leader + 2) % c.Size()
+	c.Stop(leader)
+	c.Stop(other)
+	// The worker's writes are plain messages on the record's subject: a core subscriber on the
+	// surviving server sees every COMPLETED write the worker sends, applied or not (and, never
+	// answering, makes each one an ambiguous timeout).
+	watch, err := nats.Connect(c.URLs()[survivor])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	tries := make(chan *nats.Msg, 64)
+	sub, err := watch.ChanSubscribe("$KV."+kv.Bucket+"."+key, tries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // closed with the connection
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	close(gate.open)
+	waitCompletedTries(t, tries, 2)
+
+	c.Restart(other)
+	c.Restart(leader) // three candidates elect sooner than two
+	var got *kv.Record
+	testkit.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		r, _, err := store.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		if r.State == kv.Pending {
+			return fmt.Errorf("record still PENDING")
+		}
+		got = r
+		return nil
+	})
+	if got.State != kv.Completed || got.Result == nil || got.Result.Status != http.StatusOK ||
+		!strings.Contains(string(got.Result.Body), "chat.completion") {
+		t.Fatalf("record %s, result %+v; want COMPLETED with the answer\n%s", got.State, got.Result, logs.String())
+	}
+	if n := mock.Mock().Stats().Requests; n != 1 {
+		t.Fatalf("%d backend executions, want 1\n%s", n, logs.String())
+	}
+	if got.Epoch != 1 || got.Worker != "w1" {
+		t.Errorf("epoch %d worker %q, want the first epoch's worker w1", got.Epoch, got.Worker)
+	}
+}
+
+// waitCompletedTries waits until the worker has sent n COMPLETED writes. The watcher is itself
+// a responder on the subject, so a write never gets "no responders" (which nats.go retries
+// itself): each try is one request that waits for its deadline, and a second one is the worker
+// trying again.
+func waitCompletedTries(t *testing.T, tries <-chan *nats.Msg, n int) {
+	t.Helper()
+	deadline := time.After(15 * time.Second)
+	seen := 0
+	for seen < n {
+		select {
+		case m := <-tries:
+			if m.Header.Get("Og-State") == string(kv.Completed) {
+				seen++
+			}
+		case <-deadline:
+			t.Fatalf("the worker sent %d COMPLETED writes while NATS had no quorum, want %d: it gave up", seen, n)
+		}
+	}
+}
