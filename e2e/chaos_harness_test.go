@@ -82,7 +82,11 @@ type execution struct {
 	start, end time.Time
 	bytes      int
 	ended      bool
-	completed  bool // the mock's answer was read to its end and all of it written to the worker
+	// completed: the mock's answer was read to its end and every byte of it written to the
+	// worker. Not "the worker read to EOF": a worker stops reading at [DONE] and closes the
+	// connection without waiting for the chunked terminator, which cancels the request's
+	// context while the recorder is still reading the mock's last empty read.
+	completed bool
 }
 
 // recorder relays /w{slot}/… to the mock process and records every chat completion.
@@ -146,9 +150,11 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 }
 
 // relay forwards one request to the mock and streams its answer back, counting the bytes
-// written in ex (when not nil); it says whether the whole answer was read and written.
+// written in ex (when not nil); it says whether the whole answer was read and written. The
+// mock's request does not carry the worker's context: a worker that closes its connection
+// once it has [DONE] must not cut the mock's answer short of its EOF.
 func (r *recorder) relay(w http.ResponseWriter, req *http.Request, path string, body []byte, ex *execution) bool {
-	out, err := http.NewRequestWithContext(req.Context(), req.Method, r.mock+path, bytes.NewReader(body))
+	out, err := http.NewRequestWithContext(context.WithoutCancel(req.Context()), req.Method, r.mock+path, bytes.NewReader(body))
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return false
@@ -182,7 +188,7 @@ func (r *recorder) relay(w http.ResponseWriter, req *http.Request, path string, 
 			}
 		}
 		if rerr != nil {
-			return errors.Is(rerr, io.EOF) && req.Context().Err() == nil
+			return errors.Is(rerr, io.EOF)
 		}
 	}
 }
@@ -304,10 +310,10 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 			args: []string{"serve", "--role", "api", "--nats-url", c.natsURL, "--config", cfg, "--listen", addr,
 				"--data-dir", filepath.Join(c.dir, fmt.Sprintf("api%d-data", i))}})
 	}
-	for _, n := range c.workers {
-		c.start(n)
-	}
-	for _, n := range c.apis {
+	// One by one, each ready before the next: the first creates the replicated streams and
+	// buckets, and on a freshly formed cluster with busy cores concurrent creations by four
+	// processes have timed out (a start fails on the first error; it does not retry).
+	for _, n := range append(slices.Clone(c.workers), c.apis...) {
 		c.start(n)
 	}
 	// A first intent through each API node warms every process up (connections, consumers)
@@ -325,7 +331,9 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 // writeConfig writes the config file of one process whose backend is at base.
 func (c *chaosEnv) writeConfig(name, base string) string {
 	c.t.Helper()
-	yaml := fmt.Sprintf(`log_level: warn
+	// info: a worker says "workers started" once it runs (it serves no /readyz), and a
+	// zombie says it was fenced.
+	yaml := fmt.Sprintf(`log_level: info
 idempotency: {lease: %s, renew_every: 500ms}
 workers: {concurrency: 16, sweep_every: 1s}
 backends:
@@ -341,16 +349,20 @@ ledger:
 	return path
 }
 
-// start runs n's process and, for an API node, waits until it is ready.
+// start runs n's process and waits until it is ready: an API node's /readyz, a worker's
+// "workers started" log line.
 func (c *chaosEnv) start(n *gwNode) {
 	c.t.Helper()
 	n.p = startProc(c.t, n.name, c.bin, n.args...)
-	if n.base == "" {
-		return
-	}
 	testkit.CheckFor(c.t, 30*time.Second, pollEvery, func() error {
 		if n.p.exited() {
 			c.t.Fatalf("%s exited: %v\n%s", n.name, n.p.err, n.p.log.String())
+		}
+		if n.base == "" {
+			if !strings.Contains(n.p.log.String(), "workers started") {
+				return fmt.Errorf("%s has not started its workers", n.name)
+			}
+			return nil
 		}
 		if r := send(http.MethodGet, n.base+"/readyz", "", nil); r.Status != http.StatusOK {
 			return fmt.Errorf("%s not ready: %d %v", n.name, r.Status, r.Err)

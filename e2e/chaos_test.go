@@ -9,6 +9,7 @@ package e2e
 //	go test -count=1 -run Chaos ./e2e -chaos.long -chaos.trials 100  # the long suite and its table
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -284,112 +285,152 @@ func chaosAPIKill(t *testing.T, c *chaosEnv, s *rowStats) {
 }
 
 // Row 8: a client closes its stream at a seeded event and reconnects on the other node:
-// with the same key (a new POST), or to the job's events with Last-Event-ID. The
-// generation goes on; the client ends with the whole answer, no gap, no repeat, one
-// execution.
+// with the same key (a new chat POST: runCopy's retry), or — a client of the jobs API — to
+// the job's events with Last-Event-ID. The generation goes on; the client ends with the
+// whole answer, no gap, no repeat, one execution.
+//
+// The execution is created by a stream request (the disconnecting one, or the stream the
+// events watcher follows), and the other copies start only once it has its first event: an
+// execution runs in the mode of the request that created it (kv.Record.Stream), and a
+// stream copy of a non-stream execution gets a few synthesized events, where a disconnect at
+// event k may never come. Chat events and job events are compared each with their own kind:
+// a chat stream without include_usage drops the frames' "usage":null, the job's events are
+// the stored frames.
 func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
 	var jobIDs []string
 	for trial := range chaosTrialCount() {
 		specs := c.trialIntents("8", trial)
-		type resume struct {
-			sp   *intentSpec
-			node int
-			k    int
+		type creator struct {
+			node, k int
+			resume  bool // the Last-Event-ID reconnect (else the same key on the other node)
+			opened  chan struct{}
+			err     error // the Last-Event-ID reconnect's verdict
+			copy    *copyResult
 		}
-		var resumes []resume
-		wait := c.startCopies(specs, func(i int) []copyPlan {
-			node, k := c.rng.IntN(2), 2+c.rng.IntN(12)
-			plans := []copyPlan{{true, 1 - node, nil}, {false, c.rng.IntN(2), nil}}
-			if c.rng.IntN(2) == 0 {
-				// The same key again: runCopy's retry on the other node is the reconnect.
-				return append(plans, copyPlan{true, node, func(n int) bool { return n >= k }})
-			}
-			resumes = append(resumes, resume{specs[i], node, k})
-			return plans
-		})
-		for _, sp := range specs {
-			sp.faultAt = time.Now() // the disconnects happen now
-		}
+		creators := make([]*creator, len(specs))
 		var wg sync.WaitGroup
-		results := make([]error, len(resumes))
-		for i, r := range resumes {
+		for i, sp := range specs {
+			cr := &creator{node: c.rng.IntN(2), k: 2 + c.rng.IntN(12), resume: c.rng.IntN(2) == 0, opened: make(chan struct{})}
+			creators[i] = cr
+			var once sync.Once
+			opened := func() { once.Do(func() { close(cr.opened) }) }
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = c.resumeEvents(r.sp, r.node, r.k)
+				defer opened() // a first exchange that failed must not hold the others back
+				cr.copy = c.runCopy(sp, true, cr.node, func(n int) bool {
+					opened()
+					if !cr.resume && n >= cr.k {
+						sp.mu.Lock()
+						sp.faultAt = time.Now()
+						sp.mu.Unlock()
+						return true
+					}
+					return false
+				})
 			}()
 		}
-		wg.Wait()
-		c.checkTrial(s, specs, wait, noTakeover, &jobIDs)
-		for i, err := range results {
-			if err != nil {
+		for i, cr := range creators {
+			select {
+			case <-cr.opened:
+			case <-time.After(chaosSettle):
+				t.Fatalf("row 8: intent %q: the creating stream got no first event", specs[i].key)
+			}
+			if cr.resume {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					cr.err = c.resumeEvents(specs[i], cr.node, cr.k)
+				}()
+			}
+		}
+		waitOthers := c.startCopies(specs, func(i int) []copyPlan {
+			return []copyPlan{{true, 1 - creators[i].node, nil}, {false, c.rng.IntN(2), nil}}
+		})
+		c.checkTrial(s, specs, func() { wg.Wait(); waitOthers() }, noTakeover, &jobIDs)
+		for i, cr := range creators {
+			key, first := specs[i].key, cr.copy.attempts[0]
+			switch {
+			case first.outcome != "created":
+				s.fail(t, "row 8: intent %q: the first stream did not create the execution: %s", key, describe(first))
+			case cr.resume && cr.err != nil:
 				s.mismatches++
-				s.fail(t, "row 8: intent %q, resumed with Last-Event-ID on the other node: %v", resumes[i].sp.key, err)
+				s.fail(t, "row 8: intent %q, the job's events resumed with Last-Event-ID on the other node: %v", key, cr.err)
+			case cr.resume:
+			case !errors.Is(first.err, errDisconnected):
+				s.fail(t, "row 8: intent %q: the client never disconnected at event %d: %s", key, cr.k, describe(first))
+			case len(cr.copy.attempts) < 2 || cr.copy.attempts[1].node == first.node:
+				s.fail(t, "row 8: intent %q: no reconnect on the other node: %d exchanges", key, len(cr.copy.attempts))
 			}
 		}
 	}
 	c.finishRow(s, jobIDs)
 }
 
-// resumeEvents is row 8's second reconnect: a stream on node that the client closes after k
-// events, then GET /v1/jobs/{id}/events on the other node with Last-Event-ID k-1. The
-// events before the disconnect and those after must be the whole stream, in order, once.
+// resumeEvents is row 8's jobs API client: it follows the job's events on node, closes the
+// connection after k events, and resumes on the other node with Last-Event-ID k-1. The
+// events before the disconnect and those after must be the whole stream, in order, once, and
+// end with [DONE]: byte for byte the finished job's events (GET events from the start).
 func (c *chaosEnv) resumeEvents(sp *intentSpec, node, k int) error {
-	first := c.exchangeJob(sp, node, k)
-	if first.jobID == "" {
-		return fmt.Errorf("the first stream had no Oncegate-Job-Id: %s", describe(first.attempt))
+	jobID, _ := idemStatus(c.t, c.apis[node].base, sp.key, nil)["job_id"].(string)
+	if jobID == "" {
+		return fmt.Errorf("the intent's record names no job")
 	}
-	evs, err := sseEvents(trimPartialEvent(first.raw))
-	if err != nil || len(evs) < k {
-		return fmt.Errorf("the first stream: %d events (%v), want %d: %s", len(evs), err, k, describe(first.attempt))
-	}
-	data := make([]string, 0, 64)
-	for _, ev := range evs[:k] {
-		data = append(data, ev.Data)
-	}
-	r := send(http.MethodGet, c.apis[1-node].base+"/v1/jobs/"+first.jobID+"/events", "", map[string]string{"Last-Event-ID": strconv.Itoa(k - 1)})
-	if r.Err != nil || r.Status != http.StatusOK {
-		return fmt.Errorf("GET events after %d on %s: %d %v %q", k-1, c.apis[1-node].name, r.Status, r.Err, tail(r.Body))
-	}
-	rest, err := sseEvents(r.Body)
+	path := "/v1/jobs/" + jobID + "/events"
+	resp, err := openStream(http.MethodGet, c.apis[node].base+path, "", nil)
 	if err != nil {
-		return fmt.Errorf("resumed events: %v: %q", err, tail(r.Body))
+		return fmt.Errorf("GET events on %s: %w", c.apis[node].name, err)
 	}
-	for i, ev := range rest {
-		if want := strconv.Itoa(k + i); ev.ID != want {
-			return fmt.Errorf("resumed event %d has id %q, want %s: a gap or a repeat", i, ev.ID, want)
-		}
-		data = append(data, ev.Data)
-	}
-	st, err := chatTranscript(data)
-	if err != nil || st.Content != sp.want || !st.Done {
-		return fmt.Errorf("the stitched stream (%v): content %q done %v, want %q and [DONE]", err, st.Content, st.Done, sp.want)
-	}
-	return nil
-}
-
-// jobExchange is an exchange with the job id its answer named.
-type jobExchange struct {
-	attempt
-	jobID string
-}
-
-// exchangeJob streams sp on node and closes the connection after k events.
-func (c *chaosEnv) exchangeJob(sp *intentSpec, node, k int) jobExchange {
-	resp, err := openStream(http.MethodPost, c.apis[node].base+chatPath, sp.body, sp.hdr())
-	if err != nil {
-		return jobExchange{attempt: attempt{node: node, err: err}}
-	}
-	defer resp.Body.Close()
-	je := jobExchange{attempt: attempt{node: node, status: resp.StatusCode, outcome: resp.Header.Get("Oncegate-Idempotency")},
-		jobID: resp.Header.Get("Oncegate-Job-Id")}
 	r := newSSEReader(resp.Body)
 	for range k {
-		if _, err := r.next(); err != nil {
-			je.err = err
+		if _, err = r.next(); err != nil {
 			break
 		}
 	}
-	je.raw = r.raw.Bytes()
-	return je
+	resp.Body.Close()
+	sp.mu.Lock()
+	sp.faultAt = time.Now()
+	sp.mu.Unlock()
+	if resp.StatusCode != http.StatusOK || err != nil {
+		return fmt.Errorf("GET events on %s: %d %v %q", c.apis[node].name, resp.StatusCode, err, tail(r.raw.Bytes()))
+	}
+	got, err := sseEvents(trimPartialEvent(r.raw.Bytes()))
+	if err != nil || len(got) != k {
+		return fmt.Errorf("the first events: %d (%v), want %d", len(got), err, k)
+	}
+	other := c.apis[1-node]
+	rr := send(http.MethodGet, other.base+path, "", map[string]string{"Last-Event-ID": strconv.Itoa(k - 1)})
+	if rr.Err != nil || rr.Status != http.StatusOK {
+		return fmt.Errorf("GET events after %d on %s: %d %v %q", k-1, other.name, rr.Status, rr.Err, tail(rr.Body))
+	}
+	rest, err := sseEvents(rr.Body)
+	if err != nil {
+		return fmt.Errorf("resumed events: %v: %q", err, tail(rr.Body))
+	}
+	got = append(got, rest...)
+	data := make([]string, len(got))
+	for i, ev := range got {
+		if ev.ID != strconv.Itoa(i) {
+			return fmt.Errorf("event %d has id %q (%d before the disconnect): a gap or a repeat", i, ev.ID, k)
+		}
+		data[i] = ev.Data
+	}
+	st, err := chatTranscript(data)
+	if err != nil || st.Content != sp.want || !st.Done {
+		return fmt.Errorf("the stitched events (%v): content %q done %v, want %q and [DONE]", err, st.Content, st.Done, sp.want)
+	}
+	all := send(http.MethodGet, c.apis[node].base+path, "", nil)
+	whole, err := sseEvents(all.Body)
+	if all.Err != nil || all.Status != http.StatusOK || err != nil {
+		return fmt.Errorf("GET all events on %s: %d %v %v %q", c.apis[node].name, all.Status, all.Err, err, tail(all.Body))
+	}
+	if len(whole) != len(got) {
+		return fmt.Errorf("the stitched events are %d, the job's %d", len(got), len(whole))
+	}
+	for i := range whole {
+		if got[i].Raw != whole[i].Raw {
+			return fmt.Errorf("event %d differs from the job's:\n%q\n%q", i, got[i].Raw, whole[i].Raw)
+		}
+	}
+	return nil
 }
