@@ -87,6 +87,9 @@ type execution struct {
 	// connection without waiting for the chunked terminator, which cancels the request's
 	// context while the recorder is still reading the mock's last empty read.
 	completed bool
+	// faulted: the worker was killed or paused while this call ran. Its answer, even read to
+	// the end, is not the outcome: an ambiguous attempt (the takeover runs the intent again).
+	faulted bool
 }
 
 // recorder relays /w{slot}/… to the mock process and records every chat completion.
@@ -206,18 +209,33 @@ func (r *recorder) of(intent string) []execution {
 	return out
 }
 
-// running returns the executions of worker slot still in flight that relayed at least
-// minBytes.
-func (r *recorder) running(slot, minBytes int) []execution {
+// running returns the executions of worker slot still in flight that started at least
+// minAge ago.
+func (r *recorder) running(slot int, minAge time.Duration) []execution {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []execution
 	for _, ex := range r.execs {
-		if ex.worker == slot && !ex.ended && ex.bytes >= minBytes {
+		if ex.worker == slot && !ex.ended && time.Since(ex.start) >= minAge {
 			out = append(out, *ex)
 		}
 	}
 	return out
+}
+
+// fault marks the executions worker slot is running as faulted (its process was just
+// killed or paused) and returns their intents.
+func (r *recorder) fault(slot int) map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	hit := map[string]bool{}
+	for _, ex := range r.execs {
+		if ex.worker == slot && !ex.ended {
+			ex.faulted = true
+			hit[ex.intent] = true
+		}
+	}
+	return hit
 }
 
 // String lists the executions (for failure messages).
@@ -226,7 +244,7 @@ func (r *recorder) String() string {
 	defer r.mu.Unlock()
 	var b strings.Builder
 	for _, ex := range r.execs {
-		fmt.Fprintf(&b, "[worker %d %q %d bytes ended %v completed %v] ", ex.worker, ex.intent, ex.bytes, ex.ended, ex.completed)
+		fmt.Fprintf(&b, "[worker %d %q %d bytes ended %v completed %v faulted %v] ", ex.worker, ex.intent, ex.bytes, ex.ended, ex.completed, ex.faulted)
 	}
 	return b.String()
 }
@@ -630,13 +648,14 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 	}
 
 	// I1: one completed backend execution; others only where a takeover made one ambiguous.
+	// A call the fault hit is an aborted (ambiguous) attempt even if the mock finished it.
 	execs := c.rec.of(sp.msg)
 	completed, aborted := 0, 0
 	for _, ex := range execs {
 		switch {
 		case !ex.ended:
 			s.fail(t, "I1: intent %q: a backend execution by worker %d is still running", sp.key, ex.worker)
-		case ex.completed:
+		case ex.completed && !ex.faulted:
 			completed++
 		default:
 			aborted++

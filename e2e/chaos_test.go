@@ -22,11 +22,7 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
-const (
-	chaosIntents = 3 // intents per trial
-	// chaosChunkBytes is about one token chunk on the wire from the mock (a chat.completion.chunk).
-	chaosChunkBytes = 180
-)
+const chaosIntents = 3 // intents per trial
 
 func TestChaos(t *testing.T) {
 	rows := []struct {
@@ -91,28 +87,24 @@ func (c *chaosEnv) trialIntents(row string, trial int) []*intentSpec {
 	return specs
 }
 
-// victimExecution waits until a worker's backend call has relayed at least minBytes and
-// returns the worker (the seeded one when both qualify) and the intents it is running.
-func (c *chaosEnv) victimExecution(minBytes int) (int, map[string]bool) {
+// victimExecution waits until a worker's backend call has run for minAge and returns the
+// worker (the seeded one when both qualify). Time, not bytes relayed: an execution runs in
+// the mode of the copy that created it, and a non-stream backend call relays nothing until
+// its generation ends.
+func (c *chaosEnv) victimExecution(minAge time.Duration) int {
 	c.t.Helper()
 	first := c.rng.IntN(2)
-	var slot int
-	var running []execution
+	slot := -1
 	testkit.CheckFor(c.t, chaosSettle, pollEvery, func() error {
 		for _, w := range []int{first, 1 - first} {
-			if running = c.rec.running(w, minBytes); len(running) > 0 {
+			if len(c.rec.running(w, minAge)) > 0 {
 				slot = w
 				return nil
 			}
 		}
-		return fmt.Errorf("no worker has relayed %d bytes of a running execution (%s)", minBytes, c.rec)
+		return fmt.Errorf("no worker has run an execution for %s (%s)", minAge, c.rec)
 	})
-	// Everything the worker runs now is hit by the fault, not only the first.
-	hit := map[string]bool{}
-	for _, ex := range c.rec.running(slot, 0) {
-		hit[ex.intent] = true
-	}
-	return slot, hit
+	return slot
 }
 
 func markFault(specs []*intentSpec, hit map[string]bool, at time.Time) {
@@ -121,6 +113,12 @@ func markFault(specs []*intentSpec, hit map[string]bool, at time.Time) {
 			sp.faultAt = at
 		}
 	}
+}
+
+// chaosMidGeneration is a seeded moment of a generation: 1-15 tokens in (a generation is
+// at least chaosMinTokens).
+func (c *chaosEnv) chaosMidGeneration() time.Duration {
+	return time.Duration(1+c.rng.IntN(15)) * chaosInterToken
 }
 
 // checkTrial waits for the copies and checks every intent of the trial.
@@ -135,7 +133,7 @@ func (c *chaosEnv) checkTrial(s *rowStats, specs []*intentSpec, wait func(), amb
 	s.trials++
 }
 
-// Row 1: SIGKILL a worker after a seeded number of bytes of one of its executions. The
+// Row 1: SIGKILL a worker a seeded time into one of its executions. The
 // other worker takes the job over once the lease (2 s) ran out and runs it once; a stream
 // client that had output gets execution_restarted and retries with its key.
 func chaosWorkerKill(t *testing.T, c *chaosEnv, s *rowStats) {
@@ -143,10 +141,11 @@ func chaosWorkerKill(t *testing.T, c *chaosEnv, s *rowStats) {
 	for trial := range chaosTrialCount() {
 		specs := c.trialIntents("1", trial)
 		wait := c.startCopies(specs, func(int) []copyPlan { return c.seededCopies() })
-		slot, hit := c.victimExecution(chaosChunkBytes * (1 + c.rng.IntN(15)))
+		slot := c.victimExecution(c.chaosMidGeneration())
 		victim := c.workers[slot]
 		at := time.Now()
 		victim.p.kill(t)
+		hit := c.rec.fault(slot)
 		markFault(specs, hit, at)
 		c.checkTrial(s, specs, wait, takeoverOK, &jobIDs)
 		for _, sp := range specs {
@@ -173,10 +172,11 @@ func chaosWorkerPause(t *testing.T, c *chaosEnv, s *rowStats) {
 	for trial := range chaosTrialCount() {
 		specs := c.trialIntents("1b", trial)
 		wait := c.startCopies(specs, func(int) []copyPlan { return c.seededCopies() })
-		slot, hit := c.victimExecution(chaosChunkBytes * (1 + c.rng.IntN(15)))
+		slot := c.victimExecution(c.chaosMidGeneration())
 		zombie := c.workers[slot]
 		logBefore := len(zombie.p.log.String())
 		c.signal(zombie, syscall.SIGSTOP)
+		hit := c.rec.fault(slot)
 		markFault(specs, hit, time.Now())
 		// The paused worker's intents are taken over and finished by the other worker.
 		before := map[string]map[string]any{}
