@@ -380,25 +380,37 @@ ledger:
 }
 
 // start runs n's process and waits until it is ready: an API node's /readyz, a worker's
-// "workers started" log line.
+// "workers started" log line. A start that gave up on a NATS call timing out (the gateway's
+// start does not retry: "jobs: ensure stream JOBS: context deadline exceeded" on a busy
+// machine) is started again, at most twice, and said in the log.
 func (c *chaosEnv) start(n *gwNode) {
 	c.t.Helper()
-	n.p = startProc(c.t, n.name, c.bin, n.args...)
-	testkit.CheckFor(c.t, 30*time.Second, pollEvery, func() error {
-		if n.p.exited() {
-			c.t.Fatalf("%s exited: %v\n%s", n.name, n.p.err, n.p.log.String())
-		}
-		if n.base == "" {
-			if !strings.Contains(n.p.log.String(), "workers started") {
-				return fmt.Errorf("%s has not started its workers", n.name)
+	for try := 1; ; try++ {
+		n.p = startProc(c.t, n.name, c.bin, n.args...)
+		testkit.CheckFor(c.t, 30*time.Second, pollEvery, func() error {
+			switch {
+			case n.p.exited():
+				return nil
+			case n.base == "":
+				if !strings.Contains(n.p.log.String(), "workers started") {
+					return fmt.Errorf("%s has not started its workers", n.name)
+				}
+			default:
+				if r := send(http.MethodGet, n.base+"/readyz", "", nil); r.Status != http.StatusOK {
+					return fmt.Errorf("%s not ready: %d %v", n.name, r.Status, r.Err)
+				}
 			}
 			return nil
+		})
+		if !n.p.exited() {
+			return
 		}
-		if r := send(http.MethodGet, n.base+"/readyz", "", nil); r.Status != http.StatusOK {
-			return fmt.Errorf("%s not ready: %d %v", n.name, r.Status, r.Err)
+		log := n.p.log.String()
+		if try == 3 || !strings.Contains(log, context.DeadlineExceeded.Error()) {
+			c.t.Fatalf("%s exited: %v\n%s", n.name, n.p.err, log)
 		}
-		return nil
-	})
+		c.t.Logf("PRODUCT: %s's start gave up on a NATS timeout (try %d), starting it again: %s", n.name, try, strings.TrimSpace(log))
+	}
 }
 
 func (c *chaosEnv) signal(n *gwNode, sig syscall.Signal) {

@@ -298,6 +298,8 @@ func chaosAPIKill(t *testing.T, c *chaosEnv, s *rowStats) {
 // the stored frames.
 func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
 	var jobIDs []string
+	byKey, byEventID := 0, 0
+	defer func() { t.Logf("row 8: %d reconnects with the same key, %d with Last-Event-ID", byKey, byEventID) }()
 	for trial := range chaosTrialCount() {
 		specs := c.trialIntents("8", trial)
 		type creator struct {
@@ -350,6 +352,11 @@ func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
 		c.checkTrial(s, specs, func() { wg.Wait(); waitOthers() }, noTakeover, &jobIDs)
 		for i, cr := range creators {
 			key, first := specs[i].key, cr.copy.attempts[0]
+			if cr.resume {
+				byEventID++
+			} else {
+				byKey++
+			}
 			switch {
 			case first.outcome != "created":
 				s.fail(t, "row 8: intent %q: the first stream did not create the execution: %s", key, describe(first))
