@@ -79,6 +79,41 @@ func (c *chaosEnv) seededCopies() []copyPlan {
 	return []copyPlan{{true, c.rng.IntN(2), nil}, {true, c.rng.IntN(2), nil}, {false, c.rng.IntN(2), nil}}
 }
 
+// startCreators starts each intent's first client, a stream on node(i) that creates the
+// execution (hook, when set, acts on intent i's events), and returns once every one has its
+// first event or has ended; wait waits for them, copies[i] is intent i's after wait. An
+// execution runs in the mode of the request that created it (kv.Record.Stream): a stream
+// copy of a non-stream execution gets a few synthesized events at its end, where a fault at
+// event k never comes, so the rows that act on events start the other copies after these.
+func (c *chaosEnv) startCreators(specs []*intentSpec, node func(i int) int, hook func(i, n int) bool) (copies []*copyResult, wait func()) {
+	c.t.Helper()
+	copies = make([]*copyResult, len(specs))
+	opened := make([]chan struct{}, len(specs))
+	var wg sync.WaitGroup
+	for i, sp := range specs {
+		opened[i] = make(chan struct{})
+		var once sync.Once
+		open := func() { once.Do(func() { close(opened[i]) }) }
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer open() // a first exchange that failed must not hold the others back
+			copies[i] = c.runCopy(sp, true, node(i), func(n int) bool {
+				open()
+				return hook != nil && hook(i, n)
+			})
+		}()
+	}
+	for i := range specs {
+		select {
+		case <-opened[i]:
+		case <-time.After(chaosSettle):
+			c.t.Fatalf("intent %q: the creating stream got no first event", specs[i].key)
+		}
+	}
+	return copies, wg.Wait
+}
+
 func (c *chaosEnv) trialIntents(row string, trial int) []*intentSpec {
 	specs := make([]*intentSpec, chaosIntents)
 	for i := range specs {
@@ -235,7 +270,8 @@ func chaosWorkerPause(t *testing.T, c *chaosEnv, s *rowStats) {
 }
 
 // Row 2: SIGKILL an API node while its clients stream; they retry with the same key on the
-// other node and get the complete, identical transcript without a second execution.
+// other node and get the complete, identical transcript without a second execution. A
+// stream on the victim creates each execution (startCreators), so the kill lands at event k.
 func chaosAPIKill(t *testing.T, c *chaosEnv, s *rowStats) {
 	var jobIDs []string
 	for trial := range chaosTrialCount() {
@@ -243,16 +279,17 @@ func chaosAPIKill(t *testing.T, c *chaosEnv, s *rowStats) {
 		victim := c.rng.IntN(2)
 		k := 2 + c.rng.IntN(12) // events the victim's first stream of each intent has read
 		reached := make(chan struct{}, len(specs))
-		wait := c.startCopies(specs, func(int) []copyPlan {
-			var once sync.Once
-			hook := func(n int) bool {
-				if n >= k {
-					once.Do(func() { reached <- struct{}{} })
-				}
-				return false
+		onces := make([]sync.Once, len(specs))
+		_, waitCreators := c.startCreators(specs, func(int) int { return victim }, func(i, n int) bool {
+			if n >= k {
+				onces[i].Do(func() { reached <- struct{}{} })
 			}
-			return []copyPlan{{true, victim, hook}, {true, victim, nil}, {false, victim, nil}, {true, 1 - victim, nil}}
+			return false
 		})
+		waitOthers := c.startCopies(specs, func(int) []copyPlan {
+			return []copyPlan{{true, victim, nil}, {false, victim, nil}, {true, 1 - victim, nil}}
+		})
+		wait := func() { waitCreators(); waitOthers() }
 		// The first stream to reach k events sets the moment: intents differ in length, and
 		// one that already finished is simply not hit.
 		select {
@@ -289,11 +326,9 @@ func chaosAPIKill(t *testing.T, c *chaosEnv, s *rowStats) {
 // the job's events with Last-Event-ID. The generation goes on; the client ends with the
 // whole answer, no gap, no repeat, one execution.
 //
-// The execution is created by a stream request (the disconnecting one, or the stream the
-// events watcher follows), and the other copies start only once it has its first event: an
-// execution runs in the mode of the request that created it (kv.Record.Stream), and a
-// stream copy of a non-stream execution gets a few synthesized events, where a disconnect at
-// event k may never come. Chat events and job events are compared each with their own kind:
+// A stream request creates each execution (startCreators: the disconnecting one, or the
+// stream whose job the events client follows). Chat events and job events are compared each
+// with their own kind:
 // a chat stream without include_usage drops the frames' "usage":null, the job's events are
 // the stored frames.
 func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
@@ -304,40 +339,25 @@ func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
 		specs := c.trialIntents("8", trial)
 		type creator struct {
 			node, k int
-			resume  bool // the Last-Event-ID reconnect (else the same key on the other node)
-			opened  chan struct{}
+			resume  bool  // the Last-Event-ID reconnect (else the same key on the other node)
 			err     error // the Last-Event-ID reconnect's verdict
-			copy    *copyResult
 		}
 		creators := make([]*creator, len(specs))
-		var wg sync.WaitGroup
-		for i, sp := range specs {
-			cr := &creator{node: c.rng.IntN(2), k: 2 + c.rng.IntN(12), resume: c.rng.IntN(2) == 0, opened: make(chan struct{})}
-			creators[i] = cr
-			var once sync.Once
-			opened := func() { once.Do(func() { close(cr.opened) }) }
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer opened() // a first exchange that failed must not hold the others back
-				cr.copy = c.runCopy(sp, true, cr.node, func(n int) bool {
-					opened()
-					if !cr.resume && n >= cr.k {
-						sp.mu.Lock()
-						sp.faultAt = time.Now()
-						sp.mu.Unlock()
-						return true
-					}
-					return false
-				})
-			}()
+		for i := range specs {
+			creators[i] = &creator{node: c.rng.IntN(2), k: 2 + c.rng.IntN(12), resume: c.rng.IntN(2) == 0}
 		}
-		for i, cr := range creators {
-			select {
-			case <-cr.opened:
-			case <-time.After(chaosSettle):
-				t.Fatalf("row 8: intent %q: the creating stream got no first event", specs[i].key)
+		copies, waitCreators := c.startCreators(specs, func(i int) int { return creators[i].node }, func(i, n int) bool {
+			if cr := creators[i]; cr.resume || n < cr.k {
+				return false
 			}
+			sp := specs[i]
+			sp.mu.Lock()
+			sp.faultAt = time.Now()
+			sp.mu.Unlock()
+			return true
+		})
+		var wg sync.WaitGroup
+		for i, cr := range creators {
 			if cr.resume {
 				wg.Add(1)
 				go func() {
@@ -349,9 +369,9 @@ func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
 		waitOthers := c.startCopies(specs, func(i int) []copyPlan {
 			return []copyPlan{{true, 1 - creators[i].node, nil}, {false, c.rng.IntN(2), nil}}
 		})
-		c.checkTrial(s, specs, func() { wg.Wait(); waitOthers() }, noTakeover, &jobIDs)
+		c.checkTrial(s, specs, func() { waitCreators(); wg.Wait(); waitOthers() }, noTakeover, &jobIDs)
 		for i, cr := range creators {
-			key, first := specs[i].key, cr.copy.attempts[0]
+			key, first := specs[i].key, copies[i].attempts[0]
 			if cr.resume {
 				byEventID++
 			} else {
@@ -366,8 +386,8 @@ func chaosClientReconnect(t *testing.T, c *chaosEnv, s *rowStats) {
 			case cr.resume:
 			case !errors.Is(first.err, errDisconnected):
 				s.fail(t, "row 8: intent %q: the client never disconnected at event %d: %s", key, cr.k, describe(first))
-			case len(cr.copy.attempts) < 2 || cr.copy.attempts[1].node == first.node:
-				s.fail(t, "row 8: intent %q: no reconnect on the other node: %d exchanges", key, len(cr.copy.attempts))
+			case len(copies[i].attempts) < 2 || copies[i].attempts[1].node == first.node:
+				s.fail(t, "row 8: intent %q: no reconnect on the other node: %d exchanges", key, len(copies[i].attempts))
 			}
 		}
 	}
