@@ -106,7 +106,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 				ex.log.Warn().Str("backend", name).Msg("retry refused by the retry budget")
 				break
 			}
-			report, err := g.breaker.Allow()
+			report, err := g.breaker.Allow(ctx)
 			if err != nil {
 				ex.log.Info().Str("backend", name).Msg("circuit breaker open; falling back")
 				break

@@ -487,7 +487,7 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	if err != nil {
 		return nil, nil, err
 	}
-	report, err := r.ex.pool.guard(b.Name()).breaker.Allow()
+	report, err := r.ex.pool.guard(b.Name()).breaker.Allow(ctx)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -5,6 +5,7 @@
 package resilience
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
 	"net/http"
@@ -182,6 +183,7 @@ func NewBreaker(cfg BreakerConfig, log zerolog.Logger) *Breaker {
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			return c.Requests >= uint32(cfg.MinRequests) && float64(c.TotalFailures) >= cfg.FailureRate*float64(c.Requests)
 		},
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallAbandoned) },
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			log.Warn().Str("backend", name).Str("from", from.String()).Str("to", to.String()).Msg("circuit breaker state change")
 		},
@@ -189,23 +191,32 @@ func NewBreaker(cfg BreakerConfig, log zerolog.Logger) *Breaker {
 	return &Breaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](st)}
 }
 
-// Allow asks to make one call; done must be called with its outcome. ErrOpen means: do not
-// call this backend now.
-func (b *Breaker) Allow() (done func(ok bool), err error) {
+// Allow asks to make one call under ctx; done must be called with its outcome. ErrOpen means:
+// do not call this backend now. A call that failed once ctx had ended says nothing about the
+// backend (the caller cancelled it: its execution was fenced, its lease lost, the worker is
+// stopping) and is counted neither way; without that, a few fenced executions opened the
+// breaker of a healthy backend (seen in the fault suite's row 1b).
+func (b *Breaker) Allow(ctx context.Context) (done func(ok bool), err error) {
 	d, err := b.cb.Allow()
 	if err != nil {
 		return nil, ErrOpen
 	}
 	return func(ok bool) {
-		if ok {
+		switch {
+		case ok:
 			d(nil)
-		} else {
+		case ctx.Err() != nil:
+			d(errCallAbandoned)
+		default:
 			d(errCallFailed)
 		}
 	}, nil
 }
 
-var errCallFailed = errors.New("call failed")
+var (
+	errCallFailed    = errors.New("call failed")
+	errCallAbandoned = errors.New("call abandoned by its caller")
+)
 
 // State is "closed", "half-open" or "open".
 func (b *Breaker) State() string { return b.cb.State().String() }

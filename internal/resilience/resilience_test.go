@@ -1,6 +1,7 @@
 package resilience
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -192,7 +193,7 @@ func TestBreakerTrips(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			b := NewBreaker(BreakerConfig{Name: "t", FailureRate: 0.5, MinRequests: 4, Window: 10 * time.Second, OpenFor: time.Hour, Probes: 1}, zerolog.Nop())
 			for i, ok := range tt.outcomes {
-				done, err := b.Allow()
+				done, err := b.Allow(context.Background())
 				if err != nil {
 					t.Fatalf("call %d refused while %s", i, b.State())
 				}
@@ -201,7 +202,7 @@ func TestBreakerTrips(t *testing.T) {
 			if got := b.State(); got != tt.want {
 				t.Errorf("state %s, want %s", got, tt.want)
 			}
-			_, err := b.Allow()
+			_, err := b.Allow(context.Background())
 			if open := tt.want == "open"; errors.Is(err, ErrOpen) != open {
 				t.Errorf("Allow() = %v with state %s", err, tt.want)
 			}
@@ -233,7 +234,7 @@ func TestBreakerHalfOpen(t *testing.T) {
 			b := NewBreaker(BreakerConfig{Name: "t", FailureRate: 0.5, MinRequests: 2, Window: 10 * time.Second, OpenFor: openFor, Probes: 1}, zerolog.Nop())
 			tripped := time.Now()
 			for range 2 {
-				done, err := b.Allow()
+				done, err := b.Allow(context.Background())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -242,19 +243,19 @@ func TestBreakerHalfOpen(t *testing.T) {
 			if b.State() != "open" {
 				t.Fatalf("state %s after 2/2 failures", b.State())
 			}
-			if _, err := b.Allow(); !errors.Is(err, ErrOpen) {
+			if _, err := b.Allow(context.Background()); !errors.Is(err, ErrOpen) {
 				t.Fatalf("Allow while open = %v, want ErrOpen", err)
 			}
 			waitState(t, b, "half-open")
 			if since := time.Since(tripped); since < openFor {
 				t.Errorf("half-open after %v, before open_for %v", since, openFor)
 			}
-			probe, err := b.Allow()
+			probe, err := b.Allow(context.Background())
 			if err != nil {
 				t.Fatalf("probe refused: %v", err)
 			}
 			// probes: 1 — a second call while the probe runs is refused.
-			if _, err := b.Allow(); !errors.Is(err, ErrOpen) {
+			if _, err := b.Allow(context.Background()); !errors.Is(err, ErrOpen) {
 				t.Errorf("second call during the probe = %v, want ErrOpen", err)
 			}
 			probe(probeOK)
@@ -262,7 +263,7 @@ func TestBreakerHalfOpen(t *testing.T) {
 				if b.State() != "closed" {
 					t.Fatalf("state %s after a successful probe", b.State())
 				}
-				done, err := b.Allow()
+				done, err := b.Allow(context.Background())
 				if err != nil {
 					t.Fatalf("closed breaker refused: %v", err)
 				}
@@ -272,7 +273,7 @@ func TestBreakerHalfOpen(t *testing.T) {
 			if b.State() != "open" {
 				t.Fatalf("state %s after a failed probe", b.State())
 			}
-			if _, err := b.Allow(); !errors.Is(err, ErrOpen) {
+			if _, err := b.Allow(context.Background()); !errors.Is(err, ErrOpen) {
 				t.Errorf("Allow after a failed probe = %v, want ErrOpen", err)
 			}
 			waitState(t, b, "half-open") // and it tries again after another open_for
@@ -288,4 +289,31 @@ func waitState(t *testing.T, b *Breaker, want string) {
 		}
 		return nil
 	})
+}
+
+// TestBreakerIgnoresAbandonedCalls: failures of calls whose caller had cancelled them are
+// not counted, failures of live calls are.
+func TestBreakerIgnoresAbandonedCalls(t *testing.T) {
+	for _, cancelled := range []bool{true, false} {
+		name := map[bool]string{true: "cancelled calls leave it closed", false: "live failures open it"}[cancelled]
+		t.Run(name, func(t *testing.T) {
+			b := NewBreaker(BreakerConfig{Name: "t", FailureRate: 0.5, MinRequests: 2, Window: 10 * time.Second, OpenFor: time.Hour, Probes: 1}, zerolog.Nop())
+			for range 2 { // MinRequests: two live failures open it
+				ctx, cancel := context.WithCancel(context.Background())
+				done, err := b.Allow(ctx)
+				if err != nil {
+					t.Fatalf("refused while %s", b.State())
+				}
+				if cancelled {
+					cancel()
+				}
+				done(false)
+				cancel()
+			}
+			want := map[bool]string{true: "closed", false: "open"}[cancelled]
+			if got := b.State(); got != want {
+				t.Errorf("state %s after 2 failed calls (cancelled: %v), want %s", got, cancelled, want)
+			}
+		})
+	}
 }
