@@ -72,7 +72,7 @@ func TestReadmeCluster(t *testing.T) {
 		line := portRE.ReplaceAllStringFunc(c.line, func(hp string) string {
 			p := strings.TrimPrefix(hp, "127.0.0.1:")
 			for ports[p] == "" {
-				// FreeAddr closes its listener: the system may hand the same port out again.
+				// FreeAddr finds a free port but holds none: two asks may draw the same one.
 				_, free, _ := net.SplitHostPort(testkit.FreeAddr(t))
 				if !used[free] {
 					ports[p], used[free] = free, true

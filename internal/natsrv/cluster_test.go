@@ -10,20 +10,19 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/testkit/freeport"
 )
 
 // routeAddrs are n free loopback ports for routes, picked before any node starts: every node
-// must name every route port up front.
+// must name every route port up front. They are outside the ephemeral range (freeport), where
+// another package's outgoing connection could take one before its node binds it.
 func routeAddrs(t *testing.T, n int) (addrs, routes []string) {
 	t.Helper()
 	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addrs = append(addrs, ln.Addr().String())
-		routes = append(routes, "nats://"+ln.Addr().String())
-		ln.Close()
+		a := freeport.Addr(t)
+		addrs = append(addrs, a)
+		routes = append(routes, "nats://"+a)
 	}
 	return addrs, routes
 }

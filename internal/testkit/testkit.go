@@ -9,22 +9,18 @@ package testkit
 
 import (
 	"bytes"
-	"net"
 	"sync"
 	"testing"
+
+	"github.com/oncegate/oncegate/internal/testkit/freeport"
 )
 
-// FreeAddr returns a 127.0.0.1 address whose port was free when asked: the listener that found
-// it is closed before returning, for a process that binds it soon after. (Another process could
-// take it in between; tests that cannot afford that pass port 0 to the server instead.)
+// FreeAddr returns a 127.0.0.1 address whose port was free when asked, for a process that
+// binds it soon after; the port is outside the kernel's ephemeral range, so no outgoing
+// connection takes it meanwhile (see package freeport).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return freeport.Addr(t)
 }
 
 // SyncBuffer is a bytes.Buffer safe for concurrent use: an exec.Cmd's output copier, or a
