@@ -221,3 +221,46 @@ func TestBudgetsNodeDies(t *testing.T) {
 		return nil
 	})
 }
+
+// TestReserveRidesOutLeaderLoss: the server leading the ledger, or the reservations bucket,
+// dies while a node reserves. A request it had been sent is never answered; each request has
+// its own bound and is sent again to the leader the survivors elect, so Reserve succeeds
+// within its window. With one bound for the whole call, the first lost answer used it all up
+// (the ledger read hung for the caller's whole deadline; the reservation failed
+// ErrBudgetUnavailable after 12 s).
+func TestReserveRidesOutLeaderLoss(t *testing.T) {
+	for _, stream := range []string{ledger.StreamName, "KV_" + ledger.BudgetBucket} {
+		t.Run(stream, func(t *testing.T) {
+			c := testkit.RunCluster(t, 3)
+			_, js := c.Connect(t)
+			ctx := ctxT(t)
+			cfg := ledger.StreamConfig()
+			cfg.Replicas = 3
+			if _, err := js.CreateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			clock := &manualClock{t: time.Date(2026, 5, 2, 9, 0, 0, 0, time.UTC)}
+			n := newBudgetNode(t, js, clock, map[string]int64{"acme": 1_000})
+			n.charge(t, "acme", 0, 100)
+			if _, err := n.b.Reserve(ctx, "acme", 100); err != nil { // creates the bucket
+				t.Fatal(err)
+			}
+			n.charge(t, "acme", 1, 100) // the next Reserve reads it from the ledger
+			leader := c.StreamLeader(stream)
+			if leader < 0 {
+				t.Fatalf("%s has no leader", stream)
+			}
+			c.Stop(leader)
+			if _, err := n.b.Reserve(ctx, "acme", 100); err != nil {
+				t.Fatalf("reserve while %s elects a new leader: %v", stream, err)
+			}
+			st, err := n.b.Status(ctx, "acme")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.SpentMicros != 200 || st.ReservedMicros != 200 {
+				t.Fatalf("spent %d, reserved %d micros; want 200 charged and 2 x 100 reserved", st.SpentMicros, st.ReservedMicros)
+			}
+		})
+	}
+}

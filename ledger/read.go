@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // scanBatch is how many messages a scan keeps in flight.
@@ -38,7 +40,11 @@ func (l *Ledger) entryAt(ctx context.Context, seq uint64) (Entry, error) {
 // stream); seq 0 if there is none.
 func last(ctx context.Context, st jetstream.Stream, subject string) (uint64, time.Time, error) {
 	if subject == allSubjects {
-		info, err := st.Info(ctx)
+		var info *jetstream.StreamInfo
+		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
+			info, err = st.Info(ctx)
+			return err
+		})
 		if err != nil {
 			return 0, time.Time{}, fmt.Errorf("ledger: stream info: %w", err)
 		}
@@ -47,7 +53,11 @@ func last(ctx context.Context, st jetstream.Stream, subject string) (uint64, tim
 		}
 		return info.State.LastSeq, info.State.LastTime, nil
 	}
-	m, err := st.GetLastMsgForSubject(ctx, subject)
+	var m *jetstream.RawStreamMsg
+	err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
+		m, err = st.GetLastMsgForSubject(ctx, subject)
+		return err
+	})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, time.Time{}, nil
 	}
@@ -148,7 +158,11 @@ func (l *Ledger) follow(ctx context.Context, subject string, start uint64, fn fu
 		return err
 	}
 	for i := 0; i < followMax; i++ {
-		m, err := st.GetMsg(ctx, start, jetstream.WithGetMsgSubject(subject))
+		var m *jetstream.RawStreamMsg
+		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
+			m, err = st.GetMsg(ctx, start, jetstream.WithGetMsgSubject(subject))
+			return err
+		})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // BudgetBucket is the KV bucket that holds every budgeted tenant's outstanding reservations
@@ -118,13 +120,19 @@ func (b *Budgets) change(ctx context.Context, key string, fn func(rs *reservatio
 	pause := 20 * time.Millisecond
 	var last error
 	for range budgetAttempts {
-		kvs, err := b.bucket(ctx)
+		// Each attempt has its own bound: a request whose answer was lost (the stream had no
+		// leader yet, a server died under it) must not use up the whole window, as one did on
+		// a loaded CI machine right after the bucket was created on three replicas.
+		actx, acancel := context.WithTimeout(ctx, jsretry.PerTry)
+		kvs, err := b.bucket(actx)
 		if err == nil {
 			var done bool
-			if done, err = b.try(ctx, kvs, key, fn); done {
+			if done, err = b.try(actx, kvs, key, fn); done {
+				acancel()
 				return err
 			}
 		}
+		acancel()
 		if err == nil {
 			continue // another node wrote first: read again
 		}
