@@ -112,6 +112,40 @@ func TestClaimRetriesUntilTheBucketIsBack(t *testing.T) {
 	}
 }
 
+// TestIndexJobRetriesUntilTheStoreIsBack: a durable job index written while its stream and
+// bucket are gone (a restart lost them and setup is recreating them) is sent again until they
+// are back, then JobKey finds it. Before, the first "no responders" failed the request (500).
+func TestIndexJobRetriesUntilTheStoreIsBack(t *testing.T) {
+	st, srv := open(t)
+	ctx := context.Background()
+	if err := srv.JS.DeleteStream(ctx, kv.IndexStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.JS.DeleteKeyValue(ctx, kv.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	watch, _ := srv.Conn(t)
+	tries := make(chan *nats.Msg, 256)
+	if _, err := watch.ChanSubscribe("jobidx.job-1", tries); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	indexed := make(chan error, 1)
+	go func() { indexed <- st.IndexJob(ctx, "job-1", "key-1", true) }()
+	waitTries(t, tries, 2)
+	if _, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := testkit.RequireChanRead(t, indexed, 15*time.Second); err != nil {
+		t.Fatalf("index job: %v, want it written once the store is back", err)
+	}
+	if key, err := st.JobKey(ctx, "job-1"); err != nil || key != "key-1" {
+		t.Fatalf("JobKey: %q %v, want key-1", key, err)
+	}
+}
+
 // watchWrites subscribes on nc to key's subject in the bucket: every write is a plain message
 // there, so a core subscriber sees each try, applied or not (and, never answering, makes each
 // one an ambiguous timeout).

@@ -385,10 +385,16 @@ func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) e
 		}
 		return nil
 	}
-	if _, err := s.js.Publish(ctx, indexPrefix+jobID, []byte(key)); err != nil { // the first place JobKey looks
-		return fmt.Errorf("kv: index job %s: %w", jobID, err)
-	}
-	if _, err := s.kv.Put(ctx, jobIndexKey(jobID), []byte(key)); err != nil {
+	// Both writes are idempotent (JobKey reads the subject's last message; a Put of the same
+	// value), so a try whose answer was lost is simply sent again.
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		if _, err := s.js.Publish(ctx, indexPrefix+jobID, []byte(key)); err != nil { // the first place JobKey looks
+			return err
+		}
+		_, err := s.kv.Put(ctx, jobIndexKey(jobID), []byte(key))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("kv: index job %s: %w", jobID, err)
 	}
 	return nil
@@ -399,7 +405,11 @@ func (s *Store) JobKey(ctx context.Context, jobID string) (string, error) {
 	if m, err := s.idx.GetLastMsgForSubject(ctx, indexPrefix+jobID); err == nil {
 		return string(m.Data), nil
 	}
-	e, err := s.kv.Get(ctx, jobIndexKey(jobID))
+	var e jetstream.KeyValueEntry
+	err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
+		e, err = s.kv.Get(ctx, jobIndexKey(jobID))
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			return "", fmt.Errorf("kv: job %s: %w", jobID, ErrNotFound)
