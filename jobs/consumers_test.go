@@ -204,3 +204,67 @@ func TestOrphanConsumerExpires(t *testing.T) {
 		})
 	}
 }
+
+// TestJoinRidesOutNoQuorum: a follower joins while CHUNKS (R3) has lost its quorum. Creating
+// its ordered consumer is tried again until a leader is back, and the follower then reads
+// the execution's output from the start. Before, the first failed creation was the answer
+// (a 500 to the client).
+func TestJoinRidesOutNoQuorum(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	_, admin := c.Connect(t)
+	nc, js := c.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, admin, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	job := newJob("quorum")
+	if err := jobs.NewPublisher(admin, job).Publish(ctx, jobs.KindData, 0, []byte("p0")); err != nil {
+		t.Fatal(err)
+	}
+	leader := c.StreamLeader(jobs.ChunksStream)
+	if leader < 0 {
+		t.Fatal("CHUNKS has no leader")
+	}
+	other, survivor := (leader+1)%c.Size(), (leader+2)%c.Size()
+	c.Stop(leader)
+	c.Stop(other)
+	watch, err := nats.Connect(c.URLs()[survivor])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	tries := make(chan *nats.Msg, 64)
+	if _, err := watch.ChanSubscribe("$JS.API.CONSUMER.CREATE."+jobs.ChunksStream+".>", tries); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	node := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{})
+	defer node.Close()
+	type joined struct {
+		fl  *jobs.Follower
+		err error
+	}
+	done := make(chan joined, 1)
+	go func() {
+		fl, err := node.Join(ctx, job.Subject())
+		done <- joined{fl, err}
+	}()
+	for range 2 { // a second creation is the hub trying again
+		testkit.RequireChanRead(t, tries, 20*time.Second)
+	}
+	c.Restart(other)
+	c.Restart(leader)
+	j := testkit.RequireChanRead(t, done, 30*time.Second)
+	if j.err != nil {
+		t.Fatalf("join without quorum, then with: %v, want it to follow once a leader is back", j.err)
+	}
+	defer j.fl.Close()
+	ch, err := j.fl.Next(ctx)
+	if err != nil || string(ch.Payload) != "p0" {
+		t.Fatalf("first chunk %q %v, want p0", ch.Payload, err)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // ErrHubClosed is returned by a Hub (and its followers) after Close.
@@ -247,22 +249,31 @@ func (f *feed) startCore() error {
 }
 
 // startConsumer reads the subject's history and then live chunks through one ordered consumer.
+// A creation that fails with an election's errors is tried again (jsretry): a consumer left
+// by a try whose answer was lost expires after orderedInactive, and delivers to nobody.
 func (f *feed) startConsumer(ctx context.Context) error {
-	cons, err := f.hub.js.OrderedConsumer(ctx, ChunksStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{f.subject},
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		InactiveThreshold: orderedInactive,
+	var src orderedSource
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		cons, err := f.hub.js.OrderedConsumer(ctx, ChunksStream, jetstream.OrderedConsumerConfig{
+			FilterSubjects:    []string{f.subject},
+			DeliverPolicy:     jetstream.DeliverAllPolicy,
+			InactiveThreshold: orderedInactive,
+		})
+		if err != nil {
+			return err
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) { f.deliver(m.Headers(), m.Data()) })
+		if err != nil {
+			// Consume creates the server consumer before it fails on the first pull.
+			deleteOrdered(f.hub.js, f.hub.log, f.subject, cons)
+			return err
+		}
+		src = orderedSource{cons: cons, cc: cc}
+		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("jobs: ordered consumer %s: %w", f.subject, err)
+		return fmt.Errorf("jobs: follow %s: %w", f.subject, err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) { f.deliver(m.Headers(), m.Data()) })
-	if err != nil {
-		// Consume creates the server consumer before it fails on the first pull.
-		deleteOrdered(f.hub.js, f.hub.log, f.subject, cons)
-		return fmt.Errorf("jobs: consume %s: %w", f.subject, err)
-	}
-	src := orderedSource{cons: cons, cc: cc}
 	f.mu.Lock()
 	if f.done { // finished while the consumer was being created: nobody else will delete it
 		f.mu.Unlock()
