@@ -222,25 +222,8 @@ func TestJoinRidesOutNoQuorum(t *testing.T) {
 	if err := jobs.NewPublisher(admin, job).Publish(ctx, jobs.KindData, 0, []byte("p0")); err != nil {
 		t.Fatal(err)
 	}
-	leader := c.StreamLeader(jobs.ChunksStream)
-	if leader < 0 {
-		t.Fatal("CHUNKS has no leader")
-	}
-	other, survivor := (leader+1)%c.Size(), (leader+2)%c.Size()
-	c.Stop(leader)
-	c.Stop(other)
-	watch, err := nats.Connect(c.URLs()[survivor])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close()
-	tries := make(chan *nats.Msg, 64)
-	if _, err := watch.ChanSubscribe("$JS.API.CONSUMER.CREATE."+jobs.ChunksStream+".>", tries); err != nil {
-		t.Fatal(err)
-	}
-	if err := watch.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	leader, other, survivor := c.LoseQuorum(jobs.ChunksStream)
+	tries := c.Watch(survivor, "$JS.API.CONSUMER.CREATE."+jobs.ChunksStream+".>")
 
 	node := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{})
 	defer node.Close()

@@ -34,13 +34,7 @@ func TestUpdateRidesOutElection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leader := c.StreamLeader("KV_" + kv.Bucket)
-	if leader < 0 {
-		t.Fatal("KV_IDEM has no leader")
-	}
-	other, survivor := (leader+1)%c.Size(), (leader+2)%c.Size()
-	c.Stop(leader)
-	c.Stop(other)
+	leader, other, survivor := c.LoseQuorum("KV_" + kv.Bucket)
 
 	short, cancel := context.WithTimeout(ctx, time.Second)
 	_, err = st.Claim(short, "late", pending("o3"))
@@ -49,12 +43,7 @@ func TestUpdateRidesOutElection(t *testing.T) {
 		t.Fatalf("claim without quorum past its window: %v, want ErrUnavailable", err)
 	}
 
-	watch, err := nats.Connect(c.URLs()[survivor])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close()
-	tries := watchWrites(t, watch, "held")
+	tries := c.Watch(survivor, "$KV."+kv.Bucket+".held")
 	updated := make(chan written, 1)
 	done := pending("o1")
 	done.State = kv.Completed
@@ -125,13 +114,7 @@ func TestIndexJobRetriesUntilTheStoreIsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	watch, _ := srv.Conn(t)
-	tries := make(chan *nats.Msg, 256)
-	if _, err := watch.ChanSubscribe("jobidx.job-1", tries); err != nil {
-		t.Fatal(err)
-	}
-	if err := watch.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	tries := testkit.Watch(t, watch, "jobidx.job-1")
 	indexed := make(chan error, 1)
 	go func() { indexed <- st.IndexJob(ctx, "job-1", "key-1", true) }()
 	waitTries(t, tries, 2)
@@ -146,19 +129,10 @@ func TestIndexJobRetriesUntilTheStoreIsBack(t *testing.T) {
 	}
 }
 
-// watchWrites subscribes on nc to key's subject in the bucket: every write is a plain message
-// there, so a core subscriber sees each try, applied or not (and, never answering, makes each
-// one an ambiguous timeout).
+// watchWrites watches key's subject in the bucket: every write is a plain message there.
 func watchWrites(t *testing.T, nc *nats.Conn, key string) <-chan *nats.Msg {
 	t.Helper()
-	tries := make(chan *nats.Msg, 256)
-	if _, err := nc.ChanSubscribe("$KV."+kv.Bucket+"."+key, tries); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return tries
+	return testkit.Watch(t, nc, "$KV."+kv.Bucket+"."+key)
 }
 
 // waitTries waits for n tries. The watcher is itself a responder on the subject, so a write

@@ -90,31 +90,10 @@ func TestCompletedSurvivesIDEMLeaderLoss(t *testing.T) {
 
 	// Take the bucket's leader and one more server away: no quorum, no writes, until one
 	// comes back and a leader is elected (a crash's 4-9 s election, made certain).
-	leader := c.StreamLeader("KV_" + kv.Bucket)
-	if leader < 0 {
-		t.Fatal("KV_IDEM has no leader")
-	}
-	other := (leader + 1) % c.Size()
-	survivor := (leader + 2) % c.Size()
-	c.Stop(leader)
-	c.Stop(other)
-	// The worker's writes are plain messages on the record's subject: a core subscriber on the
-	// surviving server sees every COMPLETED write the worker sends, applied or not (and, never
-	// answering, makes each one an ambiguous timeout).
-	watch, err := nats.Connect(c.URLs()[survivor])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close()
-	tries := make(chan *nats.Msg, 64)
-	sub, err := watch.ChanSubscribe("$KV."+kv.Bucket+"."+key, tries)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe() //nolint:errcheck // closed with the connection
-	if err := watch.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	leader, other, survivor := c.LoseQuorum("KV_" + kv.Bucket)
+	// The worker's writes are plain messages on the record's subject: the survivor's watcher
+	// sees every COMPLETED write the worker sends, applied or not.
+	tries := c.Watch(survivor, "$KV."+kv.Bucket+"."+key)
 	close(gate.open)
 	waitCompletedTries(t, tries, 2)
 

@@ -225,6 +225,33 @@ func (c *Cluster) Formed() error {
 	return nil
 }
 
+// LoseQuorum stops the server leading stream and one more, so the stream has no leader and
+// takes no writes until one of them is back (a crash's 4-9 s election, made certain). It
+// returns the two stopped servers (Restart both; three candidates elect sooner than two) and
+// the survivor's index.
+func (c *Cluster) LoseQuorum(stream string) (leader, other, survivor int) {
+	c.t.Helper()
+	leader = c.StreamLeader(stream)
+	if leader < 0 {
+		c.t.Fatalf("testkit: %s has no leader", stream)
+	}
+	other, survivor = (leader+1)%len(c.nodes), (leader+2)%len(c.nodes)
+	c.Stop(leader)
+	c.Stop(other)
+	return leader, other, survivor
+}
+
+// Watch subscribes to subject on server i with a connection of its own (see testkit.Watch).
+func (c *Cluster) Watch(i int, subject string) <-chan *nats.Msg {
+	c.t.Helper()
+	nc, err := nats.Connect(c.URLs()[i])
+	if err != nil {
+		c.t.Fatalf("testkit: watch %s: %v", subject, err)
+	}
+	c.t.Cleanup(nc.Close)
+	return Watch(c.t, nc, subject)
+}
+
 // MetaLeader is the index of the JetStream meta leader, or -1 when there is none.
 func (c *Cluster) MetaLeader() int {
 	for i, nd := range c.nodes {

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/oncegate/oncegate/internal/testkit/freeport"
 )
 
@@ -41,4 +43,19 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Watch subscribes nc to subject and returns what arrives there: a core subscriber sees every
+// try of a write or an API request sent to that subject, applied or not (and, never
+// answering, makes each one wait for its deadline rather than get "no responders").
+func Watch(t testing.TB, nc *nats.Conn, subject string) <-chan *nats.Msg {
+	t.Helper()
+	tries := make(chan *nats.Msg, 256)
+	if _, err := nc.ChanSubscribe(subject, tries); err != nil {
+		t.Fatalf("testkit: watch %s: %v", subject, err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatalf("testkit: watch %s: %v", subject, err)
+	}
+	return tries
 }
