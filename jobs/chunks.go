@@ -2,6 +2,8 @@ package jobs
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // Kind says what a chunk carries.
@@ -39,6 +43,9 @@ const (
 	hdrAttempts   = "Og-Attempts"
 	hdrDegraded   = "Og-Degraded"
 	hdrRetryAfter = "Og-Retry-After"
+	// hdrWriter names the Publisher that wrote a chunk, so a retry whose first try landed
+	// recognises its own chunk (and never another writer's chunk of the same index).
+	hdrWriter = "Og-Writer"
 )
 
 // Meta says how an answer was obtained; it travels on an execution's first and terminal
@@ -139,6 +146,7 @@ func decodeChunk(h nats.Header, data []byte) (Chunk, error) {
 type Publisher struct {
 	js      jetstream.JetStream
 	subject string
+	writer  string // random: this publisher's chunks carry it in hdrWriter
 	lastSeq uint64
 	next    atomic.Int64 // read by the lease renewer while the writer publishes
 	meta    Meta
@@ -149,7 +157,9 @@ func (p *Publisher) SetMeta(m Meta) { p.meta = m }
 
 // NewPublisher starts writing the execution of job; the subject must still be empty.
 func NewPublisher(js jetstream.JetStream, job *Job) *Publisher {
-	return &Publisher{js: js, subject: job.Subject()}
+	var w [8]byte
+	_, _ = rand.Read(w[:]) // crypto/rand.Read never fails
+	return &Publisher{js: js, subject: job.Subject(), writer: hex.EncodeToString(w[:])}
 }
 
 // Next is the index the next chunk will get (= chunks written so far).
@@ -167,18 +177,99 @@ func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, pay
 		c.Meta = p.meta
 		c.Meta.RetryAfter = retryAfter
 	}
-	ack, err := p.js.PublishMsg(ctx, c.msg(p.subject), jetstream.WithExpectLastSequencePerSubject(p.lastSeq))
-	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+	// An election's errors are retried with the same expected last sequence, so a retry can
+	// never append a chunk twice. A try whose answer was lost may have landed all the same:
+	// its retry is then refused as out of sequence, and the subject's last chunk tells
+	// whether that was this chunk or a fence.
+	msg := c.msg(p.subject)
+	msg.Header.Set(hdrWriter, p.writer)
+	var seq uint64
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		ack, err := p.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(p.lastSeq))
+		if err == nil {
+			seq = ack.Sequence
+			return nil
+		}
+		if !wrongLastSequence(err) {
+			return err
+		}
+		landed, lerr := p.landed(ctx, c.Idx)
+		if lerr != nil {
+			return lerr
+		}
+		if landed == 0 {
 			return fmt.Errorf("%w: %s", ErrFenced, p.subject)
+		}
+		seq = landed
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrFenced) {
+			return err
 		}
 		return fmt.Errorf("jobs: publish chunk %d on %s: %w", c.Idx, p.subject, err)
 	}
-	p.lastSeq = ack.Sequence
+	p.lastSeq = seq
 	p.next.Add(1)
 	return nil
+}
+
+// landed is the stream sequence of chunk idx if this publisher's chunk idx is the subject's
+// last message, 0 if another writer's message is (a fence, or a second owner's chunk). A read that still shows this publisher's previous
+// chunk came from a replica behind its leader: tried again (jsretry.Again).
+func (p *Publisher) landed(ctx context.Context, idx int) (uint64, error) {
+	st, err := p.js.Stream(ctx, ChunksStream)
+	if err != nil {
+		return 0, err
+	}
+	m, err := st.GetLastMsgForSubject(ctx, p.subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, jsretry.Again(fmt.Errorf("jobs: %s: a replica without its chunks yet", p.subject))
+	}
+	if err != nil {
+		return 0, err
+	}
+	if m.Sequence == p.lastSeq {
+		return 0, jsretry.Again(fmt.Errorf("jobs: %s: a replica still at sequence %d", p.subject, m.Sequence))
+	}
+	if c, derr := decodeChunk(m.Header, m.Data); derr == nil && c.Idx == idx && m.Header.Get(hdrWriter) == p.writer {
+		return m.Sequence, nil
+	}
+	return 0, nil
+}
+
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// Announce writes the terminal chunk of epoch of key for an execution whose outcome is stored
+// but whose own terminal chunk may never have been written (its worker died between the
+// two, or NATS stayed unavailable past the retry window): followers end on it instead of
+// waiting. It writes nothing when the subject already ends with a terminal chunk, and reports
+// whether it wrote. A terminal chunk written twice is harmless: followers stop at the first.
+func Announce(ctx context.Context, js jetstream.JetStream, key string, epoch int, c Chunk) (bool, error) {
+	subject := ChunkSubject(key, epoch)
+	st, err := js.Stream(ctx, ChunksStream)
+	if err != nil {
+		return false, fmt.Errorf("jobs: announce %s: %w", subject, err)
+	}
+	m, err := st.GetLastMsgForSubject(ctx, subject)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return false, fmt.Errorf("jobs: announce %s: %w", subject, err)
+	default:
+		if last, derr := decodeChunk(m.Header, m.Data); derr == nil && last.Terminal() {
+			return false, nil
+		}
+	}
+	c.Idx = -1
+	if _, err := js.PublishMsg(ctx, c.msg(subject)); err != nil {
+		return false, fmt.Errorf("jobs: announce %s: %w", subject, err)
+	}
+	return true, nil
 }
 
 // Fence ends epoch of key for good: clients following it get a fence chunk and the old
