@@ -146,15 +146,37 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	if terminal == jobs.KindResult {
 		payload = res.Body
 	}
-	if err := ex.pub.Publish(ctx, terminal, res.Status, payload); err != nil {
-		ex.log.Warn().Err(err).Msg("publishing terminal chunk; followers will read the record")
+	if h := ex.pool.testHookBeforeAnnounce; h != nil && h() {
+		return // the test's worker dies here: outcome stored, no terminal chunk, no ack
 	}
+	announced := ex.announce(ctx, terminal, res.Status, payload, 0)
 	ex.discardChunks()
 	if h := ex.pool.testHookBeforeCharge; h != nil && h() {
 		return // the test's worker dies here: outcome stored and announced, no charge, no ack
 	}
 	ex.chargeFinal()
-	_ = ex.msg.Ack()
+	ex.settle(announced)
+}
+
+// announce publishes the terminal chunk once the outcome is stored. It reports false when it
+// could not (NATS stayed unavailable past the retry window, or the worker is stopping).
+func (ex *execution) announce(ctx context.Context, kind jobs.Kind, status int, payload []byte, retryAfter int) bool {
+	if err := ex.pub.PublishRetry(ctx, kind, status, payload, retryAfter); err != nil {
+		ex.log.Warn().Err(err).Msg("publishing the terminal chunk failed; the job's redelivery will write it")
+		return false
+	}
+	return true
+}
+
+// settle acks the job, or, when its terminal chunk is unwritten, leaves it to be redelivered:
+// the redelivery finds the outcome stored and writes the terminal chunk (Pool.handle), so
+// the copies following the execution are not left waiting for it.
+func (ex *execution) settle(announced bool) {
+	if announced {
+		_ = ex.msg.Ack()
+		return
+	}
+	_ = ex.msg.NakWithDelay(time.Second)
 }
 
 // finishFailed ends an execution that produced no output. The key is released (FAILED,
@@ -173,11 +195,9 @@ func (ex *execution) finishFailed(ctx context.Context, f *failure) {
 	if f.degraded && f.status == http.StatusOK {
 		kind = jobs.KindResult
 	}
-	if err := ex.pub.PublishRetry(ctx, kind, f.status, f.body, f.retryAfter); err != nil {
-		ex.log.Warn().Err(err).Msg("publishing error chunk")
-	}
+	announced := ex.announce(ctx, kind, f.status, f.body, f.retryAfter)
 	ex.discardChunks()
-	_ = ex.msg.Ack()
+	ex.settle(announced)
 }
 
 // finishFailedAfterOutput keeps the partial output: the key is not released (a retry would
@@ -187,12 +207,10 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 		ex.abandon(err)
 		return
 	}
-	if err := ex.pub.Publish(ctx, jobs.KindError, http.StatusOK, res.Body); err != nil {
-		ex.log.Warn().Err(err).Msg("publishing error chunk")
-	}
+	announced := ex.announce(ctx, jobs.KindError, http.StatusOK, res.Body, 0)
 	ex.discardChunks()
 	ex.chargeFinal()
-	_ = ex.msg.Ack()
+	ex.settle(announced)
 }
 
 // discardChunks schedules the removal of this epoch's chunks: the outcome is stored and the

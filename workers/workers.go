@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -88,6 +89,9 @@ type Pool struct {
 	// testHookBeforeCharge, when set (tests), is called after a COMPLETED outcome was stored
 	// and announced; true makes the worker stop there as if it died.
 	testHookBeforeCharge func() bool
+	// testHookBeforeAnnounce, when set (tests), is called after a COMPLETED outcome was stored
+	// and before its terminal chunk; true makes the worker stop there as if it died.
+	testHookBeforeAnnounce func() bool
 }
 
 // New makes a Pool.
@@ -273,10 +277,14 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	if rec.JobID != wire.ID || rec.Epoch != wire.Epoch || rec.State != kv.Pending || rec.Cancelled {
 		if rec.JobID == wire.ID && rec.Epoch >= wire.Epoch && rec.State != kv.Pending {
-			// Finished, but not acked: its worker may have died before charging — also a
-			// taker's, which ran a later epoch from this same message. Charging is
-			// idempotent, so make sure.
+			// Finished, but not acked: its worker may have died before charging or before
+			// writing the terminal chunk — also a taker's, which ran a later epoch from this
+			// same message. Both are idempotent, so make sure.
 			p.charge(ctx, wire.Key, rec, rev, sent.Request, true)
+			if !p.announce(ctx, wire.Key, rec, log) {
+				_ = m.NakWithDelay(time.Second)
+				return
+			}
 		}
 		log.Debug().Str("state", string(rec.State)).Int("record_epoch", rec.Epoch).Msg("stale job; dropping")
 		_ = m.Ack()
@@ -387,4 +395,30 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// announce writes the terminal chunk of rec's epoch, a finished record's, unless the chunk
+// subject already ends with one (see jobs.Announce). It reports false when it could not.
+func (p *Pool) announce(ctx context.Context, key string, rec *kv.Record, log zerolog.Logger) bool {
+	res := rec.Result
+	if res == nil {
+		return true // nothing to announce: a cancellation writes its own terminal chunk
+	}
+	c := jobs.Chunk{Kind: jobs.KindError, Status: res.Status, Payload: res.Body,
+		Meta: jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded}}
+	switch {
+	case rec.State == kv.Completed && rec.Stream:
+		c.Kind, c.Payload = jobs.KindDone, nil
+	case rec.State == kv.Completed, res.Degraded && res.Status == http.StatusOK:
+		c.Kind = jobs.KindResult
+	}
+	wrote, err := jobs.Announce(ctx, p.js, key, rec.Epoch, c)
+	if err != nil {
+		log.Warn().Err(err).Msg("writing the terminal chunk of a finished execution")
+		return false
+	}
+	if wrote {
+		log.Info().Str("state", string(rec.State)).Msg("terminal chunk written for a finished execution (its worker stopped before)")
+	}
+	return true
 }
