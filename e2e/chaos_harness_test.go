@@ -298,7 +298,7 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 		rowSeed = rowSeed*131 + uint64(b)
 	}
 	c := &chaosEnv{t: t, rng: rand.New(rand.NewPCG(*chaosSeed, rowSeed)), bin: oncegateBinary(t), dir: t.TempDir()}
-	c.cluster = testkit.RunCluster(t, 3)
+	c.cluster = testkit.RunCluster(t, 3, chaosClusterOptions(row)...)
 	c.natsURL = strings.Join(c.cluster.URLs(), ",")
 	_, c.js = c.cluster.Connect(t)
 
@@ -356,6 +356,17 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 	c.waitSettled()
 	c.baseConns = c.conns()
 	return c
+}
+
+// chaosClusterOptions are row's cluster options: the flood and the soak (rows 10 and 18)
+// run with nats-server's stock limits, so a consumer leak fails requests as on an operator's
+// stock server (issue 12: 1,000 consumers per stream).
+func chaosClusterOptions(row string) []testkit.ClusterOption {
+	switch row {
+	case "10", "18":
+		return []testkit.ClusterOption{testkit.StockLimits()}
+	}
+	return nil
 }
 
 // writeConfig writes the config file of one process whose backend is at base.
@@ -505,6 +516,7 @@ type attempt struct {
 	node       int
 	status     int
 	outcome    string
+	retry      string // the x-should-retry header
 	raw        []byte
 	err        error
 	start, end time.Time
@@ -550,7 +562,7 @@ func (c *chaosEnv) exchange(sp *intentSpec, stream bool, node int, hook streamHo
 		return a
 	}
 	defer resp.Body.Close()
-	a.status, a.outcome = resp.StatusCode, resp.Header.Get("Oncegate-Idempotency")
+	a.status, a.outcome, a.retry = resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), resp.Header.Get("x-should-retry")
 	if !stream || resp.StatusCode != http.StatusOK {
 		a.raw, a.err = io.ReadAll(resp.Body)
 		return a
