@@ -34,6 +34,7 @@ func TestChaos(t *testing.T) {
 		{"2", chaosAPIKill},
 		{"8", chaosClientReconnect},
 		{"10", chaosFlood},
+		{"18", chaosSoakRow},
 	}
 	var table []string
 	for _, row := range rows {
