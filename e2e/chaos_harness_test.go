@@ -721,7 +721,7 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 			continue
 		}
 		if cr.stream {
-			streams = append(streams, cr.final)
+			streams = append(streams, withoutComments(cr.final))
 		} else {
 			plains = append(plains, cr.final)
 		}
@@ -739,7 +739,7 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 				continue
 			}
 			if stream {
-				streams = append(streams, a.raw)
+				streams = append(streams, withoutComments(a.raw))
 			} else {
 				plains = append(plains, a.raw)
 			}
@@ -806,6 +806,23 @@ func (c *chaosEnv) checkPartial(a attempt, stream bool, want string) error {
 		return fmt.Errorf("the stream ended with no terminal event: %q", tail(a.raw))
 	}
 	return nil
+}
+
+// withoutComments is an SSE body without its comment-only blocks: the heartbeat (": ping")
+// the gateway sends while a stream waits 5 s for its next chunk (a stall in a fault) is no
+// part of the transcript.
+func withoutComments(raw []byte) []byte {
+	var out []byte
+	for _, block := range bytes.SplitAfter(raw, []byte("\n\n")) {
+		comment := len(block) > 0
+		for _, line := range bytes.Split(bytes.TrimRight(block, "\n"), []byte("\n")) {
+			comment = comment && bytes.HasPrefix(line, []byte(":"))
+		}
+		if !comment {
+			out = append(out, block...)
+		}
+	}
+	return out
 }
 
 // trimPartialEvent drops an event cut off by a broken connection (after the last blank line).
