@@ -67,6 +67,7 @@ func chaosFlood(t *testing.T, c *chaosEnv, s *rowStats) {
 
 		outcomes := map[string]int{}
 		creator := -1
+		var trialFollowers []time.Duration
 		for i, cr := range results {
 			a := cr.attempts[0]
 			outcomes[a.outcome]++
@@ -85,6 +86,7 @@ func chaosFlood(t *testing.T, c *chaosEnv, s *rowStats) {
 				creatorTTFB = append(creatorTTFB, ttfb)
 			case cr.stream:
 				followerTTFB = append(followerTTFB, ttfb)
+				trialFollowers = append(trialFollowers, ttfb)
 			default:
 				plainLatency = append(plainLatency, ttfb)
 			}
@@ -94,9 +96,9 @@ func chaosFlood(t *testing.T, c *chaosEnv, s *rowStats) {
 		}
 		if creator >= 0 {
 			cr := results[creator]
-			t.Logf("row 10 trial %d: %d copies, outcomes %v; the creator was a %s copy on %s, its first byte after %s", trial, len(results), outcomes,
-				map[bool]string{true: "stream", false: "non-stream"}[cr.stream], c.apis[cr.attempts[0].node].name,
-				creatorTTFB[len(creatorTTFB)-1].Round(time.Millisecond))
+			t.Logf("row 10 trial %d: %d copies, outcomes %v; the creator was a %s copy on %s, its first byte after %s; the stream followers' first event p50 %s p99 %s",
+				trial, len(results), outcomes, map[bool]string{true: "stream", false: "non-stream"}[cr.stream], c.apis[cr.attempts[0].node].name,
+				creatorTTFB[len(creatorTTFB)-1].Round(time.Millisecond), pct(trialFollowers, 50), pct(trialFollowers, 99))
 		}
 		// I1 (one execution, no takeover), I3 (1,000 identical transcripts, each stream ending
 		// with [DONE], and the replays equal), I5.

@@ -273,7 +273,14 @@ func chaosSoakRow(t *testing.T, c *chaosEnv, s *rowStats) {
 			}
 			s.intents++
 			s.mismatches++
-			s.fail(t, "row 18: intent %q: no client got an answer: %s", p.sp.key, strings.Join(hist, " "))
+			st := send(http.MethodGet, c.apis[0].base+"/v1/idempotency/"+p.sp.key, "", nil)
+			var execs []string
+			for _, ex := range c.rec.of(p.sp.msg) {
+				execs = append(execs, fmt.Sprintf("[worker %d +%s-+%s %d bytes completed %v]", ex.worker,
+					ex.start.Sub(start).Round(time.Millisecond), ex.end.Sub(start).Round(time.Millisecond), ex.bytes, ex.completed))
+			}
+			s.fail(t, "row 18: intent %q: no client got an answer: %s; its record now: %d %s; its backend executions: %v",
+				p.sp.key, strings.Join(hist, " "), st.Status, st.Body, execs)
 			continue
 		}
 		if id := c.checkIntent(s, p.sp, takeoverOK); id != "" {
