@@ -298,7 +298,7 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 		rowSeed = rowSeed*131 + uint64(b)
 	}
 	c := &chaosEnv{t: t, rng: rand.New(rand.NewPCG(*chaosSeed, rowSeed)), bin: oncegateBinary(t), dir: t.TempDir()}
-	c.cluster = testkit.RunCluster(t, 3)
+	c.cluster = testkit.RunCluster(t, 3, chaosClusterOptions(row)...)
 	c.natsURL = strings.Join(c.cluster.URLs(), ",")
 	_, c.js = c.cluster.Connect(t)
 
@@ -356,6 +356,17 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 	c.waitSettled()
 	c.baseConns = c.conns()
 	return c
+}
+
+// chaosClusterOptions are row's cluster options: the flood and the soak (rows 10 and 18)
+// run with nats-server's stock limits, so a consumer leak fails requests as on an operator's
+// stock server (issue 12: 1,000 consumers per stream).
+func chaosClusterOptions(row string) []testkit.ClusterOption {
+	switch row {
+	case "10", "18":
+		return []testkit.ClusterOption{testkit.StockLimits()}
+	}
+	return nil
 }
 
 // writeConfig writes the config file of one process whose backend is at base.
@@ -505,6 +516,7 @@ type attempt struct {
 	node       int
 	status     int
 	outcome    string
+	retry      string // the x-should-retry header
 	raw        []byte
 	err        error
 	start, end time.Time
@@ -550,7 +562,7 @@ func (c *chaosEnv) exchange(sp *intentSpec, stream bool, node int, hook streamHo
 		return a
 	}
 	defer resp.Body.Close()
-	a.status, a.outcome = resp.StatusCode, resp.Header.Get("Oncegate-Idempotency")
+	a.status, a.outcome, a.retry = resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), resp.Header.Get("x-should-retry")
 	if !stream || resp.StatusCode != http.StatusOK {
 		a.raw, a.err = io.ReadAll(resp.Body)
 		return a
@@ -709,7 +721,7 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 			continue
 		}
 		if cr.stream {
-			streams = append(streams, cr.final)
+			streams = append(streams, withoutComments(cr.final))
 		} else {
 			plains = append(plains, cr.final)
 		}
@@ -727,7 +739,7 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 				continue
 			}
 			if stream {
-				streams = append(streams, a.raw)
+				streams = append(streams, withoutComments(a.raw))
 			} else {
 				plains = append(plains, a.raw)
 			}
@@ -794,6 +806,23 @@ func (c *chaosEnv) checkPartial(a attempt, stream bool, want string) error {
 		return fmt.Errorf("the stream ended with no terminal event: %q", tail(a.raw))
 	}
 	return nil
+}
+
+// withoutComments is an SSE body without its comment-only blocks: the heartbeat (": ping")
+// the gateway sends while a stream waits 5 s for its next chunk (a stall in a fault) is no
+// part of the transcript.
+func withoutComments(raw []byte) []byte {
+	var out []byte
+	for _, block := range bytes.SplitAfter(raw, []byte("\n\n")) {
+		comment := len(block) > 0
+		for _, line := range bytes.Split(bytes.TrimRight(block, "\n"), []byte("\n")) {
+			comment = comment && bytes.HasPrefix(line, []byte(":"))
+		}
+		if !comment {
+			out = append(out, block...)
+		}
+	}
+	return out
 }
 
 // trimPartialEvent drops an event cut off by a broken connection (after the last blank line).

@@ -33,6 +33,8 @@ func TestChaos(t *testing.T) {
 		{"1b", chaosWorkerPause},
 		{"2", chaosAPIKill},
 		{"8", chaosClientReconnect},
+		{"10", chaosFlood},
+		{"18", chaosSoakRow},
 	}
 	var table []string
 	for _, row := range rows {

@@ -28,7 +28,18 @@ type Cluster struct {
 	t     testing.TB
 	name  string
 	nodes []*clusterNode
+	// stockLimits keeps nats-server's default JetStream limits (StockLimits).
+	stockLimits bool
 }
+
+// ClusterOption changes how RunCluster configures its servers.
+type ClusterOption func(*Cluster)
+
+// StockLimits keeps nats-server's stock JetStream limits, among them its default of 1,000
+// consumers per stream, instead of lifting the consumer cap as the embedded server does: a
+// cluster that behaves like an operator's stock nats-server, where a consumer leak shows as
+// failed requests.
+func StockLimits() ClusterOption { return func(c *Cluster) { c.stockLimits = true } }
 
 type clusterNode struct {
 	name       string
@@ -40,12 +51,15 @@ type clusterNode struct {
 
 // RunCluster starts n clustered JetStream servers, waits until the routes are up and a
 // JetStream meta leader knows all n peers, and shuts them all down at cleanup.
-func RunCluster(t testing.TB, n int) *Cluster {
+func RunCluster(t testing.TB, n int, opts ...ClusterOption) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("testkit: RunCluster needs at least one server, got %d", n)
 	}
 	c := &Cluster{t: t, name: "oncegate-test"}
+	for _, opt := range opts {
+		opt(c)
+	}
 	// JetStream clustering sizes its meta group from the configured routes, so every server
 	// must know every route port before it starts: they are picked here. The client ports are
 	// the servers' own choice (port 0).
@@ -102,7 +116,9 @@ func (c *Cluster) options(i int) *server.Options {
 		Routes: server.RoutesFromStr(strings.Join(routes, ",")),
 	}
 	// As natsrv does: 2.15 caps consumers per stream at 1,000 by default.
-	o.JetStreamLimits.DefaultMaxConsumers = -1
+	if !c.stockLimits {
+		o.JetStreamLimits.DefaultMaxConsumers = -1
+	}
 	return o
 }
 

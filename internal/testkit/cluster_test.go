@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/testkit"
@@ -73,4 +74,31 @@ func TestClusterSurvivesItsStreamLeader(t *testing.T) {
 	if c.Server(old) == nil {
 		t.Fatal("restarted server reads as stopped")
 	}
+}
+
+// TestClusterStockLimits proves StockLimits keeps nats-server's default consumer cap per
+// stream (1,000), as each server reports its JetStream limits, also after a restart, and
+// that RunCluster without it lifts the cap (-1), as the embedded server does.
+func TestClusterStockLimits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two clusters")
+	}
+	check := func(c *testkit.Cluster, want int) {
+		t.Helper()
+		for i := range c.Size() {
+			info, err := c.Server(i).Jsz(nil)
+			if err != nil {
+				t.Fatalf("server %d: jsz: %v", i, err)
+			}
+			if info.Limits == nil || info.Limits.DefaultMaxConsumers != want {
+				t.Errorf("server %d reports JetStream limits %+v, want default max consumers %d", i, info.Limits, want)
+			}
+		}
+	}
+	stock := testkit.RunCluster(t, 3, testkit.StockLimits())
+	check(stock, server.JSDefaultMaxConsumersPerStream)
+	stock.Stop(1)
+	stock.Restart(1)
+	check(stock, server.JSDefaultMaxConsumersPerStream)
+	check(testkit.RunCluster(t, 3), -1)
 }
