@@ -17,7 +17,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"maps"
@@ -273,12 +272,7 @@ func chaosSoakRow(t *testing.T, c *chaosEnv, s *rowStats) {
 	exchanges := 0
 	var slowest time.Duration
 	var slowestWhat string
-	var knownBug []string
 	for _, p := range plans {
-		if ev := c.lostCompletedAnswer(p.sp); ev != "" {
-			knownBug = append(knownBug, ev)
-			continue
-		}
 		if !slices.ContainsFunc(p.sp.copies, func(cr *copyResult) bool { return cr.final != nil }) {
 			// No client got an answer: there may be no record to check (checkIntent needs one).
 			var hist []string
@@ -378,44 +372,6 @@ func chaosSoakRow(t *testing.T, c *chaosEnv, s *rowStats) {
 		fmtCounts(base), fmtCounts(maxPer), len(samples), failedSamples, soakLag, peakInFlight)
 	t.Logf("row 18: the slowest answer came %s after its generation's length: %s", slowest.Round(time.Millisecond), slowestWhat)
 	c.finishRow(s, jobIDs)
-	if len(knownBug) > 0 && t.Failed() {
-		t.Logf("row 18: besides, %d intents show the known product bug of the skip below: %s", len(knownBug), strings.Join(knownBug, "; "))
-	}
-	if len(knownBug) > 0 && !t.Failed() {
-		t.Skipf("PRODUCT BUG (jobs.Publisher): %d intents lost a complete backend answer to a NATS server restart and their clients never got a terminal event: "+
-			"a chunk publish whose ack was lost in the restart leaves the publisher's expected last sequence behind, so its next publish, and the error chunk "+
-			"after it, are refused as 'execution fenced (epoch taken over)' without any takeover; the worker records FAILED stream_interrupted (partial) and "+
-			"the followers wait with heartbeats (streams until the client gives up, non-stream joiners 504 at their deadline). Every other intent passed I1-I5. "+
-			"Evidence: %s", len(knownBug), strings.Join(knownBug, "; "))
-	}
-}
-
-// lostCompletedAnswer says, for an intent that shows the known product bug of a NATS restart
-// (see the row's skip), its evidence, and "" otherwise: the record FAILED with
-// stream_interrupted and partial output, no takeover, while the recorder saw the backend's
-// answer delivered whole to the worker, and no client got an answer.
-func (c *chaosEnv) lostCompletedAnswer(sp *intentSpec) string {
-	if slices.ContainsFunc(sp.copies, func(cr *copyResult) bool { return cr.final != nil }) {
-		return ""
-	}
-	r := send(http.MethodGet, c.apis[0].base+"/v1/idempotency/"+sp.key, "", nil)
-	var rec struct {
-		State     string `json:"state"`
-		Partial   bool   `json:"partial"`
-		Takeovers int    `json:"takeovers"`
-		Error     struct {
-			Code string `json:"code"`
-		} `json:"error"`
-	}
-	if r.Status != http.StatusOK || json.Unmarshal(r.Body, &rec) != nil ||
-		rec.State != "FAILED" || rec.Error.Code != "stream_interrupted" || !rec.Partial || rec.Takeovers != 0 {
-		return ""
-	}
-	execs := c.rec.of(sp.msg)
-	if len(execs) != 1 || !execs[0].completed || execs[0].faulted {
-		return ""
-	}
-	return fmt.Sprintf("intent %q: its one backend execution (worker %d) read whole, its record %s", sp.key, execs[0].worker, r.Body)
 }
 
 // soakRestart restarts a NATS server, an API process or a worker process (kind 0, 1, 2), a
