@@ -265,9 +265,8 @@ func Announce(ctx context.Context, js jetstream.JetStream, key string, epoch int
 			return false, nil
 		}
 	}
-	c.Idx = -1
-	if _, err := js.PublishMsg(ctx, c.msg(subject)); err != nil {
-		return false, fmt.Errorf("jobs: announce %s: %w", subject, err)
+	if err := terminate(ctx, js, key, epoch, c); err != nil {
+		return false, err
 	}
 	return true, nil
 }
@@ -281,8 +280,19 @@ func Fence(ctx context.Context, js jetstream.JetStream, key string, epoch int) e
 // Terminate writes a terminal chunk to epoch of key from outside its owner (a takeover or a
 // cancellation); like a fence, it makes the owner's next write fail.
 func Terminate(ctx context.Context, js jetstream.JetStream, key string, epoch int, kind Kind, status int, payload []byte) error {
-	c := Chunk{Idx: -1, Kind: kind, Status: status, Payload: payload}
-	if _, err := js.PublishMsg(ctx, c.msg(ChunkSubject(key, epoch))); err != nil {
+	return terminate(ctx, js, key, epoch, Chunk{Kind: kind, Status: status, Payload: payload})
+}
+
+// terminate writes c as a terminal chunk from outside the epoch's owner (index -1). It is
+// retried through an election: a terminal chunk written twice is harmless (followers stop at
+// the first), one never written leaves the epoch's followers waiting.
+func terminate(ctx context.Context, js jetstream.JetStream, key string, epoch int, c Chunk) error {
+	c.Idx = -1
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		_, err := js.PublishMsg(ctx, c.msg(ChunkSubject(key, epoch)))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("jobs: terminate %s epoch %d: %w", key, epoch, err)
 	}
 	return nil

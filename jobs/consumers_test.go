@@ -252,44 +252,57 @@ func TestJoinRidesOutNoQuorum(t *testing.T) {
 	}
 }
 
-// TestPublishRidesOutNoQuorum: a worker's chunk publish made while CHUNKS (R3) has no leader
-// is sent again, with the same expected last sequence, until a leader is back; the chunk is
-// stored once. Before, the first failed publish ended the execution as a broken backend
-// stream (FAILED stream_interrupted, the fault suite's rows 3a and 3b).
+// TestPublishRidesOutNoQuorum: a worker's chunk publish, or a taker's fence, made while CHUNKS
+// (R3) has no leader is sent again until a leader is back, and stored once (the owner's chunk:
+// the same expected last sequence). Before, the first failed publish ended the execution as a
+// broken backend stream (FAILED stream_interrupted, the fault suite's rows 3a and 3b), and a
+// lost fence left the old epoch's followers waiting.
 func TestPublishRidesOutNoQuorum(t *testing.T) {
-	c := testkit.RunCluster(t, 3)
-	_, js := c.Connect(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
-		t.Fatal(err)
+	cases := map[string]func(ctx context.Context, js jetstream.JetStream, job *jobs.Job, pub *jobs.Publisher) error{
+		"chunk": func(ctx context.Context, _ jetstream.JetStream, _ *jobs.Job, pub *jobs.Publisher) error {
+			return pub.Publish(ctx, jobs.KindData, 0, []byte("p1"))
+		},
+		"fence": func(ctx context.Context, js jetstream.JetStream, job *jobs.Job, _ *jobs.Publisher) error {
+			return jobs.Fence(ctx, js, job.Key, job.Epoch)
+		},
 	}
-	job := newJob("publish-quorum")
-	pub := jobs.NewPublisher(js, job)
-	if err := pub.Publish(ctx, jobs.KindData, 0, []byte("p0")); err != nil {
-		t.Fatal(err)
-	}
-	leader, other, survivor := c.LoseQuorum(jobs.ChunksStream)
-	tries := c.Watch(survivor, job.Subject())
-	published := make(chan error, 1)
-	go func() { published <- pub.Publish(ctx, jobs.KindData, 0, []byte("p1")) }()
-	for range 2 { // a second try is the publisher sending it again
-		testkit.RequireChanRead(t, tries, 20*time.Second)
-	}
-	c.Restart(other)
-	c.Restart(leader)
-	if err := testkit.RequireChanRead(t, published, 30*time.Second); err != nil {
-		t.Fatalf("publish without quorum, then with: %v, want it stored", err)
-	}
-	st, err := js.Stream(ctx, jobs.ChunksStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(job.Subject()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := info.State.Subjects[job.Subject()]; n != 2 {
-		t.Fatalf("the subject holds %d chunks, want 2 (p0, p1 once)", n)
+	for name, write := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := testkit.RunCluster(t, 3)
+			_, js := c.Connect(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
+				t.Fatal(err)
+			}
+			job := newJob("publish-quorum")
+			pub := jobs.NewPublisher(js, job)
+			if err := pub.Publish(ctx, jobs.KindData, 0, []byte("p0")); err != nil {
+				t.Fatal(err)
+			}
+			leader, other, survivor := c.LoseQuorum(jobs.ChunksStream)
+			tries := c.Watch(survivor, job.Subject())
+			written := make(chan error, 1)
+			go func() { written <- write(ctx, js, job, pub) }()
+			for range 2 { // a second try is the writer sending it again
+				testkit.RequireChanRead(t, tries, 20*time.Second)
+			}
+			c.Restart(other)
+			c.Restart(leader)
+			if err := testkit.RequireChanRead(t, written, 30*time.Second); err != nil {
+				t.Fatalf("%s without quorum, then with: %v, want it stored", name, err)
+			}
+			st, err := js.Stream(ctx, jobs.ChunksStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := st.Info(ctx, jetstream.WithSubjectFilter(job.Subject()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := info.State.Subjects[job.Subject()]; n != 2 {
+				t.Fatalf("the subject holds %d chunks, want 2 (p0, then the %s once)", n, name)
+			}
+		})
 	}
 }

@@ -55,6 +55,12 @@ type Hub struct {
 // so filling 1,000 consumers with orphans takes ~170 followed executions orphaned per second.
 const orderedInactive = 5 * time.Second
 
+// orderedHeartbeat is how often the server tells an idle follower's consumer it is alive. The
+// consumer is recreated after two missed heartbeats, so this sets how long a follower is stuck
+// when the server holding its consumer restarts: nats.go's default of 5 s made that ~10 s in
+// the fault suite's soak. 2 s costs one small message per idle follower every 2 s.
+const orderedHeartbeat = 2 * time.Second
+
 // deleteTimeout bounds deleting an ended feed's consumer; one that fails (a leader election, a
 // lost connection) is removed by the server after orderedInactive.
 const deleteTimeout = 5 * time.Second
@@ -262,7 +268,8 @@ func (f *feed) startConsumer(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		cc, err := cons.Consume(func(m jetstream.Msg) { f.deliver(m.Headers(), m.Data()) })
+		cc, err := cons.Consume(func(m jetstream.Msg) { f.deliver(m.Headers(), m.Data()) },
+			jetstream.PullHeartbeat(orderedHeartbeat))
 		if err != nil {
 			// Consume creates the server consumer before it fails on the first pull.
 			deleteOrdered(f.hub.js, f.hub.log, f.subject, cons)
