@@ -33,11 +33,15 @@ func TestChaos(t *testing.T) {
 		{"1b", chaosWorkerPause},
 		{"2", chaosAPIKill},
 		{"8", chaosClientReconnect},
+		{"3a", chaosNATSKill},
+		{"3b", chaosNATSPartition},
+		{"3c", chaosPowerLoss},
+		{"3c-1s", chaosPowerLoss},
 	}
 	var table []string
 	for _, row := range rows {
 		t.Run("row "+row.name, func(t *testing.T) {
-			c := startChaos(t, row.name)
+			c := startChaos(t, row.name, natsRowOptions(row.name)...)
 			s := &rowStats{row: row.name}
 			row.run(t, c, s)
 			table = append(table, s.line())
