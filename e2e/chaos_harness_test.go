@@ -35,6 +35,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/config"
@@ -271,7 +272,9 @@ type chaosEnv struct {
 	rng     *rand.Rand
 	bin     string
 	dir     string
-	cluster *testkit.Cluster
+	cluster *testkit.Cluster // the in-process cluster (nil on nats-server processes)
+	procs   *natsProcs       // the nats-server processes (nil in process)
+	nats    chaosNATS        // whichever of the two runs
 	natsURL string
 	js      jetstream.JetStream // the harness's own view of the cluster
 	mock    *proc
@@ -281,11 +284,51 @@ type chaosEnv struct {
 	workers []*gwNode
 	// baseConns is the cluster's client connection count once everything runs (I4).
 	baseConns int
+	// settleI4 bounds waitSettled (chaosSettle unless a row's topology needs longer).
+	settleI4 time.Duration
+}
+
+// chaosNATS is what the harness needs of a NATS cluster, in process (testkit.Cluster) or
+// nats-server processes (natsProcs).
+type chaosNATS interface {
+	URLs() []string
+	Connect(t testing.TB) (*nats.Conn, jetstream.JetStream)
+	// ClientConns is the number of client connections the running servers hold (I4).
+	ClientConns() (int, error)
+}
+
+// inProcNATS is the in-process cluster as a chaosNATS.
+type inProcNATS struct{ *testkit.Cluster }
+
+func (c inProcNATS) ClientConns() (int, error) {
+	n := 0
+	for i := range c.Size() {
+		if s := c.Server(i); s != nil {
+			n += s.NumClients()
+		}
+	}
+	return n, nil
+}
+
+// chaosOption changes a row's topology.
+type chaosOption func(*chaosEnv)
+
+// onNATSProcs runs the row on three nats-server processes with the given JetStream
+// sync_interval, instead of the in-process cluster.
+func onNATSProcs(syncInterval string) chaosOption {
+	return func(c *chaosEnv) {
+		c.procs = runNATSProcs(c.t, syncInterval)
+		c.nats = c.procs
+		// A consumer whose inactivity delete was proposed while the meta leader changed is
+		// deleted by the server's retry, 30-60 s later (consumer.go:2223,
+		// defaultConsumerNotActiveStartInterval 30 s plus up to 30 s of jitter).
+		c.settleI4 = chaosSettle + time.Minute
+	}
 }
 
 // startChaos builds the topology for one row: the cluster, the mock process, the recorder,
 // two API and two worker processes. row seeds the row's random choices.
-func startChaos(t *testing.T, row string) *chaosEnv {
+func startChaos(t *testing.T, row string, opts ...chaosOption) *chaosEnv {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("the fault suite runs real processes")
@@ -297,10 +340,16 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 	for _, b := range []byte(row) {
 		rowSeed = rowSeed*131 + uint64(b)
 	}
-	c := &chaosEnv{t: t, rng: rand.New(rand.NewPCG(*chaosSeed, rowSeed)), bin: oncegateBinary(t), dir: t.TempDir()}
-	c.cluster = testkit.RunCluster(t, 3, chaosClusterOptions(row)...)
-	c.natsURL = strings.Join(c.cluster.URLs(), ",")
-	_, c.js = c.cluster.Connect(t)
+	c := &chaosEnv{t: t, rng: rand.New(rand.NewPCG(*chaosSeed, rowSeed)), bin: oncegateBinary(t), dir: t.TempDir(), settleI4: chaosSettle}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.nats == nil {
+		c.cluster = testkit.RunCluster(t, 3, chaosClusterOptions(row)...)
+		c.nats = inProcNATS{c.cluster}
+	}
+	c.natsURL = strings.Join(c.nats.URLs(), ",")
+	_, c.js = c.nats.Connect(t)
 
 	mockAddr := testkit.FreeAddr(t)
 	c.mock = startProc(t, "mock", c.bin, "mock", "--listen", mockAddr,
@@ -354,7 +403,11 @@ func startChaos(t *testing.T, row string) *chaosEnv {
 		t.FailNow()
 	}
 	c.waitSettled()
-	c.baseConns = c.conns()
+	n, err := c.nats.ClientConns()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.baseConns = n
 	return c
 }
 
@@ -431,17 +484,6 @@ func (c *chaosEnv) signal(n *gwNode, sig syscall.Signal) {
 	}
 }
 
-// conns is the number of client connections the cluster's servers hold.
-func (c *chaosEnv) conns() int {
-	n := 0
-	for i := range c.cluster.Size() {
-		if s := c.cluster.Server(i); s != nil {
-			n += s.NumClients()
-		}
-	}
-	return n
-}
-
 // chunkConsumers is the number of consumers on CHUNKS.
 func (c *chaosEnv) chunkConsumers() (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -461,7 +503,7 @@ func (c *chaosEnv) chunkConsumers() (int, error) {
 // call) the cluster holds as many client connections as at the baseline.
 func (c *chaosEnv) waitSettled() {
 	c.t.Helper()
-	testkit.CheckFor(c.t, chaosSettle, 50*time.Millisecond, func() error {
+	testkit.CheckFor(c.t, c.settleI4, 50*time.Millisecond, func() error {
 		n, err := c.chunkConsumers()
 		if err != nil {
 			return err
@@ -469,7 +511,11 @@ func (c *chaosEnv) waitSettled() {
 		if n != 0 {
 			return fmt.Errorf("I4: %d consumers left on %s", n, jobs.ChunksStream)
 		}
-		if got := c.conns(); c.baseConns != 0 && got != c.baseConns {
+		got, err := c.nats.ClientConns()
+		if err != nil {
+			return err
+		}
+		if c.baseConns != 0 && got != c.baseConns {
 			return fmt.Errorf("I4: the cluster holds %d client connections, %d at the baseline", got, c.baseConns)
 		}
 		return nil
@@ -746,10 +792,13 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 		}
 	}
 	for _, set := range [][][]byte{streams, plains} {
+		if len(set) == 0 {
+			continue // no complete answer of this kind: failed above
+		}
 		for _, b := range set[1:] {
-			if !bytes.Equal(b, set[0]) {
+			if !bytes.Equal(b, set[0]) { // streams are without their heartbeats already
 				s.mismatches++
-				s.fail(t, "I3: intent %q: transcripts differ:\n%q\n%q", sp.key, tail(b), tail(set[0]))
+				s.fail(t, "I3: intent %q: transcripts differ %s", sp.key, firstDiff(b, set[0]))
 			}
 		}
 	}
@@ -766,6 +815,16 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 		}
 	}
 	return jobID
+}
+
+// firstDiff shows where a and b first differ, with some bytes around it.
+func firstDiff(a, b []byte) string {
+	i := 0
+	for i < len(a) && i < len(b) && a[i] == b[i] {
+		i++
+	}
+	from := max(0, i-150)
+	return fmt.Sprintf("at byte %d of %d and %d:\n%q\n%q", i, len(a), len(b), a[from:min(len(a), i+150)], b[from:min(len(b), i+150)])
 }
 
 // checkPartial is I3 for an exchange that may have been cut by the fault: what it holds is

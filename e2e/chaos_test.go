@@ -33,16 +33,21 @@ func TestChaos(t *testing.T) {
 		{"1b", chaosWorkerPause},
 		{"2", chaosAPIKill},
 		{"8", chaosClientReconnect},
+		{"3a", chaosNATSKill},
+		{"3b", chaosNATSPartition},
+		{"3c", chaosPowerLoss},
+		{"3c-1s", chaosPowerLoss},
 		{"10", chaosFlood},
 		{"18", chaosSoakRow},
 	}
 	var table []string
 	for _, row := range rows {
 		t.Run("row "+row.name, func(t *testing.T) {
-			c := startChaos(t, row.name)
+			c := startChaos(t, row.name, natsRowOptions(row.name)...)
 			s := &rowStats{row: row.name}
+			// Deferred: a row that skips (a known product bug) still has its line.
+			defer func() { table = append(table, s.line()) }()
 			row.run(t, c, s)
-			table = append(table, s.line())
 		})
 	}
 	out := fmt.Sprintf("fault suite, seed %d, %d trials per row:\n%s\n%s", *chaosSeed, chaosTrialCount(), chaosTableHeader, strings.Join(table, "\n"))
