@@ -284,6 +284,8 @@ type chaosEnv struct {
 	workers []*gwNode
 	// baseConns is the cluster's client connection count once everything runs (I4).
 	baseConns int
+	// logSeen is how much of each process's log newErrorLines has read.
+	logSeen map[*proc]int
 	// settleI4 bounds waitSettled (chaosSettle unless a row's topology needs longer).
 	settleI4 time.Duration
 }

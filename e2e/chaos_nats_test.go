@@ -101,7 +101,6 @@ func (c *chaosEnv) waitLeader(stream string) int {
 func (c *chaosEnv) natsFaultRow(t *testing.T, s *rowStats, row string, inject func(trial int) (string, func())) {
 	var jobIDs []string
 	var windows []time.Duration
-	var bugs knownBugs
 	for trial := range natsTrialCount(1) {
 		specs := c.trialIntents(row, trial)
 		wait := c.startCopies(specs, func(int) []copyPlan { return c.seededCopies() })
@@ -121,8 +120,8 @@ func (c *chaosEnv) natsFaultRow(t *testing.T, s *rowStats, row string, inject fu
 		t.Logf("row %s trial %d: %s; healed %s after the fault; unavailability window %s, longest time without a successful answer %s, %d of %d probe exchanges failed (%s); %d takeovers",
 			row, trial, what, healed.Sub(at).Round(time.Millisecond), w.window.Round(time.Millisecond), w.gap.Round(time.Millisecond),
 			w.failed, w.exchanges, strings.Join(w.errs, ", "), takeoverCount(t, c, append(specs, probes...)))
-		if bugs.hit(c, row, trial, append(slices.Clone(specs), probes...)) {
-			continue
+		if lines := c.newErrorLines(); lines != "" {
+			t.Logf("row %s trial %d: the gateway processes logged errors:\n%s", row, trial, lines)
 		}
 		c.checkTrial(s, specs, func() {}, takeoverOK, &jobIDs)
 		for _, sp := range probes {
@@ -133,89 +132,21 @@ func (c *chaosEnv) natsFaultRow(t *testing.T, s *rowStats, row string, inject fu
 	}
 	t.Logf("row %s: unavailability window p50 %s p99 %s over %d trials", row, percentile(windows, 50), percentile(windows, 99), len(windows))
 	c.finishRow(s, jobIDs)
-	bugs.skip(t, row)
 }
 
-// knownBugs are the trials that hit one of the product bugs these rows found
-// (see the report of the natsrows branch), with the evidence: the record and the workers'
-// and API nodes' log lines of its job.
-//
-//   - A NATS write of the worker that got no answer during an election (a chunk publish: "no
-//     response from stream") is taken for a broken backend stream: the intent ends FAILED
-//     stream_interrupted although the backend's answer was whole (workers/relay.go finish),
-//     and the same key replays that failure. When the lost publish had landed, the next one's expected last sequence
-//     is wrong and reads as jobs.ErrFenced though nobody took the execution over.
-//   - A client following an execution whose terminal chunk was lost to the election (the
-//     worker logs "publishing terminal chunk; followers will read the record") waits, with
-//     heartbeats, until its own deadline although the record is COMPLETED.
-//
-// A trial that hit one is logged with the evidence and not checked further; the row goes on
-// with its next trial, and skips at its end (after its table line).
-type knownBugs struct{ trials []int }
-
-func (b *knownBugs) hit(c *chaosEnv, row string, trial int, specs []*intentSpec) bool {
-	t := c.t
-	t.Helper()
-	var found []string
-	for _, sp := range specs {
-		var st map[string]any
-		testkit.CheckFor(t, chaosSettle, pollEvery, func() error {
-			if st = idemStatus(t, c.apis[0].base, sp.key, nil); st["state"] == "PENDING" {
-				return fmt.Errorf("intent %q still PENDING", sp.key)
-			}
-			return nil
-		})
-		errm, _ := st["error"].(map[string]any)
-		code, _ := errm["code"].(string)
-		takeovers, _ := st["takeovers"].(float64)
-		jobID, _ := st["job_id"].(string)
-		switch {
-		case st["state"] == "FAILED" && code == "stream_interrupted" && c.backendNeverBroke(sp):
-			found = append(found, fmt.Sprintf("intent %q ended FAILED stream_interrupted at epoch %v after %v takeovers, though every backend call of it was relayed to its end: %v\n%s", sp.key, st["epoch"], takeovers, st, c.jobLog(jobID)))
-		case st["state"] == "COMPLETED":
-			finished, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(st["finished"]))
-			for _, cr := range sp.copies {
-				// Finished within the client's deadline (else it is I5's failure, not this bug).
-				if cr.final == nil && finished.Before(cr.invoked.Add(chaosDeadline)) {
-					found = append(found, fmt.Sprintf("intent %q is COMPLETED (finished %s after the client asked), but the client got no end within its %s deadline: %s\n%s", sp.key, finished.Sub(cr.invoked).Round(time.Millisecond), chaosDeadline, describe(cr.attempts[len(cr.attempts)-1]), c.jobLog(jobID)))
-					break
-				}
-			}
-		}
-	}
-	if len(found) == 0 {
-		return false
-	}
-	b.trials = append(b.trials, trial)
-	t.Logf("PRODUCT BUG (row %s, trial %d), not a harness failure; the trial's checks are skipped:\n%s", row, trial, strings.Join(found, "\n"))
-	return true
-}
-
-func (b *knownBugs) skip(t *testing.T, row string) {
-	t.Helper()
-	if len(b.trials) > 0 {
-		t.Skipf("PRODUCT BUG: row %s trials %v hit a known product bug (logged above); their checks were skipped", row, b.trials)
-	}
-}
-
-// backendNeverBroke says whether every backend call of the intent ran to its end (the
-// recorder relayed the mock's whole answer): a broken stream did not come from the backend.
-func (c *chaosEnv) backendNeverBroke(sp *intentSpec) bool {
-	execs := c.rec.of(sp.msg)
-	for _, ex := range execs {
-		if !ex.ended || !ex.completed {
-			return false
-		}
-	}
-	return len(execs) > 0
-}
-
-// jobLog is every gateway process's log lines that name jobID.
-func (c *chaosEnv) jobLog(jobID string) string {
+// newErrorLines is the error-level log lines of every gateway process since the last call:
+// what a trial's failed probes or checks are to be read with.
+func (c *chaosEnv) newErrorLines() string {
 	var b strings.Builder
 	for _, n := range append(slices.Clone(c.workers), c.apis...) {
-		for _, line := range strings.Split(n.p.log.String(), "\n") {
-			if jobID != "" && strings.Contains(line, jobID) {
+		log := n.p.log.String()
+		if c.logSeen == nil {
+			c.logSeen = map[*proc]int{}
+		}
+		from := min(c.logSeen[n.p], len(log))
+		c.logSeen[n.p] = len(log)
+		for _, line := range strings.Split(log[from:], "\n") {
+			if strings.Contains(line, `"level":"error"`) {
 				fmt.Fprintf(&b, "  %s: %s\n", n.name, line)
 			}
 		}
@@ -409,7 +340,6 @@ func exchangeError(a attempt) string {
 // that reason, and the row reports what it sees.
 func chaosPowerLoss(t *testing.T, c *chaosEnv, s *rowStats) {
 	var jobIDs []string
-	var bugs knownBugs
 	for trial := range natsTrialCount(1) {
 		specs := c.trialIntents(s.row, trial)
 		wait := c.startCopies(specs, func(int) []copyPlan { return c.seededCopies() })
@@ -428,14 +358,12 @@ func chaosPowerLoss(t *testing.T, c *chaosEnv, s *rowStats) {
 		}
 		t.Logf("row %s trial %d: power cut of the 3 servers, healthy again %s later; before it %d records and %d ledger entries acknowledged, %d lost; %d takeovers",
 			s.row, trial, up.Round(time.Millisecond), len(before.records), len(before.ledger), len(lost), takeoverCount(t, c, specs))
-		if bugs.hit(c, s.row, trial, specs) {
-			s.trials++ // its acknowledged writes were checked
-			continue
+		if lines := c.newErrorLines(); lines != "" {
+			t.Logf("row %s trial %d: the gateway processes logged errors:\n%s", s.row, trial, lines)
 		}
 		c.checkTrial(s, specs, func() {}, takeoverOK, &jobIDs)
 	}
 	c.finishRow(s, jobIDs)
-	bugs.skip(t, s.row)
 }
 
 // acked is what the cluster had acknowledged at one moment: every IDEM record's revision,
