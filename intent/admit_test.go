@@ -3,6 +3,7 @@ package intent_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"testing"
 	"time"
 
@@ -339,5 +340,25 @@ func TestBudgetAdmission(t *testing.T) {
 				t.Fatalf("record moved from revision %d to %d", rev, now)
 			}
 		})
+	}
+}
+
+// TestNextReadsTheRecordWhenTheChunkNeverComes: the execution's record is COMPLETED but its
+// terminal chunk was never written (the worker died between the two, or the follower's
+// consumer lost it). A copy waiting on the chunks reads the record after a silence and
+// answers from it, instead of waiting until its deadline.
+func TestNextReadsTheRecordWhenTheChunkNeverComes(t *testing.T) {
+	e := newEnv(t, nil)
+	adm := admit(t, e.core, request("silent-end"))
+	if adm.Outcome != intent.Created {
+		t.Fatalf("outcome %v, want created", adm.Outcome)
+	}
+	e.take(t, adm.Key)
+	e.finishRecord(t, adm.Key, kv.Completed, kv.Result{Status: http.StatusOK, Body: []byte(`{"id":"x"}`)})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := adm.Next(ctx)
+	if !errors.Is(err, intent.ErrFinished) || adm.Rec.State != kv.Completed || string(adm.Rec.Result.Body) != `{"id":"x"}` {
+		t.Fatalf("next: %v, record %+v; want ErrFinished with the COMPLETED record", err, adm.Rec)
 	}
 }

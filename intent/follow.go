@@ -4,17 +4,42 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
 
+// recordCheckEvery is how long Next waits without a chunk before it reads the record: the
+// terminal chunk or the fence of an execution can be missing (its writer died between the
+// record and the chunk, or the follower's consumer lost it in a NATS failure), and the record
+// is the truth. A non-stream execution sends nothing until its end, so its copies read the
+// record this often while it runs (one KV read each, from any replica).
+const recordCheckEvery = 5 * time.Second
+
 // Next returns the next chunk of the execution a follower holds, following a takeover to the
 // new epoch when the caller has received nothing of the old one (the chunk stream restarts at
 // index 0). ErrFinished means: answer from a.Rec, which now holds the finished record.
 func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
+	check := time.NewTimer(recordCheckEvery)
+	defer check.Stop()
 	for {
-		ch, err := a.fl.Next(ctx)
+		ch, ok, err := a.fl.NextOr(ctx, check.C)
+		if !ok && err == nil { // silence: what does the record say?
+			check.Reset(recordCheckEvery)
+			rec, _, gerr := a.core.store.Get(ctx, a.Key)
+			switch {
+			case gerr != nil: // unreadable now: keep waiting for the chunk
+			case rec.State != kv.Pending:
+				a.Rec = rec
+				return ch, ErrFinished
+			case a.Rec != nil && rec.Epoch != a.Rec.Epoch: // taken over; the fence never came
+				if err := a.follow(ctx, rec); err != nil {
+					return ch, err
+				}
+			}
+			continue
+		}
 		if errors.Is(err, jobs.ErrHistoryLost) {
 			rec, _, gerr := a.core.store.Get(ctx, a.Key)
 			if gerr == nil && rec.State != kv.Pending {
@@ -38,13 +63,22 @@ func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
 		if rec.State != kv.Pending {
 			return ch, ErrFinished
 		}
-		a.fl.Close()
-		fl, jerr := a.core.hub.Join(ctx, jobs.ChunkSubject(a.Key, rec.Epoch))
-		if jerr != nil {
-			return ch, ErrInterrupted
+		if err := a.follow(ctx, rec); err != nil {
+			return ch, err
 		}
-		a.fl = fl
 	}
+}
+
+// follow switches to the chunks of rec's epoch (the execution was taken over).
+func (a *Admission) follow(ctx context.Context, rec *kv.Record) error {
+	a.Rec = rec
+	a.fl.Close()
+	fl, err := a.core.hub.Join(ctx, jobs.ChunkSubject(a.Key, rec.Epoch))
+	if err != nil {
+		return ErrInterrupted
+	}
+	a.fl = fl
+	return nil
 }
 
 // Record reads the record of key as stored now.

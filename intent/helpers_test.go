@@ -162,6 +162,20 @@ func (e *env) take(t *testing.T, key string) *jobs.Job {
 // writeFinal writes it), then the terminal chunk ends the feed.
 func (e *env) finish(t *testing.T, key string, state kv.State, res kv.Result) {
 	t.Helper()
+	rec := e.finishRecord(t, key, state, res)
+	kind := jobs.KindResult
+	if state == kv.Failed {
+		kind = jobs.KindError
+	}
+	if err := jobs.NewPublisher(e.srv.JS, intent.JobOf(key, rec)).Publish(context.Background(), kind, res.Status, res.Body); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// finishRecord is finish without the terminal chunk (a worker that died between the two); it
+// returns the record as it was before.
+func (e *env) finishRecord(t *testing.T, key string, state kv.State, res kv.Result) *kv.Record {
+	t.Helper()
 	ctx := context.Background()
 	rec, rev := e.get(t, key)
 	next := *rec
@@ -171,13 +185,7 @@ func (e *env) finish(t *testing.T, key string, state kv.State, res kv.Result) {
 	if _, err := e.store.Update(ctx, key, &next, rev); err != nil {
 		t.Fatal(err)
 	}
-	kind := jobs.KindResult
-	if state == kv.Failed {
-		kind = jobs.KindError
-	}
-	if err := jobs.NewPublisher(e.srv.JS, intent.JobOf(key, rec)).Publish(ctx, kind, res.Status, res.Body); err != nil {
-		t.Fatal(err)
-	}
+	return rec
 }
 
 // publisher writes the chunks of the current epoch of key's record, as its worker would.
