@@ -765,7 +765,9 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 		}
 		if cr.final == nil {
 			s.mismatches++
-			s.fail(t, "I3: intent %q: a client got no complete answer within its deadline: %d exchanges, last %s", sp.key, len(cr.attempts), describe(cr.attempts[len(cr.attempts)-1]))
+			s.fail(t, "I3: intent %q: a client (stream %v) got no complete answer within its deadline: %d exchanges, last %s; the record: job %s, epoch %v, %v takeovers, created %s, finished %s",
+				sp.key, cr.stream, len(cr.attempts), describe(cr.attempts[len(cr.attempts)-1]), jobID, st["epoch"], st["takeovers"],
+				created.Format(time.RFC3339Nano), finished.Format(time.RFC3339Nano))
 			continue
 		}
 		if cr.stream {
