@@ -22,6 +22,8 @@ import (
 
 // clusterNode is one node of the README's cluster as this test runs it.
 type clusterNode struct {
+	name       string
+	args       []string
 	p          *proc
 	base       string // http://host:port
 	natsURL    string // its --nats-listen
@@ -44,74 +46,11 @@ func TestReadmeCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs three oncegate processes")
 	}
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
+	nodes := readmeClusterNodes(t)
+	for _, n := range nodes {
+		n.start(t)
 	}
-	blocks := fencedBlocks(readmeSection(t, string(readme), "## Cluster"), "sh")
-	if len(blocks) == 0 {
-		t.Fatal("the README's Cluster section has no sh block")
-	}
-	cmds := shellCommands(blocks[:1])
-	if len(cmds) != 3 {
-		t.Fatalf("the README's cluster block has %d commands, want the three nodes':\n%s", len(cmds), strings.Join(commandLines(cmds), "\n"))
-	}
-	const goRun = "go run ./cmd/oncegate "
-	ports := map[string]string{} // README port -> free port
-	used := map[string]bool{}
-	portRE := regexp.MustCompile(`127\.0\.0\.1:(\d+)`)
-	dirRE := regexp.MustCompile(`\./data/[A-Za-z0-9_-]+`)
-	dir := t.TempDir()
-	bin := oncegateBinary(t)
-	nodes := make([]*clusterNode, len(cmds))
-	host, _ := os.Hostname()
-	for i, c := range cmds {
-		if !strings.HasPrefix(c.line, goRun) {
-			t.Fatalf("command %d is %q, want one starting %q", i+1, c.line, goRun)
-		}
-		line := portRE.ReplaceAllStringFunc(c.line, func(hp string) string {
-			p := strings.TrimPrefix(hp, "127.0.0.1:")
-			for ports[p] == "" {
-				// FreeAddr finds a free port but holds none: two asks may draw the same one.
-				_, free, _ := net.SplitHostPort(testkit.FreeAddr(t))
-				if !used[free] {
-					ports[p], used[free] = free, true
-				}
-			}
-			return "127.0.0.1:" + ports[p]
-		})
-		line = dirRE.ReplaceAllStringFunc(line, func(d string) string { return filepath.Join(dir, filepath.Base(d)) })
-		args := strings.Fields(strings.TrimPrefix(line, goRun))
-		n := &clusterNode{
-			base:    "http://" + flagValue(t, args, "--listen"),
-			natsURL: "nats://" + flagValue(t, args, "--nats-listen"),
-		}
-		_, routePort, _ := net.SplitHostPort(flagValue(t, args, "--nats-cluster-listen"))
-		n.serverName = host + "-" + routePort
-		t.Logf("node %d: oncegate %s", i+1, strings.Join(args, " "))
-		n.p = startProc(t, fmt.Sprintf("node %d", i+1), bin, args...)
-		nodes[i] = n
-	}
-	for i, n := range nodes {
-		testkit.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
-			if n.p.exited() {
-				t.Fatalf("node %d exited: %v\n%s", i+1, n.p.err, n.p.log.String())
-			}
-			// The HTTP port is bound before the node waits for the cluster: ask briefly.
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.base+"/readyz", nil)
-			resp, err := httpClient.Do(req)
-			if err != nil {
-				return fmt.Errorf("node %d not ready: %w", i+1, err)
-			}
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("node %d not ready: /readyz %d", i+1, resp.StatusCode)
-			}
-			return nil
-		})
-	}
+	waitClusterReady(t, nodes)
 
 	// One intent through all three nodes.
 	body := chatBody("oncegate-mock", "one intent, three nodes", "")
@@ -327,4 +266,92 @@ func killable(t *testing.T, nodes []*clusterNode) int {
 		}
 	}
 	return 0
+}
+
+// readmeClusterNodes is the README's three cluster commands (its "Cluster" section's first sh
+// block) as the arguments of the built binary: every 127.0.0.1 port they name is replaced by
+// a free port (the same free port wherever the README repeats it, so the routes still name
+// the route ports), and each ./data/... directory by a temporary one. Nothing else changes.
+func readmeClusterNodes(t *testing.T) []*clusterNode {
+	t.Helper()
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := fencedBlocks(readmeSection(t, string(readme), "## Cluster"), "sh")
+	if len(blocks) == 0 {
+		t.Fatal("the README's Cluster section has no sh block")
+	}
+	cmds := shellCommands(blocks[:1])
+	if len(cmds) != 3 {
+		t.Fatalf("the README's cluster block has %d commands, want the three nodes':\n%s", len(cmds), strings.Join(commandLines(cmds), "\n"))
+	}
+	const goRun = "go run ./cmd/oncegate "
+	ports := map[string]string{} // README port -> free port
+	used := map[string]bool{}
+	portRE := regexp.MustCompile(`127\.0\.0\.1:(\d+)`)
+	dirRE := regexp.MustCompile(`\./data/[A-Za-z0-9_-]+`)
+	dir := t.TempDir()
+	nodes := make([]*clusterNode, len(cmds))
+	host, _ := os.Hostname()
+	for i, c := range cmds {
+		if !strings.HasPrefix(c.line, goRun) {
+			t.Fatalf("command %d is %q, want one starting %q", i+1, c.line, goRun)
+		}
+		line := portRE.ReplaceAllStringFunc(c.line, func(hp string) string {
+			p := strings.TrimPrefix(hp, "127.0.0.1:")
+			for ports[p] == "" {
+				// FreeAddr finds a free port but holds none: two asks may draw the same one.
+				_, free, _ := net.SplitHostPort(testkit.FreeAddr(t))
+				if !used[free] {
+					ports[p], used[free] = free, true
+				}
+			}
+			return "127.0.0.1:" + ports[p]
+		})
+		line = dirRE.ReplaceAllStringFunc(line, func(d string) string { return filepath.Join(dir, filepath.Base(d)) })
+		args := strings.Fields(strings.TrimPrefix(line, goRun))
+		n := &clusterNode{
+			name:    fmt.Sprintf("node %d", i+1),
+			base:    "http://" + flagValue(t, args, "--listen"),
+			natsURL: "nats://" + flagValue(t, args, "--nats-listen"),
+		}
+		_, routePort, _ := net.SplitHostPort(flagValue(t, args, "--nats-cluster-listen"))
+		n.serverName = host + "-" + routePort
+		n.args = args
+		nodes[i] = n
+	}
+	return nodes
+}
+
+// start runs the node's process.
+func (n *clusterNode) start(t *testing.T) {
+	t.Helper()
+	t.Logf("%s: oncegate %s", n.name, strings.Join(n.args, " "))
+	n.p = startProc(t, n.name, oncegateBinary(t), n.args...)
+}
+
+// waitClusterReady waits until every node's /readyz answers 200.
+func waitClusterReady(t *testing.T, nodes []*clusterNode) {
+	t.Helper()
+	for i, n := range nodes {
+		testkit.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
+			if n.p.exited() {
+				t.Fatalf("node %d exited: %v\n%s", i+1, n.p.err, n.p.log.String())
+			}
+			// The HTTP port is bound before the node waits for the cluster: ask briefly.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, n.base+"/readyz", nil)
+			resp, err := httpClient.Do(req)
+			if err != nil {
+				return fmt.Errorf("node %d not ready: %w", i+1, err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("node %d not ready: /readyz %d", i+1, resp.StatusCode)
+			}
+			return nil
+		})
+	}
 }

@@ -203,16 +203,30 @@ const clusterSetupWindow = time.Minute
 // ensureResourcesRetried is the setup (resources.ensure), retried on a cluster node while a
 // JetStream request times out: the nodes create the same streams at once, and nats-server
 // answers a stream request only from the stream's leader, so a request for a stream whose
-// creation by another node is in flight goes unanswered. Every step is idempotent.
+// creation by another node is in flight goes unanswered. A refusal to place the replicas is
+// retried too: a node starts once a majority has formed, and an R3 stream needs all three
+// (CI saw "no suitable peers for placement, peer offline" from all three nodes at once).
+// Every step is idempotent; past the window, the error is the start's one line.
 func (g *Gateway) ensureResourcesRetried(ctx context.Context) error {
 	deadline := time.Now().Add(clusterSetupWindow)
 	for {
 		err := g.res.ensure(ctx)
-		if err == nil || !g.cfg.NATS.Cluster.Enabled() || ctx.Err() != nil || time.Now().After(deadline) ||
-			!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, nats.ErrNoResponders) {
+		if err == nil || !g.cfg.NATS.Cluster.Enabled() || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}
-		g.log.Info().Err(err).Msg("JetStream setup timed out while the cluster settles: retrying")
+		switch {
+		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
+			g.log.Info().Err(err).Msg("JetStream setup timed out while the cluster settles: retrying")
+		case replicas.PeersMissing(err):
+			g.log.Info().Err(err).Msg("JetStream cannot place the replicas until every node has joined: retrying")
+			select {
+			case <-ctx.Done():
+				return err
+			case <-time.After(500 * time.Millisecond):
+			}
+		default:
+			return err
+		}
 	}
 }
 

@@ -44,6 +44,14 @@ func (e *Error) Error() string {
 		e.Stream, e.Want, e.Cause)
 }
 
+// PeersMissing reports whether err is a cluster refusing a count for want of peers (too few
+// servers up, or too little room), not a single server: on a cluster that is still forming,
+// a node whose peers have not all joined yet gets it, and it passes once they have.
+func PeersMissing(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && !e.single
+}
+
 // Is makes errors.Is(err, ErrReplicas) true.
 func (e *Error) Is(target error) bool { return target == ErrReplicas }
 
