@@ -87,8 +87,20 @@ func TestClusterForms(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3}); err != nil {
-		t.Fatalf("R3 stream on a freshly started cluster: %v", err)
+	// Start returns once the meta leader is elected and this node's view is current; the
+	// leader may not have heard from every peer yet, and refuses an R3 placement meanwhile
+	// ("no suitable peers for placement, peer offline", seen in CI), as the gateway's start
+	// knows and retries.
+	for try := 0; ; try++ {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R3", Subjects: []string{"r3.>"}, Replicas: 3})
+		var apiErr *jetstream.APIError
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10005 || try == 100 {
+			t.Fatalf("R3 stream on a freshly started cluster: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	nc2, err := nodes[2].Connect("test")
 	if err != nil {
