@@ -21,12 +21,17 @@ const recordCheckEvery = 5 * time.Second
 // new epoch when the caller has received nothing of the old one (the chunk stream restarts at
 // index 0). ErrFinished means: answer from a.Rec, which now holds the finished record.
 func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
-	check := time.NewTimer(recordCheckEvery)
-	defer check.Stop()
+	// One timer per admission, not per chunk: a non-stream copy of a streamed execution calls
+	// Next for every chunk.
+	if a.check == nil {
+		a.check = time.NewTimer(recordCheckEvery)
+	} else {
+		a.check.Reset(recordCheckEvery)
+	}
 	for {
-		ch, ok, err := a.fl.NextOr(ctx, check.C)
+		ch, ok, err := a.fl.NextOr(ctx, a.check.C)
 		if !ok && err == nil { // silence: what does the record say?
-			check.Reset(recordCheckEvery)
+			a.check.Reset(recordCheckEvery)
 			rec, _, gerr := a.core.store.Get(ctx, a.Key)
 			switch {
 			case gerr != nil: // unreadable now: keep waiting for the chunk

@@ -159,6 +159,7 @@ type Admission struct {
 	core   *Core
 	fl     *jobs.Follower // created, joined, bypassed; nil for a replay
 	settle func()         // ends a new execution's budget reservation; nil otherwise
+	check  *time.Timer    // Next's record check after a silence; stopped by Close
 }
 
 // Follower is the live feed of the execution; nil for a replay (answer from Rec).
@@ -168,6 +169,9 @@ func (a *Admission) Follower() *jobs.Follower { return a.fl }
 func (a *Admission) Close() {
 	if a.fl != nil {
 		a.fl.Close()
+	}
+	if a.check != nil {
+		a.check.Stop()
 	}
 }
 
