@@ -123,14 +123,7 @@ func takeover(t *testing.T, zombieChunks int) {
 		}
 	}()
 
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := <-batch.Messages()
-	if msg == nil {
-		t.Fatalf("zombie: no job delivered: %v", batch.Error())
-	}
+	msg := fetchJob(t, cons)
 	wire, err := jobs.Decode(msg.Headers(), msg.Data())
 	if err != nil {
 		t.Fatal(err)

@@ -182,20 +182,26 @@ func sendStream(c *fiber.Ctx, w wire, events, usage []byte, includeUsage bool, f
 }
 
 // streamLive writes an SSE stream that follows the execution live. It runs after the handler
-// returned, so it captures only owned values.
+// returned, so it captures only owned values. A stream whose terminal chunk never comes ends
+// from the record (recordend.go).
 func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, first jobs.Chunk) {
 	out := &sseWriter{}
 	includeUsage, log, jobID, w := g.includeUsage, s.log, adm.JobID, wireOf(g.API)
+	intents, key, epoch := s.intents, adm.Key, adm.Rec.Epoch
 	out.live(c, adm.Follower(), s.writeTimeout, func() {
 		defer adm.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
+		var sent liveSent
+		idle := recordCheck(ctx, intents, key, epoch)
 		for ch := first; ; {
 			var err error
 			switch ch.Kind {
 			case jobs.KindData:
+				sent.data(ch.Payload)
 				err = out.write(w.chunkEvents(ch, includeUsage))
 			case jobs.KindUsage:
+				sent.usage = true
 				if includeUsage {
 					err = out.write(ch.Payload)
 				}
@@ -212,11 +218,28 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 			if err != nil {
 				return // client gone; the execution goes on for its other copies
 			}
-			if ch, err = out.nextChunk(ctx); err != nil {
-				if !errors.Is(err, errClientGone) { // never a silent end
-					log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-					_ = out.end(w.errorFrame(w.interrupted()))
+			if ch, err = out.nextChunk(ctx, idle); err != nil {
+				if errors.Is(err, errClientGone) {
+					return
 				}
+				rec, ended := endedRecord(err)
+				if !ended && !errors.Is(err, context.DeadlineExceeded) { // the feed ended: the record may say how
+					rec, _ = intents.Record(ctx, key)
+				}
+				if rec != nil {
+					if tail, ok := w.tail(rec, epoch, &sent, includeUsage); ok {
+						log.Info().Str(fieldJobID, jobID).Str("state", string(rec.State)).Msg("stream follower ended from the record: its terminal chunk never came")
+						_ = out.end(tail)
+						return
+					}
+				}
+				// Never a silent end: taken over after this client got output, or cut.
+				log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
+				frame := w.interrupted()
+				if rec != nil && rec.Epoch != epoch {
+					frame = w.restarted()
+				}
+				_ = out.end(w.errorFrame(frame))
 				return
 			}
 		}
@@ -266,7 +289,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 	}
 	var failure []byte
 	if rec.State == kv.Failed {
-		failure = res.Body
+		failure = failureBody(w, res)
 	}
 	return sendStream(c, w, events, usage, g.includeUsage, failure)
 }

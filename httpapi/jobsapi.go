@@ -212,28 +212,40 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 		return err
 	}
 	out := eventStream(after)
-	core, log, w := s.intents, s.log, wireOf(rec.API)
+	core, log, w, epoch := s.intents, s.log, wireOf(rec.API), rec.Epoch
 	out.live(c, fl, s.writeTimeout, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
+		// A terminal chunk that never comes: the record says how the epoch ended (recordend.go).
+		idle := func() error { return recordCheck(ctx, core, key, epoch)() }
 		for {
-			ch, err := out.nextChunk(ctx)
-			if err != nil && !errors.Is(err, jobs.ErrEnded) && !errors.Is(err, jobs.ErrHubClosed) {
+			ch, err := out.nextChunk(ctx, idle)
+			rec, ended := endedRecord(err)
+			if err != nil && !ended && !errors.Is(err, jobs.ErrEnded) && !errors.Is(err, jobs.ErrHubClosed) {
 				return // client gone or out of time
 			}
 			if err != nil || ch.Kind == jobs.KindFence {
-				// Taken over, or the feed ended: follow the new epoch if this client got nothing
-				// yet; whatever is written from here on ends the stream.
-				rec, gerr := core.Record(ctx, key)
-				if gerr == nil && out.next == 0 {
-					if rec.State == kv.Pending {
-						out.follow(nil)
-						var fl *jobs.Follower
-						if fl, err = core.Follow(ctx, key, rec.Epoch); err == nil {
-							out.follow(fl)
-							continue
-						}
-					} else if events, ferr := finishedEvents(rec); ferr == nil {
+				// Taken over, the feed ended, or the record says the execution ended: follow
+				// the new epoch if this client got nothing of this one, end from the record if
+				// it finished this epoch (or this client got nothing yet); anything else ends
+				// the stream with an error event.
+				if !ended {
+					rec, _ = core.Record(ctx, key)
+				}
+				switch {
+				case rec == nil:
+				case rec.State == kv.Pending && out.next == 0:
+					out.follow(nil)
+					var fl *jobs.Follower
+					if fl, err = core.Follow(ctx, key, rec.Epoch); err == nil {
+						out.follow(fl)
+						epoch = rec.Epoch
+						continue
+					}
+				case rec.State != kv.Pending && (out.next == 0 || rec.Epoch == epoch):
+					if events, ferr := finishedEvents(rec); ferr == nil {
+						// The events sent so far are the record's first ones: skip them.
+						out.after, out.next = max(out.after, out.next-1), 0
 						_ = out.end(events)
 						return
 					}

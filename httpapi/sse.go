@@ -117,8 +117,10 @@ var pingFrame = []byte(": ping\n\n")
 var errClientGone = errors.New("httpapi: client gone")
 
 // nextChunk waits for the follower's next chunk, sending a comment heartbeat while it waits so
-// a disconnected client is noticed.
-func (o *sseWriter) nextChunk(ctx context.Context) (jobs.Chunk, error) {
+// a disconnected client is noticed. After each heartbeat idle, when set, is asked whether to
+// go on waiting: its error ends the wait (a record that says the execution ended, although
+// its terminal chunk never came).
+func (o *sseWriter) nextChunk(ctx context.Context, idle func() error) (jobs.Chunk, error) {
 	for {
 		if o.fl.Ready() {
 			return o.fl.Next(ctx)
@@ -135,6 +137,11 @@ func (o *sseWriter) nextChunk(ctx context.Context) (jobs.Chunk, error) {
 		}
 		if err := o.send(true, pingFrame); err != nil {
 			return ch, fmt.Errorf("%w: %w", errClientGone, err)
+		}
+		if idle != nil {
+			if err := idle(); err != nil {
+				return ch, err
+			}
 		}
 	}
 }

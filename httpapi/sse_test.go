@@ -54,7 +54,7 @@ func newSSERig(t *testing.T) *sseRig {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			for {
-				ch, err := out.nextChunk(ctx)
+				ch, err := out.nextChunk(ctx, nil)
 				if err != nil {
 					r.ended <- err
 					return
