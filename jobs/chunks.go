@@ -33,6 +33,12 @@ const (
 	KindError Kind = "error"
 	// KindFence ends an epoch that was taken over: the execution restarted under a new epoch.
 	KindFence Kind = "fence"
+	// KindStored ends a streamed epoch whose outcome is in its record but whose output chunks
+	// may not all be on the subject (they were lost with a NATS failure, or written by an
+	// owner that died): written from outside the owner, which cannot know how many chunks a
+	// follower should have. A follower's feed ends with ErrStored and it answers from the
+	// record.
+	KindStored Kind = "stored"
 )
 
 const (
@@ -92,7 +98,7 @@ func (c Chunk) Shared(derive func([]byte) []byte) []byte {
 // Terminal reports whether the chunk ends its execution's stream.
 func (c Chunk) Terminal() bool {
 	switch c.Kind {
-	case KindResult, KindDone, KindError, KindFence:
+	case KindResult, KindDone, KindError, KindFence, KindStored:
 		return true
 	}
 	return false

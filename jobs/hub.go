@@ -304,6 +304,10 @@ func (f *feed) deliver(h nats.Header, data []byte) {
 		return
 	}
 	switch {
+	case c.Kind == KindStored: // the outcome is in the record; the chunks may not hold all of it
+		f.mu.Unlock()
+		f.finish(ErrStored)
+		return
 	case c.Idx == -1 && c.Terminal(): // written by a taker or a canceller, not the owner
 		c.Idx = len(f.chunks)
 	case c.Idx < len(f.chunks):
@@ -403,6 +407,11 @@ type Follower struct {
 
 // ErrEnded is returned by Next when the feed ended without a terminal chunk.
 var ErrEnded = errors.New("jobs: execution feed ended")
+
+// ErrStored is returned by Next after a KindStored chunk: the outcome is in the record, and
+// the chunks may not hold all of it. It is an ErrEnded, so whoever reads the record when a
+// feed ends does so here too.
+var ErrStored = fmt.Errorf("%w: the outcome is stored in the record", ErrEnded)
 
 // Next returns the next chunk, waiting for it until ctx ends. After a terminal chunk the
 // follower has nothing more; calling Next again returns ErrEnded.

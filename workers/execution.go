@@ -46,6 +46,10 @@ type execution struct {
 	// progress is what the status API reads while the execution runs (progress.go).
 	progress progress
 
+	// feedLost is the chunk publish that failed for a reason other than a fence: from it on
+	// the output goes to the record only (see relay.publish).
+	feedLost error
+
 	backend   string // the backend that answered
 	attempts  int    // backend attempts made (retries, fallbacks, continuations)
 	ambiguous int    // attempts written and ended without an answer
@@ -161,6 +165,13 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 // announce publishes the terminal chunk once the outcome is stored. It reports false when it
 // could not (NATS stayed unavailable past the retry window, or the worker is stopping).
 func (ex *execution) announce(ctx context.Context, kind jobs.Kind, status int, payload []byte, retryAfter int) bool {
+	if ex.feedLost != nil { // the subject may not hold every output chunk: followers read the record
+		if _, err := jobs.Announce(ctx, ex.pool.js, ex.job.Key, ex.job.Epoch, jobs.Chunk{Kind: jobs.KindStored, Meta: ex.meta()}); err != nil {
+			ex.log.Warn().Err(err).Msg("announcing the stored outcome failed; the job's redelivery will write it")
+			return false
+		}
+		return true
+	}
 	if err := ex.pub.PublishRetry(ctx, kind, status, payload, retryAfter); err != nil {
 		ex.log.Warn().Err(err).Msg("publishing the terminal chunk failed; the job's redelivery will write it")
 		return false

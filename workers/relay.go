@@ -58,9 +58,27 @@ func (r *relay) flush(ctx context.Context) error {
 	if len(r.pending) == 0 {
 		return nil
 	}
-	err := r.ex.pub.Publish(ctx, jobs.KindData, 0, r.pending)
+	err := r.publish(ctx, jobs.KindData, r.pending)
 	r.pending = nil
 	return err
+}
+
+// publish writes one output chunk. A fence ends the execution (its epoch was taken over);
+// any other failure (NATS stayed unavailable past the retry window, CHUNKS lost with a
+// restart) loses the live feed but not the answer: the stream is read from the backend to
+// its end and stored, no further chunk is written (a follower must never see a gap), and
+// the followers answer from the record (execution.announce writes jobs.KindStored).
+func (r *relay) publish(ctx context.Context, kind jobs.Kind, payload []byte) error {
+	if r.ex.feedLost != nil {
+		return nil
+	}
+	err := r.ex.pub.Publish(ctx, kind, 0, payload)
+	if err == nil || errors.Is(err, jobs.ErrFenced) || ctx.Err() != nil {
+		return err
+	}
+	r.ex.feedLost = err
+	r.ex.log.Warn().Err(err).Int("chunks", r.ex.pub.Next()).Msg("live feed lost; reading the backend to the end, followers answer from the record")
+	return nil
 }
 
 // sseEvent is one event read from a backend stream (err ends the stream).
@@ -216,7 +234,7 @@ func (r *relay) transform(event string, data []byte, continued, first bool) ([]b
 			if err := r.flush(ctx); err != nil {
 				return err
 			}
-			return r.ex.pub.Publish(ctx, jobs.KindUsage, 0, frame)
+			return r.publish(ctx, jobs.KindUsage, frame)
 		}
 	}
 	if continued {

@@ -398,7 +398,9 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 }
 
 // announce writes the terminal chunk of rec's epoch, a finished record's, unless the chunk
-// subject already ends with one (see jobs.Announce). It reports false when it could not.
+// subject already ends with one (see jobs.Announce). It reports false when it could not. A
+// streamed output is announced as stored (jobs.KindStored): whoever writes it cannot know
+// whether every output chunk is on the subject, so followers answer from the record.
 func (p *Pool) announce(ctx context.Context, key string, rec *kv.Record, log zerolog.Logger) bool {
 	res := rec.Result
 	if res == nil {
@@ -407,8 +409,8 @@ func (p *Pool) announce(ctx context.Context, key string, rec *kv.Record, log zer
 	c := jobs.Chunk{Kind: jobs.KindError, Status: res.Status, Payload: res.Body,
 		Meta: jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded}}
 	switch {
-	case rec.State == kv.Completed && rec.Stream:
-		c.Kind, c.Payload = jobs.KindDone, nil
+	case rec.Stream && (rec.State == kv.Completed && res.Status == http.StatusOK || res.Partial):
+		c.Kind, c.Payload = jobs.KindStored, nil
 	case rec.State == kv.Completed, res.Degraded && res.Status == http.StatusOK:
 		c.Kind = jobs.KindResult
 	}

@@ -1,0 +1,137 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/backend"
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// TestLostFeedKeepsTheAnswer: CHUNKS is lost in the middle of a stream (the memory stream
+// of a NATS cluster that lost power, recreated empty): the worker's next chunk can never be
+// written. The answer is not lost with it: the worker reads the backend to the end, stores
+// COMPLETED with every frame, and ends the epoch with a stored-outcome chunk (no further
+// output chunk, so no follower sees a gap): a follower's feed ends with jobs.ErrStored. Before,
+// the execution ended FAILED stream_interrupted although its backend had answered in full.
+func TestLostFeedKeepsTheAnswer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	r := newCrashRig(t, ctx)
+	paced, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
+		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 12, InterToken: config.Duration(100 * time.Millisecond)},
+		Breaker: config.Breaker{MinRequests: 1000}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.opts.Backends = map[string]Backend{"mock": paced}
+	hub := jobs.NewHub(r.srv.NC, r.srv.JS, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true})
+	defer hub.Close()
+	defer r.run(ctx, New(r.srv.JS, r.store, r.opts))()
+
+	// The control: the same request with nothing lost.
+	control := r.submitStream(t, ctx, "feed-kept")
+	want := waitFinished(t, ctx, r.store, "feed-kept", control)
+
+	const key = "feed-lost"
+	rec := r.submitStream(t, ctx, key)
+	fl, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	if ch, err := fl.Next(ctx); err != nil || ch.Kind != jobs.KindData {
+		t.Fatalf("first chunk %+v, %v; want output", ch, err)
+	}
+	if err := r.srv.JS.DeleteStream(ctx, jobs.ChunksStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.EnsureStreams(ctx, r.srv.JS, jobs.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+
+	got := waitFinished(t, ctx, r.store, key, rec)
+	if got.State != kv.Completed || got.Result.Partial {
+		t.Fatalf("record %s (partial %v), want COMPLETED: the backend answered in full", got.State, got.Result.Partial)
+	}
+	if g, w := content(t, got), content(t, want); g != w {
+		t.Fatalf("stored answer %q, want the control's %q", g, w)
+	}
+	// The first follower's consumer resumes past the sequences of the recreated stream, so it
+	// learns the outcome from the record (httpapi's idle check, intent.Admission.Next); one
+	// that follows the epoch now is told by the stored-outcome chunk.
+	fl.Close()
+	late, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if ch, err := late.Next(ctx); !errors.Is(err, jobs.ErrStored) {
+		t.Fatalf("a follower of the epoch after the loss: chunk %+v, %v; want jobs.ErrStored (no output chunk was written after the loss)", ch, err)
+	}
+}
+
+// submitStream claims key for a stream intent and submits its job, as an API node does.
+func (r *crashRig) submitStream(t *testing.T, ctx context.Context, key string) *kv.Record {
+	t.Helper()
+	now := time.Now()
+	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
+		Created: now, EpochStarted: now, LeaseUntil: now.Add(2 * time.Second), Progress: kv.ProgressQueued,
+		Model: "oncegate-mock", Backends: []string{"mock"}, Stream: true,
+		Request: json.RawMessage(`{"model":"oncegate-mock","stream":true,"messages":[{"role":"user","content":"c"}]}`)}
+	rev, err := r.store.Claim(ctx, key, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job, err := intent.Job(key, rec, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.Submit(ctx, r.srv.JS, job); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// waitFinished waits until key's record of rec's epoch is finished.
+func waitFinished(t *testing.T, ctx context.Context, store *kv.Store, key string, rec *kv.Record) *kv.Record {
+	t.Helper()
+	for {
+		got, _, err := store.Get(ctx, key)
+		if err == nil && got.State != kv.Pending && got.Epoch == rec.Epoch {
+			return got
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not finished: %+v %v", key, got, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// content is the assistant text of a finished stream record.
+func content(t *testing.T, rec *kv.Record) string {
+	t.Helper()
+	body, err := openaiwire.Assemble(rec.Result.Events, rec.Result.UsageEvent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(body, &out); err != nil || len(out.Choices) != 1 || out.Choices[0].Message.Content == "" {
+		t.Fatalf("assembled %s: %v", body, err)
+	}
+	return out.Choices[0].Message.Content
+}
