@@ -55,11 +55,25 @@ func newCrashRig(t *testing.T, ctx context.Context) *crashRig {
 // submit claims key for a non-stream intent and submits its job, as an API node does.
 func (r *crashRig) submit(t *testing.T, ctx context.Context, key string) *kv.Record {
 	t.Helper()
+	return r.submitIntent(t, ctx, key, false)
+}
+
+// submitStream is submit for a stream intent.
+func (r *crashRig) submitStream(t *testing.T, ctx context.Context, key string) *kv.Record {
+	t.Helper()
+	return r.submitIntent(t, ctx, key, true)
+}
+
+func (r *crashRig) submitIntent(t *testing.T, ctx context.Context, key string, stream bool) *kv.Record {
+	t.Helper()
 	now := time.Now()
+	body := `{"model":"oncegate-mock","messages":[{"role":"user","content":"c"}]}`
+	if stream {
+		body = `{"model":"oncegate-mock","stream":true,"messages":[{"role":"user","content":"c"}]}`
+	}
 	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
 		Created: now, EpochStarted: now, LeaseUntil: now.Add(2 * time.Second), Progress: kv.ProgressQueued,
-		Model: "oncegate-mock", Backends: []string{"mock"},
-		Request: json.RawMessage(`{"model":"oncegate-mock","messages":[{"role":"user","content":"c"}]}`)}
+		Model: "oncegate-mock", Backends: []string{"mock"}, Stream: stream, Request: json.RawMessage(body)}
 	rev, err := r.store.Claim(ctx, key, rec)
 	if err != nil {
 		t.Fatal(err)

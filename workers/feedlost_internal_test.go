@@ -9,7 +9,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/openaiwire"
@@ -78,28 +77,6 @@ func TestLostFeedKeepsTheAnswer(t *testing.T) {
 	if ch, err := late.Next(ctx); !errors.Is(err, jobs.ErrStored) {
 		t.Fatalf("a follower of the epoch after the loss: chunk %+v, %v; want jobs.ErrStored (no output chunk was written after the loss)", ch, err)
 	}
-}
-
-// submitStream claims key for a stream intent and submits its job, as an API node does.
-func (r *crashRig) submitStream(t *testing.T, ctx context.Context, key string) *kv.Record {
-	t.Helper()
-	now := time.Now()
-	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
-		Created: now, EpochStarted: now, LeaseUntil: now.Add(2 * time.Second), Progress: kv.ProgressQueued,
-		Model: "oncegate-mock", Backends: []string{"mock"}, Stream: true,
-		Request: json.RawMessage(`{"model":"oncegate-mock","stream":true,"messages":[{"role":"user","content":"c"}]}`)}
-	rev, err := r.store.Claim(ctx, key, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	job, err := intent.Job(key, rec, rev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := jobs.Submit(ctx, r.srv.JS, job); err != nil {
-		t.Fatal(err)
-	}
-	return rec
 }
 
 // waitFinished waits until key's record of rec's epoch is finished.
