@@ -24,44 +24,34 @@ import (
 
 const chaosIntents = 3 // intents per trial
 
-// powerLossGap is what row 3c finds: after all three servers lose power, the memory streams
-// (CHUNKS, JOBS, the job index, PROGRESS, status) are gone with every server's copy. The
-// gateway recreates them, but an execution running across the cut fails its next chunk
-// publish and ends FAILED stream_interrupted although its backend answered in full, and a
-// stream copy that was mid-stream waits with heartbeats until its client gives up (its
-// consumer resumes at a sequence the recreated stream does not have).
-// strandedStreamGap is what row 3b still finds now and then (CI, 20:17 UTC): a stream copy
-// that is mid-stream when the partition loses its execution's terminal chunk waits with
-// heartbeats until its client gives up, although the record is COMPLETED. A copy that has
-// not started streaming reads the record (intent.Admission.Next); a streaming one does not yet.
-const strandedStreamGap = "a partition can strand a live stream copy whose terminal chunk was lost (its record is COMPLETED)"
-
-const powerLossGap = "a whole-cluster power loss fails the executions running across it (stream_interrupted) and strands their live stream copies"
+// powerControl is why row 3c-1s runs in the long suite only: it is 3c's control (the file
+// store synced every second instead of on every write), the same code path at another
+// server setting, and a minute of CI time.
+const powerControl = "3c's control (sync: 1s); the same code path as 3c, a minute of CI time"
 
 func TestChaos(t *testing.T) {
 	rows := []struct {
 		name string
 		run  func(t *testing.T, c *chaosEnv, s *rowStats)
-		// failing says why a row fails today: it runs with -chaos.long only, so the short
-		// suite (CI) stays green while the row shows the gap (RELIABILITY.md).
-		failing string
+		// longOnly says why a row runs with -chaos.long only.
+		longOnly string
 	}{
 		{name: "1", run: chaosWorkerKill},
 		{name: "1b", run: chaosWorkerPause},
 		{name: "2", run: chaosAPIKill},
 		{name: "8", run: chaosClientReconnect},
 		{name: "3a", run: chaosNATSKill},
-		{name: "3b", run: chaosNATSPartition, failing: strandedStreamGap},
-		{name: "3c", run: chaosPowerLoss, failing: powerLossGap},
-		{name: "3c-1s", run: chaosPowerLoss, failing: powerLossGap},
+		{name: "3b", run: chaosNATSPartition},
+		{name: "3c", run: chaosPowerLoss},
+		{name: "3c-1s", run: chaosPowerLoss, longOnly: powerControl},
 		{name: "10", run: chaosFlood},
 		{name: "18", run: chaosSoakRow},
 	}
 	var table []string
 	for _, row := range rows {
 		t.Run("row "+row.name, func(t *testing.T) {
-			if row.failing != "" && !*chaosLong {
-				t.Skipf("fails today, runs with -chaos.long: %s", row.failing)
+			if row.longOnly != "" && !*chaosLong {
+				t.Skipf("runs with -chaos.long only: %s", row.longOnly)
 			}
 			c := startChaos(t, row.name, natsRowOptions(row.name)...)
 			s := &rowStats{row: row.name}
