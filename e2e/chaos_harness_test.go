@@ -27,7 +27,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -568,6 +567,7 @@ type attempt struct {
 	raw        []byte
 	err        error
 	start, end time.Time
+	first      time.Time // the response's headers arrived (a stream's first event had)
 }
 
 // copyResult is one client's history for one intent (Jepsen-style: every exchange).
@@ -610,6 +610,7 @@ func (c *chaosEnv) exchange(sp *intentSpec, stream bool, node int, hook streamHo
 		return a
 	}
 	defer resp.Body.Close()
+	a.first = time.Now()
 	a.status, a.outcome, a.retry = resp.StatusCode, resp.Header.Get("Oncegate-Idempotency"), resp.Header.Get("x-should-retry")
 	if !stream || resp.StatusCode != http.StatusOK {
 		a.raw, a.err = io.ReadAll(resp.Body)
@@ -672,6 +673,7 @@ type rowStats struct {
 	maxCharges int // net charges per intent, max
 	mismatches int // transcripts that differ from the others or are incomplete
 	longestGap time.Duration
+	reconnects []time.Duration // per client the fault cut off: first failure to first byte of its answer
 	added      []time.Duration
 	violations []string
 }
@@ -777,6 +779,8 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 		}
 		if !sp.faultAt.IsZero() && cr.done.After(sp.faultAt) && len(cr.attempts) > 1 {
 			s.longestGap = max(s.longestGap, cr.done.Sub(sp.faultAt))
+			// A client the fault cut off: from its failed exchange to its answer's first byte.
+			s.reconnects = append(s.reconnects, cr.attempts[len(cr.attempts)-1].first.Sub(cr.attempts[0].end))
 		}
 		s.added = append(s.added, cr.done.Sub(cr.invoked)-sp.gen)
 	}
@@ -1000,23 +1004,18 @@ func (c *chaosEnv) finishRow(s *rowStats, jobIDs []string) {
 	s.log(c.t)
 }
 
-func (s *rowStats) p99() time.Duration {
-	if len(s.added) == 0 {
-		return 0
-	}
-	d := slices.Clone(s.added)
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[min(len(d)-1, len(d)*99/100)]
-}
-
 func (s *rowStats) log(t *testing.T) {
 	t.Helper()
+	if len(s.reconnects) > 0 {
+		t.Logf("row %s: clients cut off by the fault, from the failed exchange to the first byte of the answer on a retry: p50 %s p99 %s max %s over %d clients",
+			s.row, percentile(s.reconnects, 50), percentile(s.reconnects, 99), percentile(s.reconnects, 100), len(s.reconnects))
+	}
 	t.Logf("CHAOS %s", s.line())
 }
 
 func (s *rowStats) line() string {
 	return fmt.Sprintf("| %s | %d | %d | %d | %d | %d | %d | %d | %s | %s | %d |", s.row, s.trials, s.maxExec, s.duplicates,
-		s.ackedLost, s.maxCharges, s.mismatches, s.aborted, s.longestGap.Round(time.Millisecond), s.p99().Round(time.Millisecond), len(s.violations))
+		s.ackedLost, s.maxCharges, s.mismatches, s.aborted, s.longestGap.Round(time.Millisecond), percentile(s.added, 99), len(s.violations))
 }
 
 const chaosTableHeader = "| row | trials | executions per intent (max) | duplicates | acknowledged answers lost | charges per intent (max) | transcript mismatches | aborted attempts | longest time without a successful answer | p99 added latency | violations |\n" +
