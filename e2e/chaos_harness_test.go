@@ -668,6 +668,7 @@ type rowStats struct {
 	intents    int
 	maxExec    int // completed backend executions per intent, max
 	duplicates int // completed executions no takeover explains
+	reexecuted int // completed executions after the first that a takeover explains
 	aborted    int // backend executions that did not complete (ambiguous attempts)
 	ackedLost  int
 	maxCharges int // net charges per intent, max
@@ -736,6 +737,7 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 		}
 	}
 	s.maxExec = max(s.maxExec, completed)
+	s.reexecuted += max(0, completed-1)
 	s.aborted += aborted
 	allowed := 1
 	if amb == takeoverOK {
@@ -1014,9 +1016,9 @@ func (s *rowStats) log(t *testing.T) {
 }
 
 func (s *rowStats) line() string {
-	return fmt.Sprintf("| %s | %d | %d | %d | %d | %d | %d | %d | %s | %s | %d |", s.row, s.trials, s.maxExec, s.duplicates,
+	return fmt.Sprintf("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s | %d |", s.row, s.trials, s.maxExec, s.duplicates, s.reexecuted,
 		s.ackedLost, s.maxCharges, s.mismatches, s.aborted, s.longestGap.Round(time.Millisecond), percentile(s.added, 99), len(s.violations))
 }
 
-const chaosTableHeader = "| row | trials | executions per intent (max) | duplicates | acknowledged answers lost | charges per intent (max) | transcript mismatches | aborted attempts | longest time without a successful answer | p99 added latency | violations |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|"
+const chaosTableHeader = "| row | trials | executions per intent (max) | duplicates | re-executed after a takeover | acknowledged answers lost | charges per intent (max) | transcript mismatches | aborted attempts | longest time without a successful answer | p99 added latency | violations |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|"
