@@ -500,6 +500,31 @@ func (c *chaosEnv) chunkConsumers() (int, error) {
 	return info.State.Consumers, nil
 }
 
+// describeChunkConsumers says what the consumers on CHUNKS are: name, filter, created, last
+// activity and where they live (what a consumer left behind is to be read with).
+func (c *chaosEnv) describeChunkConsumers() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := c.js.Stream(ctx, jobs.ChunksStream)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	infos := s.ListConsumers(ctx)
+	for ci := range infos.Info() {
+		where := ""
+		if ci.Cluster != nil {
+			where = ci.Cluster.Leader
+		}
+		out = append(out, fmt.Sprintf("%s (filter %s, created %s, last delivery %v, inactive threshold %s, leader %q)",
+			ci.Name, ci.Config.FilterSubject, ci.Created.Format(time.RFC3339Nano), ci.Delivered.Last, ci.Config.InactiveThreshold, where))
+	}
+	if err := infos.Err(); err != nil {
+		out = append(out, "listing: "+err.Error())
+	}
+	return strings.Join(out, "; ")
+}
+
 // waitSettled is I4: no CHUNKS consumer is left once nothing runs, and (after the first
 // call) the cluster holds as many client connections as at the baseline.
 func (c *chaosEnv) waitSettled() {
@@ -510,7 +535,7 @@ func (c *chaosEnv) waitSettled() {
 			return err
 		}
 		if n != 0 {
-			return fmt.Errorf("I4: %d consumers left on %s", n, jobs.ChunksStream)
+			return fmt.Errorf("I4: %d consumers left on %s: %s", n, jobs.ChunksStream, c.describeChunkConsumers())
 		}
 		got, err := c.nats.ClientConns()
 		if err != nil {
@@ -668,6 +693,7 @@ type rowStats struct {
 	intents    int
 	maxExec    int // completed backend executions per intent, max
 	duplicates int // completed executions no takeover explains
+	reexecuted int // completed executions after the first that a takeover explains
 	aborted    int // backend executions that did not complete (ambiguous attempts)
 	ackedLost  int
 	maxCharges int // net charges per intent, max
@@ -736,6 +762,7 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 		}
 	}
 	s.maxExec = max(s.maxExec, completed)
+	s.reexecuted += max(0, completed-1)
 	s.aborted += aborted
 	allowed := 1
 	if amb == takeoverOK {
@@ -1014,9 +1041,9 @@ func (s *rowStats) log(t *testing.T) {
 }
 
 func (s *rowStats) line() string {
-	return fmt.Sprintf("| %s | %d | %d | %d | %d | %d | %d | %d | %s | %s | %d |", s.row, s.trials, s.maxExec, s.duplicates,
+	return fmt.Sprintf("| %s | %d | %d | %d | %d | %d | %d | %d | %d | %s | %s | %d |", s.row, s.trials, s.maxExec, s.duplicates, s.reexecuted,
 		s.ackedLost, s.maxCharges, s.mismatches, s.aborted, s.longestGap.Round(time.Millisecond), percentile(s.added, 99), len(s.violations))
 }
 
-const chaosTableHeader = "| row | trials | executions per intent (max) | duplicates | acknowledged answers lost | charges per intent (max) | transcript mismatches | aborted attempts | longest time without a successful answer | p99 added latency | violations |\n" +
-	"|---|---|---|---|---|---|---|---|---|---|---|"
+const chaosTableHeader = "| row | trials | executions per intent (max) | duplicates | re-executed after a takeover | acknowledged answers lost | charges per intent (max) | transcript mismatches | aborted attempts | longest time without a successful answer | p99 added latency | violations |\n" +
+	"|---|---|---|---|---|---|---|---|---|---|---|---|"

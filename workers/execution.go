@@ -271,9 +271,26 @@ func (ex *execution) leaseLeft() time.Time {
 	return time.Now().Add(max(left, jsretry.PerTry))
 }
 
+// finalRetry is the least time a finished outcome's write is retried, whatever the lease: a
+// server restart and the election after it (up to 15 s in the fault suite's row 3a) can
+// outlast a short lease, and nobody can take the execution over while the store is
+// unavailable anyway. A write past the lease is safe: it expects the revision this worker
+// holds, so a taker's write fences it.
+const finalRetry = 30 * time.Second
+
+// finalDeadline is until when the outcome's write is retried: the lease, and at least
+// finalRetry.
+func (ex *execution) finalDeadline() time.Time {
+	if until, least := ex.leaseLeft(), time.Now().Add(finalRetry); until.After(least) {
+		return until
+	}
+	return time.Now().Add(finalRetry)
+}
+
 // writeFinal stores the outcome. A finished answer is never thrown away for one failed write:
 // a transient NATS failure (an election, a reconnect) is retried with the same expected
-// revision while the lease lasts; only a conflict (fenced) or the lease running out ends it.
+// revision while the lease lasts, and at least finalRetry; only a conflict (fenced) or that
+// deadline ends it.
 func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Result) error {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
@@ -285,7 +302,7 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 		finish = ex.rec.Failed
 	}
 	next := finish(ex.pool.opts.Now(), res, ex.done())
-	if err := ex.update(ctx, next, ex.leaseLeft()); err != nil {
+	if err := ex.update(ctx, next, ex.finalDeadline()); err != nil {
 		if errors.Is(err, kv.ErrConflict) {
 			ex.rec = nil
 		}

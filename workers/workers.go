@@ -86,6 +86,11 @@ type Pool struct {
 	// charge sweep need not read them (chargesweep.go).
 	chargedMu sync.Mutex
 	charged   map[string]chargedAt
+	// runningMu guards running: the keys whose execution this pool runs now, so that the
+	// redelivery of a job it still works on (its in-progress acks failed while JOBS was
+	// unavailable) is never taken over by the same pool.
+	runningMu sync.Mutex
+	running   map[string]int
 	// testHookBeforeCharge, when set (tests), is called after a COMPLETED outcome was stored
 	// and announced; true makes the worker stop there as if it died.
 	testHookBeforeCharge func() bool
@@ -112,7 +117,7 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 		opts.ChargeGrace = 30 * time.Second
 	}
 	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases(),
-		charged: map[string]chargedAt{}}
+		charged: map[string]chargedAt{}, running: map[string]int{}}
 	if opts.DiscardChunksAfter > 0 {
 		p.discard = jobs.NewDiscarder(js, opts.DiscardChunksAfter, opts.Log)
 	}
@@ -292,8 +297,14 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	job := intent.JobOf(wire.Key, rec)
 	if mdErr == nil && md.NumDelivered > 1 {
-		// A redelivery: the previous holder stopped acking. Take over only once its lease ran out.
+		// A redelivery: the previous holder stopped acking. Take over only once its lease ran
+		// out, and never from ourselves: this pool's execution may still be retrying its
+		// outcome's write past its lease (finalRetry).
 		now := p.opts.Now()
+		if p.runs(wire.Key) {
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
 		if !rec.LeaseExpired(now) {
 			_ = m.NakWithDelay(rec.LeaseUntil.Sub(now) + 100*time.Millisecond)
 			return
@@ -309,7 +320,27 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		log.Warn().Int("previous_epoch", wire.Epoch).Msg("took over execution after lease expiry")
 	}
 	ex := &execution{pool: p, job: job, msg: m, rec: rec, rev: rev, log: log}
+	p.setRunning(job.Key, true)
+	defer p.setRunning(job.Key, false)
 	ex.run(ctx)
+}
+
+// runs reports whether this pool runs key's execution now.
+func (p *Pool) runs(key string) bool {
+	p.runningMu.Lock()
+	defer p.runningMu.Unlock()
+	_, ok := p.running[key]
+	return ok
+}
+
+func (p *Pool) setRunning(key string, on bool) {
+	p.runningMu.Lock()
+	defer p.runningMu.Unlock()
+	if on {
+		p.running[key]++
+	} else if p.running[key]--; p.running[key] <= 0 {
+		delete(p.running, key)
+	}
 }
 
 // Log field names.
@@ -379,6 +410,9 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		// A job still in JOBS will run, or be redelivered after its AckWait: not ours to re-drive.
 		if queued, err := jobs.Queued(ctx, p.js, e.Key); err != nil || queued {
 			continue
+		}
+		if p.runs(e.Key) {
+			continue // ours, still retrying its outcome's write past the lease (finalRetry)
 		}
 		rec, rev, err := p.store.Get(ctx, e.Key)
 		if err != nil || !rec.LeaseExpired(now) || rec.Cancelled {

@@ -37,7 +37,9 @@ const (
 
 // Transient reports whether err is a JetStream failure a retry of the same request may cure:
 // no answer in time, nobody to answer (no leader, a reconnect), or the server saying so (503,
-// 10008 cluster not available, 10009 not leader, 10163 last sequence not ready).
+// 10008 cluster not available, 10009 not leader, 10163 last sequence not ready, 10158 the
+// same message id still in process: a retry after a lost answer came before its first try
+// was applied).
 func Transient(err error) bool {
 	if err == nil {
 		return false
@@ -53,7 +55,8 @@ func Transient(err error) bool {
 		return false
 	}
 	switch apiErr.ErrorCode {
-	case jsErrClusterNotAvailable, jsErrClusterNotLeader, jsErrLastSeqNotReady, jsErrClusterIncomplete:
+	case jsErrClusterNotAvailable, jsErrClusterNotLeader, jsErrLastSeqNotReady, jsErrClusterIncomplete,
+		jsErrDuplicateInProcess: // an earlier try with this Nats-Msg-Id is still being applied
 		return true
 	case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount,
 		jsErrStoreFailed, jsErrInsufficientResources:
@@ -70,6 +73,7 @@ const (
 	jsErrInsufficientResources jetstream.ErrorCode = 10023
 	jsErrStoreFailed           jetstream.ErrorCode = 10077
 	jsErrLastSeqNotReady       jetstream.ErrorCode = 10163
+	jsErrDuplicateInProcess    jetstream.ErrorCode = 10158 // a 409
 )
 
 // Ambiguous reports whether a failed request may still have been applied: its answer did not

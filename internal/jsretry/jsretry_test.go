@@ -35,6 +35,7 @@ func TestTransient(t *testing.T) {
 		{"cluster not available 10008", apiErr(503, 10008), true, false},
 		{"not leader 10009", apiErr(500, 10009), true, false},
 		{"last sequence not ready 10163", apiErr(503, 10163), true, false},
+		{"duplicate message id in process 10158", apiErr(409, 10158), true, false},
 		{"other 503", apiErr(503, 0), true, false},
 		{"again", jsretry.Again(errors.New("stale replica")), true, false},
 		{"wrong last sequence 10071", apiErr(400, jetstream.JSErrCodeStreamWrongLastSequence), false, false},
