@@ -281,10 +281,11 @@ const finalRetry = 30 * time.Second
 // finalDeadline is until when the outcome's write is retried: the lease, and at least
 // finalRetry.
 func (ex *execution) finalDeadline() time.Time {
-	if until, least := ex.leaseLeft(), time.Now().Add(finalRetry); until.After(least) {
+	until, least := ex.leaseLeft(), time.Now().Add(finalRetry)
+	if until.After(least) {
 		return until
 	}
-	return time.Now().Add(finalRetry)
+	return least
 }
 
 // writeFinal stores the outcome. A finished answer is never thrown away for one failed write:
