@@ -184,7 +184,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 	}
 	switch rec.State {
 	case kv.Pending:
-		if rec.LeaseExpired(now) && !c.stillQueued(ctx, req.Key) {
+		if c.store.Abandoned(ctx, rec, now, c.opts.Lease) && !c.stillQueued(ctx, req.Key) {
 			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, now, c.opts.Lease)
 			if err != nil {
 				return nil, err

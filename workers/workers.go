@@ -305,8 +305,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
-		if !rec.LeaseExpired(now) {
-			_ = m.NakWithDelay(rec.LeaseUntil.Sub(now) + 100*time.Millisecond)
+		if !p.store.Abandoned(ctx, rec, now, p.opts.Lease) {
+			// Not yet: the lease runs, or ran out while the records had no leader (kv.Abandoned).
+			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), 0) + 100*time.Millisecond)
 			return
 		}
 		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, now, p.opts.Lease)
@@ -415,7 +416,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 			continue // ours, still retrying its outcome's write past the lease (finalRetry)
 		}
 		rec, rev, err := p.store.Get(ctx, e.Key)
-		if err != nil || !rec.LeaseExpired(now) || rec.Cancelled {
+		if err != nil || !p.store.Abandoned(ctx, rec, now, p.opts.Lease) || rec.Cancelled {
 			continue
 		}
 		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, now, p.opts.Lease)
