@@ -16,11 +16,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/resilience"
+	"github.com/oncegate/oncegate/internal/tracing"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -69,6 +72,9 @@ type Options struct {
 	// ChunkLinger is the least time between two data chunks of one stream (0: none); what
 	// arrives meanwhile is coalesced. The first chunk and the stream's end never wait.
 	ChunkLinger time.Duration
+	// Tracer exports an execution's spans when tracing is configured (nil: off; the request's
+	// traceparent still reaches the backend).
+	Tracer *tracing.Tracer
 }
 
 // Pool runs jobs.
@@ -320,6 +326,14 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
 		log.Warn().Int("previous_epoch", wire.Epoch).Msg("took over execution after lease expiry")
 	}
+	// The execution continues the trace of the request that created it (the record keeps its
+	// traceparent); its backend attempts are child spans (internal/backend).
+	ctx, span := p.opts.Tracer.StartFrom(ctx, job.Header, "oncegate.execution")
+	defer span.End()
+	span.SetAttributes(attribute.String("oncegate.job_id", job.ID), attribute.Int("oncegate.epoch", job.Epoch))
+	if id := tracing.TraceID(ctx); id != "" {
+		log = log.With().Str(fieldTraceID, id).Logger()
+	}
 	ex := &execution{pool: p, job: job, msg: m, rec: rec, rev: rev, log: log}
 	p.setRunning(job.Key, true)
 	defer p.setRunning(job.Key, false)
@@ -349,6 +363,8 @@ const (
 	fieldJobID = "job_id"
 	fieldKey   = "idem_key_hash"
 	fieldEpoch = "epoch"
+	// fieldTraceID is the W3C trace id the execution continues (the API logs the same field).
+	fieldTraceID = "trace_id"
 )
 
 // postLoop posts the backends' health to the board every two seconds.
