@@ -263,6 +263,17 @@ const (
 	cacheHits      = `oncegate_replay_cache_hits_total{}`
 )
 
+// reached waits until the mock got more than n requests: the execution is running.
+func reached(t *testing.T, mock *mockllm.Server, n int64) {
+	t.Helper()
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if mock.Stats().Requests == n {
+			return fmt.Errorf("the execution has not reached the backend")
+		}
+		return nil
+	})
+}
+
 // TestMetricsOutcomes drives each outcome once and checks the exact counter deltas.
 func TestMetricsOutcomes(t *testing.T) {
 	gw := metricsGateway(t)
@@ -309,12 +320,7 @@ func TestMetricsOutcomes(t *testing.T) {
 			var wg sync.WaitGroup
 			var first answer
 			wg.Go(func() { first = post(t, gw, body, key("m-joined")) })
-			testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-				if slow.Stats().Requests == n {
-					return fmt.Errorf("the execution has not reached the backend")
-				}
-				return nil
-			})
+			reached(t, slow, n)
 			// A stream copy waits for the end (a non-stream one only max_wait).
 			second := post(t, gw, body[:len(body)-1]+`,"stream":true}`, key("m-joined"))
 			wg.Wait()
@@ -348,12 +354,7 @@ func TestMetricsOutcomes(t *testing.T) {
 			slow := gw.Mock(t, "slowmock")
 			n := slow.Stats().Requests
 			go post(t, gw, body, key("m-in-use")) // answered when the gateway stops
-			testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-				if slow.Stats().Requests == n {
-					return fmt.Errorf("the execution has not reached the backend")
-				}
-				return nil
-			})
+			reached(t, slow, n)
 			if a := post(t, gw, body, key("m-in-use")); a.status != http.StatusConflict {
 				t.Fatalf("status %d: %s", a.status, a.body)
 			}

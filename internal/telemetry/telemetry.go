@@ -268,7 +268,55 @@ func New(l Labels) *Metrics {
 		Help: "1 when every NATS connection of the process is connected, else 0."}, m.natsConnected))
 	m.reg.MustRegister(&backlogCollector{m: m, desc: prometheus.NewDesc(namespace+"_jobs_backlog",
 		"JOBS messages not yet acked (pending and in flight), read from the consumer at scrape time.", nil, nil)})
+	m.zeroes()
 	return m
+}
+
+// maxZeroedTenantModels bounds the tenant × model series created at 0 up front.
+const maxZeroedTenantModels = 256
+
+// zeroes creates the bounded counter series at 0 before their first event, so a rate() or an
+// alert sees the first increment, and every family is in the scrape from the start (the
+// dashboard's queries name them): the requests of the three generation routes with their
+// API, every backend's and every tenant's counters, and the tenant × model ones while there
+// are few (past maxZeroedTenantModels they appear on first use). Histograms appear on first
+// use: a zero histogram costs a series per bucket.
+func (m *Metrics) zeroes() {
+	for _, ra := range [][2]int{{int(RouteChat), int(APIOpenAI)}, {int(RouteMessages), int(APIAnthropic)}, {int(RouteJobs), int(APIJobs)}} {
+		for o := range int(numOutcomes) {
+			for code := range codeNames {
+				m.requests.at(ra[0], ra[1], o, code)
+			}
+		}
+	}
+	for b := range m.backends.values {
+		for r := range int(numResults) {
+			m.attempts.at(b, r)
+		}
+		for r := range 2 {
+			m.executions.at(b, r)
+		}
+		for to := range int(numBreakerStates) {
+			m.breakerMoves.at(b, to)
+		}
+		m.retries.at(b)
+		m.budgetRefusals.at(b)
+	}
+	for t := range m.tenants.values {
+		m.reversals.at(t)
+		m.tenantRefusals.at(t)
+	}
+	if len(m.tenants.values)*len(m.models.values) > maxZeroedTenantModels {
+		return
+	}
+	for t := range m.tenants.values {
+		for md := range m.models.values {
+			m.avoided.at(t, md, howJoined)
+			m.avoided.at(t, md, howReplayed)
+			m.saved.at(t, md)
+			m.spend.at(t, md)
+		}
+	}
 }
 
 // Handler serves the registry in the Prometheus exposition format.
@@ -373,7 +421,7 @@ func (m *Metrics) Avoided(tenant, model string, joined bool, savedMicros int64) 
 
 // Spend counts a charge appended to the ledger.
 func (m *Metrics) Spend(tenant, model string, micros int64) {
-	if m == nil || micros <= 0 {
+	if m == nil || micros < 0 {
 		return
 	}
 	m.spend.at(m.tenants.index(tenant), m.models.index(model)).Add(float64(micros))

@@ -64,8 +64,10 @@ func TestLabelsBounded(t *testing.T) {
 			t.Errorf("scrape lacks %s", want)
 		}
 	}
-	if n := testutil.CollectAndCount(m.Registry(), "oncegate_executions_avoided_total"); n != 2 {
-		t.Errorf("executions_avoided series = %d, want 2", n)
+	// Created at 0 up front: tenants {anonymous, acme} × models {gpt-x, other} × how {joined,
+	// replayed}, and not one more.
+	if n := testutil.CollectAndCount(m.Registry(), "oncegate_executions_avoided_total"); n != 8 {
+		t.Errorf("executions_avoided series = %d, want 8", n)
 	}
 }
 
