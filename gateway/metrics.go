@@ -98,14 +98,19 @@ func (g *Gateway) jetStream(nc *nats.Conn) (jetstream.JetStream, error) {
 	return jetstream.New(nc, jetstream.WithClientTrace(&jetstream.ClientTrace{
 		ResponseReceived: func(_ string, payload []byte, _ nats.Header) {
 			// An API error answer is {"type":…,"error":{"code":…}}: cheaper to find than to decode.
-			if bytes.Contains(payload, apiErrorField) {
+			// A 404 (no such stream, consumer or message) is an answer the setup and the reads
+			// expect, not a failure: a fresh start alone saw 15 of them.
+			if bytes.Contains(payload, apiErrorField) && !bytes.Contains(payload, apiNotFound) {
 				m.JetStreamAPIError()
 			}
 		},
 	}))
 }
 
-var apiErrorField = []byte(`"error":{`)
+var (
+	apiErrorField = []byte(`"error":{`)
+	apiNotFound   = []byte(`"error":{"code":404,`)
+)
 
 // jobsBacklog reads the JOBS messages the workers have not acked: pending delivery plus in
 // flight, from one consumer info request.
