@@ -474,13 +474,14 @@ func TestMetricsListenTaken(t *testing.T) {
 
 // TestMetricsNeedAdminKeyWithTenants: with tenants configured, /metrics on the API listener
 // names tenants and their spend, so it takes the admin key (a tenant's key is refused); the
-// metrics listener serves it without one.
+// metrics listener serves it without one. A budget refusal is counted for its tenant.
 func TestMetricsNeedAdminKeyWithTenants(t *testing.T) {
 	cfg := gatewaykit.Config(t)
 	cfg.Metrics.Listen = "127.0.0.1:0"
 	admin, tenant := sha256.Sum256([]byte(adminKey)), sha256.Sum256([]byte("tenant-key"))
 	cfg.Admin.APIKeysSHA256 = []string{hex.EncodeToString(admin[:])}
-	cfg.Tenants = []config.Tenant{{ID: "acme", APIKeysSHA256: []string{hex.EncodeToString(tenant[:])}}}
+	cfg.Tenants = []config.Tenant{{ID: "acme", APIKeysSHA256: []string{hex.EncodeToString(tenant[:])}, Budget: &config.Budget{Limit: 1, Period: "day"}}}
+	cfg.Ledger.Prices = map[string]config.Price{"*": {InputPerMillion: inPerMillion, OutputPerMillion: outPerMillion}}
 	gw := gatewaykit.StartGateway(t, cfg)
 	for _, tc := range []struct {
 		name, key string
@@ -499,7 +500,15 @@ func TestMetricsNeedAdminKeyWithTenants(t *testing.T) {
 			t.Errorf("%s: status %d, want %d", tc.name, resp.StatusCode, tc.want)
 		}
 	}
-	if s := scrapeURL(t, "http://"+gw.MetricsAddr()+"/metrics", nil); len(s) == 0 {
-		t.Error("the metrics listener serves nothing")
+	// The budget (1 micro a day) refuses any new intent: a budget refusal, and a rejected 429.
+	if a := post(t, gw, chatBody(config.MockModel, "metrics: over budget", ""), map[string]string{"Authorization": "Bearer tenant-key"}); a.status != http.StatusTooManyRequests {
+		t.Fatalf("over budget: status %d: %s", a.status, a.body)
+	}
+	s := scrapeURL(t, "http://"+gw.MetricsAddr()+"/metrics", nil)
+	if got := s[`oncegate_budget_refusals_total{tenant="acme"}`]; got != 1 {
+		t.Errorf("budget refusals of acme %v, want 1", got)
+	}
+	if got := s[req("chat", "openai", "rejected", "4xx")]; got != 1 {
+		t.Errorf("rejected 4xx %v, want 1", got)
 	}
 }
