@@ -3,8 +3,6 @@ package ledger_test
 import (
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/ledger"
 )
@@ -24,7 +22,7 @@ func TestLedgerMetrics(t *testing.T) {
 		}
 	}
 	acme := map[string]string{"tenant": "acme", "model": "gpt-4o-mini"}
-	if got, want := value(t, m.Registry(), "oncegate_spend_micros_total", acme), float64(2*testPrices.Cost("gpt-4o-mini", 900, 400)); got != want {
+	if got, want := m.Value("oncegate_spend_micros_total", acme), float64(2*testPrices.Cost("gpt-4o-mini", 900, 400)); got != want {
 		t.Fatalf("spend %v, want %v (two charges appended)", got, want)
 	}
 	for range 2 {
@@ -36,34 +34,10 @@ func TestLedgerMetrics(t *testing.T) {
 	if _, err := ledger.New(js, testPrices, "USD", ledger.WithMetrics(m)).Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := value(t, m.Registry(), "oncegate_duplicate_executions_total", nil); got != 1 {
+	if got := m.Value("oncegate_duplicate_executions_total", nil); got != 1 {
 		t.Errorf("duplicate executions %v, want 1", got)
 	}
-	if got := value(t, m.Registry(), "oncegate_ledger_reversals_total", map[string]string{"tenant": "acme"}); got != 1 {
+	if got := m.Value("oncegate_ledger_reversals_total", map[string]string{"tenant": "acme"}); got != 1 {
 		t.Errorf("reversals %v, want 1", got)
 	}
-}
-
-// value is the counter name{labels} in reg (0 when absent).
-func value(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, mt := range f.GetMetric() {
-			for _, l := range mt.GetLabel() {
-				if labels[l.GetName()] != l.GetValue() {
-					continue metrics
-				}
-			}
-			return mt.GetCounter().GetValue()
-		}
-	}
-	return 0
 }

@@ -548,3 +548,37 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n))
 }
+
+// Value is the current value of the counter or gauge name{labels} (labels must name every
+// label of the series; 0 when there is no such series): for tests and tools that read one
+// number without a scrape.
+func (m *Metrics) Value(name string, labels map[string]string) float64 {
+	if m == nil {
+		return 0
+	}
+	fams, err := m.reg.Gather()
+	if err != nil {
+		return 0
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, s := range f.GetMetric() {
+			if len(s.GetLabel()) != len(labels) {
+				continue
+			}
+			for _, l := range s.GetLabel() {
+				if v, ok := labels[l.GetName()]; !ok || v != l.GetValue() {
+					continue series
+				}
+			}
+			if s.Gauge != nil {
+				return s.Gauge.GetValue()
+			}
+			return s.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
