@@ -9,12 +9,10 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/internal/tracing"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -25,19 +23,9 @@ import (
 type generation struct {
 	intent.Request
 	echoKey      string // Idempotency-Key response header
+	live         bool   // answered by a live stream (streamLive), which outlives the handler
 	includeUsage bool
-	// span is the request's; whoever writes the answer's last byte ends it (endSpan): the
-	// handler, or for a live stream (live) its writer.
-	span trace.Span
-	live bool
-}
-
-// endSpan ends the request's span with the answer's outcome.
-func (g *generation) endSpan(outcome intent.Outcome) {
-	if outcome != "" {
-		g.span.SetAttributes(attribute.String("oncegate.outcome", string(outcome)))
-	}
-	g.span.End()
+	obs          observation
 }
 
 // chatCompletions is POST /v1/chat/completions; messages is POST /v1/messages (Anthropic).
@@ -46,42 +34,43 @@ func (s *Server) chatCompletions(c *fiber.Ctx) error { return s.generate(c, apiO
 
 func (s *Server) messages(c *fiber.Ctx) error { return s.generate(c, apiAnthropic) }
 
-func (s *Server) generate(c *fiber.Ctx, api string) (err error) {
-	// Fiber's header strings live in its reused buffers; a tracestate the span keeps must not.
-	ctx, span := s.tracer.Start(c.UserContext(), func(h string) string { return strings.Clone(c.Get(h)) }, "POST "+c.Path())
-	var outcome intent.Outcome
-	live := false // a live stream's writer ends the span when the stream ends
-	defer func() {
-		if err != nil {
-			span.SetStatus(codes.Error, err.Error()) // the error handler writes the status later
-		}
-		if !live {
-			(&generation{span: span}).endSpan(outcome)
-		}
-	}()
+func (s *Server) generate(c *fiber.Ctx, api string) error {
+	ctx, obs := s.startObservation(c, routeOf(api), telemetry.APIOf(api))
 	g, err := s.parseGeneration(c, api)
 	if err != nil {
+		s.countError(&obs, nil, err)
 		return err
 	}
-	g.span = span
-	g.TraceID = tracing.TraceID(ctx)
-	// The execution's parent is this request's span: its worker reads it from the record.
+	g.observe(ctx, obs)
+	g.obs.stream = g.Stream && !g.Async
+	adm, err := s.admit(ctx, g)
+	if err != nil {
+		s.countError(&g.obs, nil, err)
+		return err
+	}
+	if g.Async {
+		err = s.respondAccepted(c, g, adm)
+	} else {
+		err = s.deliver(c, g, adm)
+	}
+	switch {
+	case err != nil:
+		s.countError(&g.obs, adm, err)
+	case !g.live: // a live stream is counted when it ends (streamLive)
+		s.countAnswer(c, &g.obs, adm)
+	}
+	return err
+}
+
+// observe attaches the request's observation, and gives the record its trace: the execution's
+// span continues this request's (its worker reads the traceparent from the record).
+func (g *generation) observe(ctx context.Context, obs observation) {
+	obs.tenant, obs.key = g.Tenant, g.Key
+	g.obs, g.TraceID = obs, obs.traceID
 	if g.Header == nil {
 		g.Header = map[string][]string{}
 	}
 	tracing.Inject(ctx, g.Header)
-	adm, err := s.admit(ctx, g)
-	if err != nil {
-		return err
-	}
-	outcome = adm.Outcome
-	span.SetAttributes(attribute.String("oncegate.job_id", adm.JobID))
-	if g.Async {
-		return s.respondAccepted(c, g, adm)
-	}
-	err = s.deliver(c, g, adm)
-	live = g.live
-	return err
 }
 
 // parseGeneration authenticates, validates and copies the request. It changes no state.
@@ -278,6 +267,7 @@ func (g *generation) setAuto(method, path string) {
 // the record key its execution got.
 func (s *Server) admit(ctx context.Context, g *generation) (*intent.Admission, error) {
 	adm, err := s.intents.Admit(ctx, &g.Request)
+	g.obs.admitted = time.Since(g.obs.start)
 	if err != nil {
 		return nil, err
 	}

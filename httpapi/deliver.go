@@ -83,6 +83,9 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 			}
 			return err
 		}
+		if g.obs.firstChunk.IsZero() {
+			g.obs.firstChunk = time.Now()
+		}
 		if ch.Idx == 0 || ch.Terminal() {
 			setMetaHeaders(c, ch.Meta)
 		}
@@ -90,8 +93,7 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 			frames, usage, seen = nil, nil, 0
 		}
 		if g.Stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
-			streaming = true // the stream writer settles when the stream ends
-			g.live = true    // and ends the request's span
+			streaming, g.live = true, true // the stream writer settles (and counts) when the stream ends
 			s.streamLive(c, g, adm, ch)
 			return nil
 		}
@@ -142,16 +144,24 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 	return s.replay(c, g, rec)
 }
 
+// The headers that say how an answer was obtained.
+const (
+	headerBackend  = "Oncegate-Backend"
+	headerAttempts = "Oncegate-Attempts"
+	// headerDegraded marks an answer given by the route's degraded path.
+	headerDegraded = "Oncegate-Degraded"
+)
+
 // setMetaHeaders says how the answer was obtained.
 func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
 	if m.Backend != "" {
-		c.Set("Oncegate-Backend", m.Backend)
+		c.Set(headerBackend, m.Backend)
 	}
 	if m.Attempts > 0 {
-		c.Set("Oncegate-Attempts", strconv.Itoa(m.Attempts))
+		c.Set(headerAttempts, strconv.Itoa(m.Attempts))
 	}
 	if m.Degraded {
-		c.Set("Oncegate-Degraded", "true")
+		c.Set(headerDegraded, "true")
 	}
 }
 
@@ -189,11 +199,17 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 	out := &sseWriter{}
 	includeUsage, log, jobID, w := g.includeUsage, s.log, adm.JobID, wireOf(g.API)
 	intents, key, epoch := s.intents, adm.Key, adm.Rec.Epoch
+	obs := g.obs
+	h := &c.Response().Header
+	se := streamEnd{backend: string(h.Peek(headerBackend)), attempts: string(h.Peek(headerAttempts))}
 	out.live(c, adm.Follower(), s.writeTimeout, func() {
 		defer adm.Done()
-		defer g.endSpan(adm.Outcome)
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
+		defer func() {
+			se.bytes = out.written
+			s.countStream(ctx, &obs, adm, se)
+		}()
 		var sent liveSent
 		idle := recordCheck(ctx, intents, key, epoch)
 		for ch := first; ; {
@@ -202,6 +218,10 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 			case jobs.KindData:
 				sent.data(ch.Payload)
 				err = out.write(w.chunkEvents(ch, includeUsage))
+				if se.firstWrite.IsZero() {
+					se.firstWrite = time.Now()
+					se.ttft = se.firstWrite.Sub(obs.start)
+				}
 			case jobs.KindUsage:
 				sent.usage = true
 				if includeUsage {

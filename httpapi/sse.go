@@ -32,6 +32,7 @@ type sseWriter struct {
 	next  int // id of the next event
 
 	// A live stream only.
+	written   int            // bytes written so far (the access log's)
 	fl        *jobs.Follower // batching follows it; closed by stop
 	w         *bufio.Writer
 	conn      net.Conn
@@ -102,7 +103,9 @@ func (o *sseWriter) send(flush bool, b []byte) error {
 			o.deadlineSet = now
 		}
 	}
-	if _, err := o.w.Write(b); err != nil {
+	n, err := o.w.Write(b)
+	o.written += n
+	if err != nil {
 		return err
 	}
 	if !flush {

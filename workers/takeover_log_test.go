@@ -3,6 +3,7 @@ package workers_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -20,6 +22,7 @@ import (
 
 // TestTakeoverLogLineHasOneEpoch: the line a worker logs when it takes an execution over names
 // the new epoch once (a JSON object with a key twice is read differently by every log pipeline).
+// The takeover is counted too: one redelivery, one takeover, one attempt, one execution.
 func TestTakeoverLogLineHasOneEpoch(t *testing.T) {
 	r := resources(t)
 	ctx := context.Background()
@@ -59,9 +62,10 @@ func TestTakeoverLogLineHasOneEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs testkit.SyncBuffer
+	m := telemetry.New(telemetry.Labels{Backends: []string{"mock"}})
 	run(t, workers.New(r.srv.JS, r.store, workers.Options{ID: "w2", Concurrency: 2, Lease: 2 * time.Second,
 		RenewEvery: 200 * time.Millisecond, Backends: map[string]workers.Backend{"mock": mock},
-		Log: zerolog.New(&logs), SweepEvery: -1}))
+		Log: zerolog.New(&logs), SweepEvery: -1, Metrics: m}))
 	got := r.waitFinal(t, key)
 	if got.State != kv.Completed || got.Epoch != 2 {
 		t.Fatalf("state %s epoch %d, want COMPLETED at epoch 2", got.State, got.Epoch)
@@ -86,4 +90,20 @@ func TestTakeoverLogLineHasOneEpoch(t *testing.T) {
 	if fields["epoch"] != float64(2) {
 		t.Errorf("epoch %v, want the new epoch 2: %s", fields["epoch"], line)
 	}
+	// The execution is counted once its outcome is stored: it may be read before that.
+	mock1 := func(result string) map[string]string { return map[string]string{"backend": "mock", "result": result} }
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		for _, c := range []struct {
+			name   string
+			labels map[string]string
+		}{
+			{"oncegate_jobs_redelivered_total", nil}, {"oncegate_takeovers_total", nil},
+			{"oncegate_backend_attempts_total", mock1("ok")}, {"oncegate_backend_executions_total", mock1("completed")},
+		} {
+			if got := m.Value(c.name, c.labels); got != 1 {
+				return fmt.Errorf("%s%v = %v, want 1", c.name, c.labels, got)
+			}
+		}
+		return nil
+	})
 }

@@ -74,6 +74,7 @@ type Config struct {
 	Ledger      Ledger      `yaml:"ledger"`
 	Admin       Admin       `yaml:"admin"`
 	Tracing     Tracing     `yaml:"tracing"`
+	Metrics     Metrics     `yaml:"metrics"`
 }
 
 // Tracing configures W3C trace propagation's optional span export. Propagation is always on:
@@ -126,6 +127,9 @@ type HTTP struct {
 	WriteTimeout  Duration `yaml:"write_timeout"` // not applied to SSE
 	IdleTimeout   Duration `yaml:"idle_timeout"`
 	ShutdownGrace Duration `yaml:"shutdown_grace"` // bounded wait for in-flight streams on SIGTERM
+	// AccessLogSample is the share of requests whose access-log line (one per request, at
+	// info) is written: 1 every one, 0 none; a 5xx is always written.
+	AccessLogSample float64 `yaml:"access_log_sample"`
 }
 
 // Workers configures the worker side.
@@ -322,6 +326,14 @@ type Price struct {
 	OutputPerMillion int64 `yaml:"output_per_million"`
 }
 
+// Metrics configures the Prometheus endpoint. /metrics is always served on the API listener
+// (open when no tenants are configured, else behind an admin key: it names tenants and their
+// spend); Listen adds a separate, unauthenticated listener for any role, so a worker-only
+// process can be scraped and the scrape port can be kept off the public interface.
+type Metrics struct {
+	Listen string `yaml:"listen"` // host:port; empty = no separate listener
+}
+
 // Admin configures the admin API (/v1/admin/…).
 type Admin struct {
 	APIKeysSHA256 []string `yaml:"api_keys_sha256"` // empty = the admin API is off
@@ -415,11 +427,12 @@ func Default() *Config {
 			MaxPayload: 8 << 20,
 		},
 		HTTP: HTTP{
-			MaxBodyBytes:  4 << 20,
-			ReadTimeout:   Duration(30 * time.Second),
-			WriteTimeout:  Duration(30 * time.Second),
-			IdleTimeout:   Duration(120 * time.Second),
-			ShutdownGrace: Duration(10 * time.Second),
+			AccessLogSample: 1,
+			MaxBodyBytes:    4 << 20,
+			ReadTimeout:     Duration(30 * time.Second),
+			WriteTimeout:    Duration(30 * time.Second),
+			IdleTimeout:     Duration(120 * time.Second),
+			ShutdownGrace:   Duration(10 * time.Second),
 		},
 		Workers: Workers{Concurrency: 256, SweepEvery: Duration(5 * time.Second), DiscardChunksAfter: Duration(10 * time.Second)},
 		Idempotency: Idempotency{

@@ -145,6 +145,9 @@ func (c *Config) Validate() error {
 
 func (v *validator) top(c *Config) {
 	v.hostPort("listen", c.Listen)
+	if c.Metrics.Listen != "" {
+		v.hostPort("metrics.listen", c.Metrics.Listen)
+	}
 	if c.DataDir == "" && c.NATS.URL == "" {
 		v.add("data_dir", "must not be empty when the embedded NATS server is used (nats.url is empty)")
 	}
@@ -308,6 +311,9 @@ func checkNATSURL(s string) string {
 }
 
 func (v *validator) http(h *HTTP) {
+	if h.AccessLogSample < 0 || h.AccessLogSample > 1 {
+		v.add("http.access_log_sample", "must be between 0 (no access log) and 1 (every request), got %g", h.AccessLogSample)
+	}
 	if h.MaxBodyBytes <= 0 || h.MaxBodyBytes > maxBodyBytes {
 		v.add("http.max_body_bytes", "must be > 0 and at most %d (64 MiB), got %d", maxBodyBytes, h.MaxBodyBytes)
 	}
