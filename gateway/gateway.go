@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -27,6 +29,7 @@ import (
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/status"
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
@@ -43,6 +46,13 @@ type Gateway struct {
 	hub    *jobs.Hub
 	ln     net.Listener
 	apiErr chan error
+
+	// metrics is the process's one registry, passed down to every room; metricsSrv serves it on
+	// metrics.listen when set.
+	metrics    *telemetry.Metrics
+	metricsLn  net.Listener
+	metricsSrv *http.Server
+	metricsErr chan error
 
 	stopWorkers context.CancelFunc
 	workersDone chan struct{}
@@ -97,7 +107,7 @@ func (e *StartError) Unwrap() error { return e.Err }
 // The HTTP port is bound first, so a taken port fails before the store is opened, and the
 // embedded server takes the data directory's lock (natsrv.LockFile) before it reads the store.
 func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (*Gateway, error) {
-	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1)}
+	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1), metrics: newMetrics(cfg)}
 	if err := g.start(ctx, getenv); err != nil {
 		if serr := g.Stop(context.Background()); serr != nil {
 			log.Warn().Err(serr).Msg("stopping after a failed start")
@@ -116,6 +126,9 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 			return &StartError{Field: "listen", Err: fmt.Errorf("listen %s: %w", cfg.Listen, listenCause(err))}
 		}
 		g.ln = ln
+	}
+	if err := g.listenMetrics(); err != nil {
+		return err
 	}
 	connect := func(name string) (*nats.Conn, error) {
 		var nc *nats.Conn
@@ -167,7 +180,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	if err != nil {
 		return err
 	}
-	setupJS, err := jetstream.New(setupNC)
+	setupJS, err := g.jetStream(setupNC)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
@@ -182,6 +195,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	}
 	log.Info().Int("replicas", g.res.replicas).Bool("replicas_chosen", cfg.NATS.Replicas == 0).Msg("JetStream streams and buckets ready")
 	g.startResLoop(ctx)
+	g.metrics.SetBacklog(jobsBacklog(setupJS))
 	logRouting(log, cfg)
 
 	if cfg.Role == "all" || cfg.Role == "worker" {
@@ -194,6 +208,16 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 			return err
 		}
 	}
+	conns := slices.Clone(g.conns) // the scrape reads its own copy: g.conns is Stop's
+	g.metrics.SetConnected(func() bool {
+		for _, nc := range conns {
+			if !nc.IsConnected() {
+				return false
+			}
+		}
+		return len(conns) > 0
+	})
+	g.serveMetrics()
 	return nil
 }
 
@@ -281,7 +305,7 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := g.jetStream(nc)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -319,8 +343,8 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
-		Ledger: led,
-		Log:    g.log.With().Str("component", "workers").Logger(),
+		Ledger: led, Metrics: g.metrics,
+		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
@@ -365,11 +389,11 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		return err
 	}
 	idem := g.cfg.Idempotency
-	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog,
+	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens}})
 	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
-		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res})
+		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res, Metrics: g.metrics})
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
 	g.log.Info().Str("listen", "http://"+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
@@ -420,6 +444,9 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	}
 	if g.ns != nil {
 		g.ns.Shutdown()
+	}
+	if err := g.stopMetrics(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -473,7 +500,7 @@ func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
 	// job that charges again says since when the earlier charge could exist (ChargeInput.After),
 	// which is then looked up in the stream. Reconcile keeps its summary for the idempotency
 	// TTL plus a day: the charges of one intent come while its record exists.
-	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log),
+	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log), ledger.WithMetrics(g.metrics),
 		ledger.WithDedupHorizon(dedupHorizon), ledger.WithReconcileHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour))
 }
 

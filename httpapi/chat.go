@@ -12,6 +12,7 @@ import (
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/kv"
 )
 
@@ -21,7 +22,9 @@ import (
 type generation struct {
 	intent.Request
 	echoKey      string // Idempotency-Key response header
+	live         bool   // answered by a live stream (streamLive), which outlives the handler
 	includeUsage bool
+	obs          observation
 }
 
 // chatCompletions is POST /v1/chat/completions; messages is POST /v1/messages (Anthropic).
@@ -31,18 +34,31 @@ func (s *Server) chatCompletions(c *fiber.Ctx) error { return s.generate(c, apiO
 func (s *Server) messages(c *fiber.Ctx) error { return s.generate(c, apiAnthropic) }
 
 func (s *Server) generate(c *fiber.Ctx, api string) error {
+	obs := newObservation(routeOf(api), telemetry.APIOf(api))
 	g, err := s.parseGeneration(c, api)
 	if err != nil {
+		s.countError(&obs, nil, err)
 		return err
 	}
+	g.obs = obs
+	g.obs.stream = g.Stream && !g.Async
 	adm, err := s.admit(c.UserContext(), g)
 	if err != nil {
+		s.countError(&g.obs, nil, err)
 		return err
 	}
 	if g.Async {
-		return s.respondAccepted(c, g, adm)
+		err = s.respondAccepted(c, g, adm)
+	} else {
+		err = s.deliver(c, g, adm)
 	}
-	return s.deliver(c, g, adm)
+	switch {
+	case err != nil:
+		s.countError(&g.obs, adm, err)
+	case !g.live: // a live stream is counted when it ends (streamLive)
+		s.countAnswer(c, &g.obs, adm)
+	}
+	return err
 }
 
 // parseGeneration authenticates, validates and copies the request. It changes no state.
@@ -239,6 +255,7 @@ func (g *generation) setAuto(method, path string) {
 // the record key its execution got.
 func (s *Server) admit(ctx context.Context, g *generation) (*intent.Admission, error) {
 	adm, err := s.intents.Admit(ctx, &g.Request)
+	g.obs.admitted = time.Since(g.obs.start)
 	if err != nil {
 		return nil, err
 	}

@@ -83,6 +83,9 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 			}
 			return err
 		}
+		if g.obs.firstChunk.IsZero() {
+			g.obs.firstChunk = time.Now()
+		}
 		if ch.Idx == 0 || ch.Terminal() {
 			setMetaHeaders(c, ch.Meta)
 		}
@@ -90,7 +93,7 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 			frames, usage, seen = nil, nil, 0
 		}
 		if g.Stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
-			streaming = true // the stream writer settles when the stream ends
+			streaming, g.live = true, true // the stream writer settles (and counts) when the stream ends
 			s.streamLive(c, g, adm, ch)
 			return nil
 		}
@@ -141,6 +144,9 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 	return s.replay(c, g, rec)
 }
 
+// headerDegraded marks an answer given by the route's degraded path.
+const headerDegraded = "Oncegate-Degraded"
+
 // setMetaHeaders says how the answer was obtained.
 func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
 	if m.Backend != "" {
@@ -150,7 +156,7 @@ func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
 		c.Set("Oncegate-Attempts", strconv.Itoa(m.Attempts))
 	}
 	if m.Degraded {
-		c.Set("Oncegate-Degraded", "true")
+		c.Set(headerDegraded, "true")
 	}
 }
 
@@ -188,10 +194,14 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 	out := &sseWriter{}
 	includeUsage, log, jobID, w := g.includeUsage, s.log, adm.JobID, wireOf(g.API)
 	intents, key, epoch := s.intents, adm.Key, adm.Rec.Epoch
+	obs := g.obs
 	out.live(c, adm.Follower(), s.writeTimeout, func() {
 		defer adm.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
+		var ttft time.Duration
+		var firstWrite time.Time
+		defer func() { s.countStream(ctx, &obs, adm, ttft, firstWrite) }()
 		var sent liveSent
 		idle := recordCheck(ctx, intents, key, epoch)
 		for ch := first; ; {
@@ -200,6 +210,10 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 			case jobs.KindData:
 				sent.data(ch.Payload)
 				err = out.write(w.chunkEvents(ch, includeUsage))
+				if firstWrite.IsZero() {
+					firstWrite = time.Now()
+					ttft = firstWrite.Sub(obs.start)
+				}
 			case jobs.KindUsage:
 				sent.usage = true
 				if includeUsage {

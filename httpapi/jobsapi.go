@@ -12,6 +12,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -27,19 +28,28 @@ func (s *Server) routesJobs(r fiber.Router) {
 // createJob is POST /v1/jobs: a chat completion request, always answered 202 (the same
 // intent as the identical POST /v1/chat/completions).
 func (s *Server) createJob(c *fiber.Ctx) error {
+	obs := newObservation(telemetry.RouteJobs, telemetry.APIJobs)
 	g, err := s.parseGeneration(c, apiOpenAI)
 	if err != nil {
+		s.countError(&obs, nil, err)
 		return err
 	}
+	g.obs = obs
 	if g.Auto { // the same intent as the identical POST /v1/chat/completions
 		g.setAuto(http.MethodPost, "/v1/chat/completions")
 	}
 	g.setAsync()
 	adm, err := s.admit(c.UserContext(), g)
 	if err != nil {
+		s.countError(&g.obs, nil, err)
 		return err
 	}
-	return s.respondAccepted(c, g, adm)
+	if err := s.respondAccepted(c, g, adm); err != nil {
+		s.countError(&g.obs, adm, err)
+		return err
+	}
+	s.countAnswer(c, &g.obs, adm)
+	return nil
 }
 
 // loadJob finds a job of the caller's tenant. A malformed, unknown or foreign id is the same 404.

@@ -20,12 +20,14 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/telemetry"
 )
 
 // Router resolves a model name to the backends that serve it.
@@ -59,6 +61,8 @@ type Deps struct {
 	Idem            config.Idempotency
 	HTTP            config.HTTP
 	Log             zerolog.Logger
+	// Metrics counts every request's outcome and serves /metrics; nil: neither.
+	Metrics *telemetry.Metrics
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -81,6 +85,9 @@ type Server struct {
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
 	writeTimeout time.Duration
 	ready        readiness // /readyz's cached verdict
+	metrics      *telemetry.Metrics
+	// metricsHandler serves the registry (fasthttp-adapted once).
+	metricsHandler fiber.Handler
 }
 
 type tenantKeys struct {
@@ -94,7 +101,7 @@ const anonymousTenant = "anonymous"
 // New builds the app and its routes.
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
-		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger}
+		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, metrics: d.Metrics}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -128,6 +135,10 @@ func New(d Deps) *Server {
 	s.app.Use(checkHeaders)
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
+	if s.metrics != nil {
+		s.metricsHandler = adaptor.HTTPHandler(s.metrics.Handler())
+		s.app.Get("/metrics", s.metricsPage)
+	}
 	v1 := s.app.Group("/v1")
 	v1.Get("/models", s.models)
 	v1.Get("/status", s.statusPage)

@@ -31,6 +31,9 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 	if rec, rev, ok := c.finishedRecord(req); ok {
 		adm, err := c.attach(ctx, req, &kv.ExistsError{Record: rec, Rev: rev})
 		if !errors.Is(err, errGone) && !errors.Is(err, kv.ErrConflict) {
+			if err == nil && adm.Outcome == Replayed {
+				c.metrics.ReplayCacheHit()
+			}
 			return adm, err
 		}
 		c.finished.forget(req.Key)
@@ -137,7 +140,11 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 }
 
 func (c *Core) admission(outcome Outcome, key string, rec *kv.Record, fl *jobs.Follower) *Admission {
-	return &Admission{Outcome: outcome, Key: key, Rec: rec, JobID: rec.JobID, core: c, fl: fl}
+	a := &Admission{Outcome: outcome, Key: key, Rec: rec, JobID: rec.JobID, core: c, fl: fl}
+	if fl != nil && c.followers != nil {
+		a.leave = c.followed(key)
+	}
+	return a
 }
 
 // release marks a claim whose job could not be published as a retryable failure, so the
@@ -190,7 +197,12 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 				return nil, err
 			}
 			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).Msg("lease expired; execution re-driven by a client request")
-			return c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
+			c.metrics.Takeover()
+			adm, err := c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
+			if adm != nil {
+				adm.redriven = true // it joined the intent, but its request runs it again
+			}
+			return adm, err
 		}
 		fl, err := c.hub.Join(ctx, jobs.ChunkSubject(req.Key, rec.Epoch))
 		if err != nil {

@@ -2,6 +2,7 @@ package intent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/oncegate/oncegate/ledger"
@@ -14,6 +15,9 @@ func (c *Core) reserve(ctx context.Context, req *Request) (func(int64), error) {
 		return func(int64) {}, nil
 	}
 	release, err := c.budgets.Reserve(ctx, req.Tenant, c.estimate(req))
+	if errors.Is(err, ledger.ErrBudgetExceeded) {
+		c.metrics.BudgetRefused(req.Tenant)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("intent: budget of %s: %w", req.Tenant, err)
 	}

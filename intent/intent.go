@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
@@ -84,6 +85,9 @@ type Deps struct {
 	Prices  ledger.Prices
 	Options Options
 	Log     zerolog.Logger
+	// Metrics counts the decisions (budget refusals, takeovers, replay-cache hits, executions
+	// avoided); nil counts nothing.
+	Metrics *telemetry.Metrics
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -101,15 +105,21 @@ type Core struct {
 	finished *finishedCache // nil: off
 	live     *liveKeys
 	log      zerolog.Logger
-	now      func() time.Time
+	metrics  *telemetry.Metrics
+	// followers counts each live execution's copies on this node; nil without metrics.
+	followers *followers
+	now       func() time.Time
 }
 
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, now: d.Now}
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, now: d.Now}
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if d.Metrics != nil {
+		c.followers = newFollowers()
 	}
 	if d.Options.ReplayCacheBytes > 0 {
 		c.finished = newFinishedCache(d.Options.ReplayCacheBytes)
@@ -159,7 +169,10 @@ type Admission struct {
 	core   *Core
 	fl     *jobs.Follower // created, joined, bypassed; nil for a replay
 	settle func()         // ends a new execution's budget reservation; nil otherwise
-	check  *time.Timer    // Next's record check after a silence; stopped by Close
+	// redriven: a joined request whose admission took the lapsed execution over (it runs again)
+	redriven bool
+	leave    func()      // leaves the execution's follower count (Done); nil when not counted
+	check    *time.Timer // Next's record check after a silence; stopped by Close
 }
 
 // Follower is the live feed of the execution; nil for a replay (answer from Rec).
@@ -175,11 +188,16 @@ func (a *Admission) Close() {
 	}
 }
 
-// Done settles the budget reservation of a new execution, if any; call it once the answer
-// is delivered (the ledger's charge replaces the reservation).
+// Done settles the budget reservation of a new execution, if any, and leaves the execution's
+// follower count; call it once the answer is delivered (the ledger's charge replaces the
+// reservation).
 func (a *Admission) Done() {
 	if a.settle != nil {
 		a.settle()
 		a.settle = nil
+	}
+	if a.leave != nil {
+		a.leave()
+		a.leave = nil
 	}
 }

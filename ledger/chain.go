@@ -335,6 +335,7 @@ func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Contex
 			c.lastSeq, c.lastHash = e.Seq, e.Hash
 			l.log.Debug().Str(fieldEntryID, e.ID).Str(fieldKind, e.Kind).Str(fieldTenant, e.Tenant).
 				Uint64(fieldSeq, e.Seq).Int64(fieldCost, e.CostMicros).Msg("ledger entry appended")
+			l.counted(&e)
 			return e, true, nil
 		case err == nil:
 			// In the Nats-Msg-Id window although our head was current: the entry is older than

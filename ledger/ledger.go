@@ -75,6 +75,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/telemetry"
 )
 
 // StreamName is the ledger stream.
@@ -263,6 +265,10 @@ func WithLogger(log zerolog.Logger) Option {
 // so with ChargeInput.After, and is then looked up in the stream from that time: the horizon
 // can be minutes. Reversals stay idempotent at any age: Reverse and Reconcile look older
 // entries up.
+// WithMetrics counts the entries this ledger appends (oncegate_spend_micros_total,
+// oncegate_ledger_reversals_total) and the duplicate executions Reconcile finds.
+func WithMetrics(m *telemetry.Metrics) Option { return func(l *Ledger) { l.metrics = m } }
+
 func WithDedupHorizon(d time.Duration) Option { return func(l *Ledger) { l.horizon = d } }
 
 // WithReconcileHorizon bounds Reconcile's in-memory summary (default 0: every intent read):
@@ -293,6 +299,8 @@ type Ledger struct {
 	recon  *reconState
 	// unpriced are the models already warned about (at most maxUnpricedWarnings).
 	unpriced map[string]bool
+	// metrics counts the entries appended (spend, reversals) and the duplicates found; nil: none.
+	metrics *telemetry.Metrics
 }
 
 // maxUnpricedWarnings bounds the models an unpriced-model warning is given for (model names
@@ -593,4 +601,16 @@ func (l *Ledger) find(ctx context.Context, tenant, id string, after time.Time) (
 		return Entry{}, ErrNotFound
 	}
 	return *found, nil
+}
+
+// counted counts an entry this ledger appended: a charge or continuation is spend, a
+// reversal is counted apart (a counter never goes down; net spend is spend minus reversals'
+// cost, which the bills say).
+func (l *Ledger) counted(e *Entry) {
+	switch e.Kind {
+	case KindCharge, KindContinuation:
+		l.metrics.Spend(e.Tenant, e.Model, e.CostMicros)
+	case KindReversal:
+		l.metrics.Reversal(e.Tenant)
+	}
 }

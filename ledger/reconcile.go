@@ -110,7 +110,21 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			Str(fieldEntryID, r.Refers).Int64(fieldCost, r.CostMicros).Msg("duplicate charge reversed")
 	}
 	rs.p.clean()
+	l.metrics.DuplicateExecutions(duplicatesReversed(rep.Appended))
 	return rep, nil
+}
+
+// duplicatesReversed counts the intents whose duplicate charges these reversals reverse. Each
+// reversal is appended once, by one reconciler, so each duplicate execution is counted once
+// across nodes and runs.
+func duplicatesReversed(appended []Entry) int {
+	seen := map[[3]string]bool{}
+	for _, r := range appended {
+		if strings.HasPrefix(r.Reason, ReasonDuplicate) {
+			seen[[3]string{r.Tenant, r.KeyHash, r.JobID}] = true
+		}
+	}
+	return len(seen)
 }
 
 func (l *Ledger) reconState() *reconState {

@@ -103,6 +103,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 			if attempt == 0 {
 				g.budget.Request()
 			} else if !g.budget.AllowRetry() {
+				ex.pool.opts.Metrics.RetryBudgetRefused(name)
 				ex.log.Warn().Str("backend", name).Msg("retry refused by the retry budget")
 				break
 			}
@@ -119,6 +120,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 			// the one stored (see deadline.go).
 			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
 				Header: ex.job.Header})
+			ex.pool.countAttempt(name, resp, err, attempt > 0)
 			if err != nil {
 				report(false)
 				if ctx.Err() != nil {

@@ -246,6 +246,9 @@ func (ex *execution) chargeFinal() {
 // so if we still own it the lease lapses and another worker takes over.
 func (ex *execution) abandon(err error) {
 	if errors.Is(err, kv.ErrConflict) || errors.Is(err, jobs.ErrFenced) || errors.Is(err, errFenced) {
+		if !errors.Is(err, errFenced) { // errFenced: a refusal already counted (the renewal's)
+			ex.pool.opts.Metrics.FencedWrite()
+		}
 		ex.log.Warn().Err(err).Msg("fenced: execution taken over; stopping without further writes")
 		ex.chargeCancelled()
 		_ = ex.msg.Ack()
@@ -309,6 +312,7 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 		}
 		return fmt.Errorf("workers: finish %s: %w", ex.job.ID, err)
 	}
+	ex.pool.opts.Metrics.Execution(ex.answeredBy(), state == kv.Completed)
 	return nil
 }
 
@@ -384,9 +388,11 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 			ex.mu.Unlock()
 			continue
 		}
+		ex.pool.opts.Metrics.LeaseRenewalFailed()
 		if errors.Is(err, kv.ErrConflict) {
 			ex.rec = nil
 			ex.mu.Unlock()
+			ex.pool.opts.Metrics.FencedWrite()
 			ex.log.Warn().Msg("lease lost (record changed); cancelling the backend call")
 			cancel()
 			ex.chargeCancelled()

@@ -516,6 +516,7 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	r.broke = nil
 	r.prefixTokens = r.textTokens
 	resp, cancel, err := b.Send(ctx, &backend.Call{API: r.ex.api(), Body: body, Stream: true, Header: r.ex.job.Header})
+	r.ex.pool.countAttempt(b.Name(), resp, err, true) // a continuation is a retry of the broken attempt
 	if err != nil {
 		report(false)
 		return nil, nil, err

@@ -21,6 +21,7 @@ import (
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/resilience"
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -52,6 +53,9 @@ type Options struct {
 	Board Board
 	// Ledger, when set, is charged for every execution that produced billable output.
 	Ledger Ledger
+	// Metrics counts attempts, retries, breaker changes, executions, takeovers, fenced writes,
+	// failed renewals and redeliveries; nil counts nothing.
+	Metrics *telemetry.Metrics
 	// SweepEvery is how often the pool looks for PENDING records whose lease ran out with no
 	// job left to redeliver (a JOBS message lost to a NATS restart) and re-drives them, and
 	// for finished records whose charge a crash may have skipped; 0 means five seconds,
@@ -127,8 +131,9 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 			budget: resilience.NewBudget(cfg.RetryBudget, 3, 10*time.Second, nil),
 			breaker: resilience.NewBreaker(resilience.BreakerConfig{Name: name, FailureRate: cfg.Breaker.FailureRate,
 				MinRequests: cfg.Breaker.MinRequests, Window: cfg.Breaker.Window.D(), OpenFor: cfg.Breaker.OpenFor.D(),
-				Probes: cfg.Breaker.Probes}, opts.Log),
+				Probes: cfg.Breaker.Probes, OnChange: breakerChanged(opts.Metrics, name)}, opts.Log),
 		}
+		opts.Metrics.Breaker(name, telemetry.BreakerClosed, false) // a new breaker is closed
 	}
 	return p
 }
@@ -267,6 +272,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	log := p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, wire.Epoch).Logger()
 	rec, rev := sent, wire.Rev
 	md, mdErr := m.Metadata()
+	if mdErr == nil && md.NumDelivered > 1 {
+		p.opts.Metrics.Redelivered()
+	}
 	if mdErr != nil || !trustSent(md, sent, time.Now()) {
 		rec, rev, err = p.store.Get(ctx, wire.Key)
 		switch {
@@ -315,6 +323,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.Ack()
 			return
 		}
+		p.opts.Metrics.Takeover()
 		// The epoch changed: build the context again rather than add a second "epoch" field.
 		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
 		log.Warn().Int("previous_epoch", wire.Epoch).Msg("took over execution after lease expiry")
@@ -422,6 +431,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			continue // another taker won, or the record moved on
 		}
+		p.opts.Metrics.Takeover()
 		if err := jobs.Submit(ctx, p.js, job); err != nil {
 			return n, err
 		}

@@ -30,6 +30,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	clusterListen := fs.String("nats-cluster-listen", "", "host:port the other cluster nodes' routes connect to")
 	natsRoutes := fs.String("nats-routes", "", "every cluster node's route URL, this one included: nats://HOST:PORT,nats://HOST:PORT,...")
 	serverName := fs.String("nats-server-name", "", "this node's name in the cluster (default HOSTNAME-PORT of --nats-cluster-listen)")
+	metricsListen := fs.String("metrics-listen", "", "also serve /metrics, unauthenticated, on this host:port (any role)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback ADDR (profiling)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -52,6 +53,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	override(*natsCluster, &cfg.NATS.Cluster.Name)
 	override(*clusterListen, &cfg.NATS.Cluster.Listen)
 	override(*serverName, &cfg.NATS.Cluster.ServerName)
+	override(*metricsListen, &cfg.Metrics.Listen)
 	if *natsRoutes != "" {
 		cfg.NATS.Cluster.Routes = strings.Split(*natsRoutes, ",")
 	}
@@ -100,6 +102,8 @@ func startFailure(err error) string {
 	switch {
 	case se.Field == "listen":
 		return msg + "; pass --listen"
+	case se.Field == "metrics.listen":
+		return msg + "; pass another --metrics-listen"
 	case se.Field == "nats.listen":
 		return msg + "; pass another --nats-listen"
 	case se.Field == "nats.cluster.listen":

@@ -15,7 +15,8 @@ const module = "github.com/oncegate/oncegate"
 // it two rooms of one floor never import each other. A new package must be placed here.
 var floors = map[string]int{
 	// 0: leaves: provider adapters and wire formats, config, the embedded server, the JSON
-	// scanner, resilience, the mock backend, the bench tool, the status board, the test kit.
+	// scanner, resilience, the mock backend, the bench tool, the status board, the metrics, the
+	// test kit.
 	"internal/anthropicwire":    0,
 	"internal/backend":          0,
 	"internal/bench":            0,
@@ -30,6 +31,7 @@ var floors = map[string]int{
 	"internal/replicas":         0,
 	"internal/resilience":       0,
 	"internal/status":           0,
+	"internal/telemetry":        0,
 	"internal/testkit":          0,
 	"internal/testkit/freeport": 0,
 	// 1: the stores.

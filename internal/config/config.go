@@ -73,6 +73,7 @@ type Config struct {
 	Tenants     []Tenant    `yaml:"tenants"`
 	Ledger      Ledger      `yaml:"ledger"`
 	Admin       Admin       `yaml:"admin"`
+	Metrics     Metrics     `yaml:"metrics"`
 }
 
 // NATS configures the connection to NATS, or the embedded server.
@@ -305,6 +306,14 @@ type Ledger struct {
 type Price struct {
 	InputPerMillion  int64 `yaml:"input_per_million"`
 	OutputPerMillion int64 `yaml:"output_per_million"`
+}
+
+// Metrics configures the Prometheus endpoint. /metrics is always served on the API listener
+// (open when no tenants are configured, else behind an admin key: it names tenants and their
+// spend); Listen adds a separate, unauthenticated listener for any role, so a worker-only
+// process can be scraped and the scrape port can be kept off the public interface.
+type Metrics struct {
+	Listen string `yaml:"listen"` // host:port; empty = no separate listener
 }
 
 // Admin configures the admin API (/v1/admin/…).

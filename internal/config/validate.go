@@ -144,6 +144,9 @@ func (c *Config) Validate() error {
 
 func (v *validator) top(c *Config) {
 	v.hostPort("listen", c.Listen)
+	if c.Metrics.Listen != "" {
+		v.hostPort("metrics.listen", c.Metrics.Listen)
+	}
 	if c.DataDir == "" && c.NATS.URL == "" {
 		v.add("data_dir", "must not be empty when the embedded NATS server is used (nats.url is empty)")
 	}

@@ -159,6 +159,8 @@ type BreakerConfig struct {
 	Window      time.Duration
 	OpenFor     time.Duration
 	Probes      int
+	// OnChange, when set, is told each state the breaker enters ("closed", "half-open", "open").
+	OnChange func(to string)
 }
 
 // Breaker is a circuit breaker over a rolling window: it opens when failures/requests reach
@@ -186,6 +188,9 @@ func NewBreaker(cfg BreakerConfig, log zerolog.Logger) *Breaker {
 		IsExcluded: func(err error) bool { return errors.Is(err, errCallAbandoned) },
 		OnStateChange: func(name string, from, to gobreaker.State) {
 			log.Warn().Str("backend", name).Str("from", from.String()).Str("to", to.String()).Msg("circuit breaker state change")
+			if cfg.OnChange != nil {
+				cfg.OnChange(to.String())
+			}
 		},
 	}
 	return &Breaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](st)}
