@@ -59,30 +59,26 @@ type ruleFile struct {
 	} `yaml:"groups"`
 }
 
+// readDashboard is the dashboard file, decoded.
 func readDashboard(t *testing.T) dashboard {
-	t.Helper()
-	b, err := os.ReadFile(dashboardPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var d dashboard
-	if err := json.Unmarshal(b, &d); err != nil {
-		t.Fatalf("%s: %v", dashboardPath, err)
-	}
-	return d
+	return decodeFile[dashboard](t, dashboardPath, json.Unmarshal)
 }
 
-func readRules(t *testing.T) ruleFile {
+// readRules is the rule file, decoded.
+func readRules(t *testing.T) ruleFile { return decodeFile[ruleFile](t, rulesPath, yaml.Unmarshal) }
+
+// decodeFile reads path and decodes it with unmarshal, or fails the test.
+func decodeFile[T any](t *testing.T, path string, unmarshal func([]byte, any) error) T {
 	t.Helper()
-	b, err := os.ReadFile(rulesPath)
+	var v T
+	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var f ruleFile
-	if err := yaml.Unmarshal(b, &f); err != nil {
-		t.Fatalf("%s: %v", rulesPath, err)
+	if err := unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
-	return f
+	return v
 }
 
 // query is one PromQL expression and where it is used.
