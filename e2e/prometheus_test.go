@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -137,7 +136,6 @@ scrape_configs:
 		"--web.listen-address="+addr,
 		"--log.level=warn")
 	cmd.Stdout, cmd.Stderr = p.log, p.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlives a killed test binary
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start prometheus: %v", err)
 	}
