@@ -53,6 +53,7 @@ var floors = map[string]int{
 // testOnly are packages outside the floors: tests, examples, and the part of the test kit
 // that starts a whole gateway (it imports the composition root, and only tests import it).
 var testOnly = map[string]bool{
+	"deploy":                      true,
 	"e2e":                         true,
 	"examples/openai-go":          true,
 	"internal/archtest":           true,

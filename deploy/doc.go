@@ -1,0 +1,5 @@
+// Package deploy holds what an operator deploys beside oncegate, and the tests that keep it
+// true: prometheus/alerts.yml (recording and alerting rules, unit-tested by
+// prometheus/alerts_test.yml through promtool) and grafana/oncegate.json (a dashboard whose
+// every metric name a running gateway must export). It has no non-test code.
+package deploy
