@@ -92,6 +92,22 @@ type soakLoad struct {
 }
 
 // during is the number of intents in flight at some moment of [from, to].
+// counts is the intents started and not finished, and those finished.
+func (l *soakLoad) counts() (inFlight, done int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, s := range l.start {
+		switch {
+		case s.IsZero():
+		case l.end[i].IsZero():
+			inFlight++
+		default:
+			done++
+		}
+	}
+	return inFlight, done
+}
+
 func (l *soakLoad) during(from, to time.Time) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -147,6 +163,44 @@ func (c *chaosEnv) streamConsumers(ctx context.Context) (map[string]int, error) 
 	return per, nil
 }
 
+// soakProgressEvery is how often a long soak logs how it goes (what the end-of-row checks
+// cannot say: when a backlog began, and in which stream).
+const soakProgressEvery = 10 * time.Second
+
+// logProgress logs, every soakProgressEvery until ctx ends, the intents in flight and finished
+// so far, every stream's messages, sequence span, interior deletes and consumers, and the
+// pending and unacknowledged messages of each JOBS consumer.
+func (c *chaosEnv) logProgress(ctx context.Context, load *soakLoad, start time.Time) {
+	tick := time.NewTicker(soakProgressEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		inFlight, done := load.counts()
+		line := fmt.Sprintf("row 18 +%s: %d intents in flight, %d finished;", time.Since(start).Round(time.Second), inFlight, done)
+		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		l := c.js.ListStreams(lctx)
+		for info := range l.Info() {
+			st := info.State
+			line += fmt.Sprintf(" %s msgs %d seq %d-%d deleted %d consumers %d;", info.Config.Name, st.Msgs, st.FirstSeq, st.LastSeq, st.NumDeleted, st.Consumers)
+		}
+		if err := l.Err(); err != nil {
+			line += " streams: " + err.Error()
+		}
+		if s, err := c.js.Stream(lctx, "JOBS"); err == nil {
+			cl := s.ListConsumers(lctx)
+			for ci := range cl.Info() {
+				line += fmt.Sprintf(" JOBS consumer %s pending %d ack-pending %d redelivered %d waiting %d;", ci.Name, ci.NumPending, ci.NumAckPending, ci.NumRedelivered, ci.NumWaiting)
+			}
+		}
+		cancel()
+		c.t.Log(line)
+	}
+}
+
 // soakFault is one restart the soak did.
 type soakFault struct {
 	kind      int // 0 a NATS server, 1 an API process, 2 a worker process
@@ -185,11 +239,21 @@ func chaosSoakRow(t *testing.T, c *chaosEnv, s *rowStats) {
 	sctx, stopSampler := context.WithCancel(context.Background())
 	sampled := make(chan []consumerSample, 1)
 	go c.sampleConsumers(sctx, load, sampled)
+	progressDone := make(chan struct{})
+	if dur >= time.Minute {
+		go func() {
+			defer close(progressDone)
+			c.logProgress(sctx, load, time.Now())
+		}()
+	} else {
+		close(progressDone)
+	}
 	var samples []consumerSample
 	stopSampling := func() {
 		if stopSampler != nil {
 			stopSampler()
 			samples, stopSampler = <-sampled, nil
+			<-progressDone
 		}
 	}
 	defer stopSampling()
