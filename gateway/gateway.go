@@ -5,6 +5,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/status"
+	"github.com/oncegate/oncegate/internal/tracing"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
@@ -47,6 +49,8 @@ type Gateway struct {
 	stopWorkers context.CancelFunc
 	workersDone chan struct{}
 	backends    map[string]*backend.Client
+	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
+	tracer *tracing.Tracer
 
 	// res is the JetStream setup; kick asks resLoop to run it again (a connection reconnected,
 	// or /readyz found a stream missing).
@@ -110,6 +114,12 @@ func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv f
 func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	cfg, log := g.cfg, g.log
 	serveAPI := cfg.Role == "all" || cfg.Role == "api"
+	tr, err := tracing.New(tracing.Options{Endpoint: cfg.Tracing.OTLPEndpoint, Service: cmp.Or(cfg.Tracing.ServiceName, "oncegate"),
+		SampleRatio: cfg.Tracing.SampleRatio})
+	if err != nil {
+		return &StartError{Field: "tracing.otlp_endpoint", Err: err}
+	}
+	g.tracer = tr
 	if serveAPI {
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
@@ -319,8 +329,8 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
-		Ledger: led,
-		Log:    g.log.With().Str("component", "workers").Logger(),
+		Ledger: led, Tracer: g.tracer,
+		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
@@ -369,7 +379,8 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens}})
 	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
-		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res})
+		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
+		Tracer: g.tracer})
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
 	g.log.Info().Str("listen", "http://"+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
@@ -420,6 +431,9 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	}
 	if g.ns != nil {
 		g.ns.Shutdown()
+	}
+	if err := g.tracer.Shutdown(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -9,9 +9,13 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/tracing"
 	"github.com/oncegate/oncegate/kv"
 )
 
@@ -22,6 +26,18 @@ type generation struct {
 	intent.Request
 	echoKey      string // Idempotency-Key response header
 	includeUsage bool
+	// span is the request's; whoever writes the answer's last byte ends it (endSpan): the
+	// handler, or for a live stream (live) its writer.
+	span trace.Span
+	live bool
+}
+
+// endSpan ends the request's span with the answer's outcome.
+func (g *generation) endSpan(outcome intent.Outcome) {
+	if outcome != "" {
+		g.span.SetAttributes(attribute.String("oncegate.outcome", string(outcome)))
+	}
+	g.span.End()
 }
 
 // chatCompletions is POST /v1/chat/completions; messages is POST /v1/messages (Anthropic).
@@ -30,19 +46,42 @@ func (s *Server) chatCompletions(c *fiber.Ctx) error { return s.generate(c, apiO
 
 func (s *Server) messages(c *fiber.Ctx) error { return s.generate(c, apiAnthropic) }
 
-func (s *Server) generate(c *fiber.Ctx, api string) error {
+func (s *Server) generate(c *fiber.Ctx, api string) (err error) {
+	// Fiber's header strings live in its reused buffers; a tracestate the span keeps must not.
+	ctx, span := s.tracer.Start(c.UserContext(), func(h string) string { return strings.Clone(c.Get(h)) }, "POST "+c.Path())
+	var outcome intent.Outcome
+	live := false // a live stream's writer ends the span when the stream ends
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error()) // the error handler writes the status later
+		}
+		if !live {
+			(&generation{span: span}).endSpan(outcome)
+		}
+	}()
 	g, err := s.parseGeneration(c, api)
 	if err != nil {
 		return err
 	}
-	adm, err := s.admit(c.UserContext(), g)
+	g.span = span
+	g.TraceID = tracing.TraceID(ctx)
+	// The execution's parent is this request's span: its worker reads it from the record.
+	if g.Header == nil {
+		g.Header = map[string][]string{}
+	}
+	tracing.Inject(ctx, g.Header)
+	adm, err := s.admit(ctx, g)
 	if err != nil {
 		return err
 	}
+	outcome = adm.Outcome
+	span.SetAttributes(attribute.String("oncegate.job_id", adm.JobID))
 	if g.Async {
 		return s.respondAccepted(c, g, adm)
 	}
-	return s.deliver(c, g, adm)
+	err = s.deliver(c, g, adm)
+	live = g.live
+	return err
 }
 
 // parseGeneration authenticates, validates and copies the request. It changes no state.

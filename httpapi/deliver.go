@@ -91,6 +91,7 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 		}
 		if g.Stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
 			streaming = true // the stream writer settles when the stream ends
+			g.live = true    // and ends the request's span
 			s.streamLive(c, g, adm, ch)
 			return nil
 		}
@@ -190,6 +191,7 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 	intents, key, epoch := s.intents, adm.Key, adm.Rec.Epoch
 	out.live(c, adm.Follower(), s.writeTimeout, func() {
 		defer adm.Done()
+		defer g.endSpan(adm.Outcome)
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
 		var sent liveSent

@@ -66,6 +66,8 @@ type jobView struct {
 	Usage     *kv.Usage       `json:"usage,omitempty"`
 	Result    json.RawMessage `json:"result,omitempty"`
 	Error     json.RawMessage `json:"error,omitempty"`
+	// TraceID is the trace the execution continues: the creating request's.
+	TraceID string `json:"trace_id,omitempty"`
 }
 
 func (s *Server) getJob(c *fiber.Ctx) error {
@@ -75,7 +77,7 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 	}
 	rec, _ = s.intents.WithProgress(c.UserContext(), key, rec)
 	v := jobView{ID: rec.JobID, Object: "job", Status: jobStatus(rec), Model: rec.Model, CreatedAt: rec.Created.Unix(),
-		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: tokensOut(rec)}
+		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: tokensOut(rec), TraceID: rec.TraceID}
 	if res := rec.Result; res != nil {
 		v.Usage = res.Usage
 		switch {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/tracing"
 )
 
 // Router resolves a model name to the backends that serve it.
@@ -59,6 +60,9 @@ type Deps struct {
 	Idem            config.Idempotency
 	HTTP            config.HTTP
 	Log             zerolog.Logger
+	// Tracer starts each generation request's span and carries its trace to the execution
+	// (nil: off; a client's traceparent still reaches the backend).
+	Tracer *tracing.Tracer
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -77,6 +81,7 @@ type Server struct {
 	adminKeys [][]byte
 	idem      config.Idempotency
 	log       zerolog.Logger
+	tracer    *tracing.Tracer
 	now       func() time.Time
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
 	writeTimeout time.Duration
@@ -94,7 +99,7 @@ const anonymousTenant = "anonymous"
 // New builds the app and its routes.
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
-		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger}
+		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, tracer: d.Tracer}
 	if s.now == nil {
 		s.now = time.Now
 	}

@@ -64,7 +64,7 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 	return &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
 		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, EpochStarted: now,
 		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API,
-		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline}
+		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID}
 }
 
 // create claims key with a new record and publishes its job; kv.ErrExists if taken.
@@ -184,7 +184,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 	}
 	switch rec.State {
 	case kv.Pending:
-		if rec.LeaseExpired(now) && !c.stillQueued(ctx, req.Key) {
+		if c.store.Abandoned(ctx, rec, now, c.opts.Lease) && !c.stillQueued(ctx, req.Key) {
 			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, now, c.opts.Lease)
 			if err != nil {
 				return nil, err

@@ -140,6 +140,7 @@ type Request struct {
 	Degraded *kv.Degraded
 	Header   map[string][]string // passed through to the backend
 	Deadline time.Time           // the client's overall deadline (zero: none)
+	TraceID  string              // the request's W3C trace id, kept in a new record
 	Stream   bool
 	// MaxTokens is the request's output limit (0: not set), for the budget estimate.
 	MaxTokens int

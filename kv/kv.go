@@ -82,6 +82,8 @@ type Store struct {
 	prog jetstream.Stream
 	js   jetstream.JetStream
 	ttl  time.Duration // the bucket's record TTL
+	// leader is when the bucket's leader was elected (Abandoned).
+	leader *leaderClock
 }
 
 // Open creates or updates the bucket (file storage: records must survive a crash), the job
@@ -106,7 +108,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kvs, idx: idx, prog: prog, js: js, ttl: cfg.TTL}, nil
+	return &Store{kv: kvs, idx: idx, prog: prog, js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
 }
 
 // BucketStream is the stream behind the bucket.

@@ -118,6 +118,9 @@ type Record struct {
 	Header  map[string][]string `json:"header,omitempty"`
 	// Deadline is the client's overall deadline, if it sent one (Oncegate-Timeout).
 	Deadline time.Time `json:"deadline,omitempty"`
+	// TraceID is the W3C trace id of the request that created the record (its execution's
+	// spans and backend calls continue that trace); kept once the record is finished.
+	TraceID string `json:"trace_id,omitempty"`
 
 	Result *Result `json:"result,omitempty"`
 }

@@ -16,11 +16,14 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/resilience"
+	"github.com/oncegate/oncegate/internal/tracing"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -69,6 +72,9 @@ type Options struct {
 	// ChunkLinger is the least time between two data chunks of one stream (0: none); what
 	// arrives meanwhile is coalesced. The first chunk and the stream's end never wait.
 	ChunkLinger time.Duration
+	// Tracer exports an execution's spans when tracing is configured (nil: off; the request's
+	// traceparent still reaches the backend).
+	Tracer *tracing.Tracer
 }
 
 // Pool runs jobs.
@@ -305,8 +311,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
-		if !rec.LeaseExpired(now) {
-			_ = m.NakWithDelay(rec.LeaseUntil.Sub(now) + 100*time.Millisecond)
+		if !p.store.Abandoned(ctx, rec, now, p.opts.Lease) {
+			// Not yet: the lease runs, or ran out while the records had no leader (kv.Abandoned).
+			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), 0) + 100*time.Millisecond)
 			return
 		}
 		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, now, p.opts.Lease)
@@ -318,6 +325,14 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		// The epoch changed: build the context again rather than add a second "epoch" field.
 		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
 		log.Warn().Int("previous_epoch", wire.Epoch).Msg("took over execution after lease expiry")
+	}
+	// The execution continues the trace of the request that created it (the record keeps its
+	// traceparent); its backend attempts are child spans (internal/backend).
+	ctx, span := p.opts.Tracer.StartFrom(ctx, job.Header, "oncegate.execution")
+	defer span.End()
+	span.SetAttributes(attribute.String("oncegate.job_id", job.ID), attribute.Int("oncegate.epoch", job.Epoch))
+	if id := tracing.TraceID(ctx); id != "" {
+		log = log.With().Str(fieldTraceID, id).Logger()
 	}
 	ex := &execution{pool: p, job: job, msg: m, rec: rec, rev: rev, log: log}
 	p.setRunning(job.Key, true)
@@ -348,6 +363,8 @@ const (
 	fieldJobID = "job_id"
 	fieldKey   = "idem_key_hash"
 	fieldEpoch = "epoch"
+	// fieldTraceID is the W3C trace id the execution continues (the API logs the same field).
+	fieldTraceID = "trace_id"
 )
 
 // postLoop posts the backends' health to the board every two seconds.
@@ -415,7 +432,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 			continue // ours, still retrying its outcome's write past the lease (finalRetry)
 		}
 		rec, rev, err := p.store.Get(ctx, e.Key)
-		if err != nil || !rec.LeaseExpired(now) || rec.Cancelled {
+		if err != nil || !p.store.Abandoned(ctx, rec, now, p.opts.Lease) || rec.Cancelled {
 			continue
 		}
 		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, now, p.opts.Lease)

@@ -32,6 +32,7 @@ var floors = map[string]int{
 	"internal/status":           0,
 	"internal/testkit":          0,
 	"internal/testkit/freeport": 0,
+	"internal/tracing":          0,
 	// 1: the stores.
 	"kv":     1,
 	"jobs":   1,

@@ -22,9 +22,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/jsonscan"
 	"github.com/oncegate/oncegate/internal/mockllm"
+	"github.com/oncegate/oncegate/internal/tracing"
 )
 
 // Sentinel errors of one attempt; the worker's retry policy branches on them.
@@ -155,6 +159,10 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 		return nil, nil, fmt.Errorf("backend %s: build request: %w", c.cfg.Name, err)
 	}
 	c.setHeaders(req, call)
+	// The attempt's span ends with its response's headers (or its failure); the body's
+	// streaming is the execution's.
+	span := tracing.StartAttempt(ctx, c.cfg.Name, req)
+	defer span.End()
 
 	watchDone := make(chan struct{})
 	go func() {
@@ -168,9 +176,15 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 	if err != nil {
 		stop()
 		<-watchDone
-		return nil, nil, c.classify(err, written.Load(), actx)
+		err = c.classify(err, written.Load(), actx)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, nil, err
 	}
 	<-watchDone
+	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+	if resp.StatusCode >= 400 {
+		span.SetStatus(codes.Error, resp.Status)
+	}
 	return resp, stop, nil
 }
 

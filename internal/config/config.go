@@ -73,6 +73,21 @@ type Config struct {
 	Tenants     []Tenant    `yaml:"tenants"`
 	Ledger      Ledger      `yaml:"ledger"`
 	Admin       Admin       `yaml:"admin"`
+	Tracing     Tracing     `yaml:"tracing"`
+}
+
+// Tracing configures W3C trace propagation's optional span export. Propagation is always on:
+// a client's traceparent reaches the backend, and every request's trace id is logged and kept
+// in its record.
+type Tracing struct {
+	// OTLPEndpoint is an OTLP/HTTP collector's base URL (spans go to its /v1/traces); empty:
+	// no spans are exported, at no cost.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// ServiceName is the exported service.name; empty: "oncegate".
+	ServiceName string `yaml:"service_name"`
+	// SampleRatio samples traces that start here (0 < r <= 1; 0: 1); a client's sampled flag
+	// is followed either way.
+	SampleRatio float64 `yaml:"sample_ratio"`
 }
 
 // NATS configures the connection to NATS, or the embedded server.

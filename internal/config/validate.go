@@ -135,6 +135,7 @@ func (c *Config) Validate() error {
 	v.tenants(c.Tenants)
 	v.ledger(&c.Ledger)
 	v.admin(&c.Admin)
+	v.tracing(&c.Tracing)
 	if len(v.errs) == 0 {
 		return nil
 	}
@@ -663,5 +664,17 @@ func (v *validator) oneOf(path, val string, allowed ...string) {
 func (v *validator) positive(path string, d Duration) {
 	if d <= 0 {
 		v.add(path, "must be > 0, got %s", d)
+	}
+}
+
+func (v *validator) tracing(t *Tracing) {
+	if t.OTLPEndpoint != "" {
+		u, err := url.Parse(t.OTLPEndpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			v.add("tracing.otlp_endpoint", "must be an http:// or https:// URL of an OTLP/HTTP collector (e.g. http://127.0.0.1:4318), got %q", t.OTLPEndpoint)
+		}
+	}
+	if t.SampleRatio < 0 || t.SampleRatio > 1 {
+		v.add("tracing.sample_ratio", "must be between 0 and 1, got %g", t.SampleRatio)
 	}
 }
