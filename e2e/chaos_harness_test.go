@@ -418,7 +418,7 @@ func startChaos(t *testing.T, row string, opts ...chaosOption) *chaosEnv {
 // stock server (issue 12: 1,000 consumers per stream).
 func chaosClusterOptions(row string) []testkit.ClusterOption {
 	switch row {
-	case "10", "18":
+	case "10":
 		return []testkit.ClusterOption{testkit.StockLimits()}
 	}
 	return nil
