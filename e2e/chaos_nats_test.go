@@ -39,6 +39,12 @@ func natsRowOptions(row string) []chaosOption {
 		return []chaosOption{onNATSProcs("always")}
 	case "3c-1s": // the control of 3c: the file store synced every second, not on every write
 		return []chaosOption{onNATSProcs("1s")}
+	case "18":
+		// Stock nats-server processes (the check: its default limits, 1,000 consumers
+		// per stream), and a NATS that does not share this process's heap: in process, the
+		// servers ran on the harness's garbage collector, whose work grows with every
+		// transcript the soak keeps.
+		return []chaosOption{onNATSProcs("always")}
 	}
 	return nil
 }

@@ -153,6 +153,14 @@ func (c *natsProcs) Start(i int) {
 	}
 }
 
+// Stop sends server i SIGTERM (a graceful shutdown: its leaderships handed over) and waits
+// until it is gone.
+func (c *natsProcs) Stop(i int) {
+	c.t.Helper()
+	c.nodes[i].p.sigterm(c.t, 30*time.Second)
+	c.nodes[i].p = nil
+}
+
 // Kill sends server i SIGKILL and waits until it is gone.
 func (c *natsProcs) Kill(i int) {
 	c.t.Helper()
