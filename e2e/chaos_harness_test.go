@@ -424,6 +424,17 @@ func chaosClusterOptions(row string) []testkit.ClusterOption {
 	return nil
 }
 
+// chaosDiscard overrides the processes' workers.discard_chunks_after (a diagnosis knob: the
+// soak's CHUNKS purges).
+var chaosDiscard = flag.String("chaos.discard-chunks", "", "workers.discard_chunks_after of the suite's processes (default: the gateway's)")
+
+func discardOverride() string {
+	if *chaosDiscard == "" {
+		return ""
+	}
+	return ", discard_chunks_after: " + *chaosDiscard
+}
+
 // writeConfig writes the config file of one process whose backend is at base.
 func (c *chaosEnv) writeConfig(name, base string) string {
 	c.t.Helper()
@@ -431,13 +442,13 @@ func (c *chaosEnv) writeConfig(name, base string) string {
 	// zombie says it was fenced.
 	yaml := fmt.Sprintf(`log_level: info
 idempotency: {lease: %s, renew_every: 500ms}
-workers: {concurrency: 16, sweep_every: 1s}
+workers: {concurrency: 16, sweep_every: 1s%s}
 backends:
   - {name: mockproc, type: openai, base_url: %q, models: [%s], timeout: 60s}
 ledger:
   prices: {%s: {input_per_million: 1000000, output_per_million: 1000000}}
   reconcile_every: 1s
-`, chaosLease, base, config.MockModel, config.MockModel)
+`, chaosLease, discardOverride(), base, config.MockModel, config.MockModel)
 	path := filepath.Join(c.dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		c.t.Fatal(err)

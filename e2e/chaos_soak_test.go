@@ -175,6 +175,9 @@ const soakProgressEvery = 10 * time.Second
 func (c *chaosEnv) logProgress(ctx context.Context, load *soakLoad, start time.Time) {
 	tick := time.NewTicker(soakProgressEvery)
 	defer tick.Stop()
+	if c.procs != nil {
+		c.t.Logf("row 18: the nats-servers' profilers: %v (http://ADDR/debug/pprof/)", c.procs.ProfAddrs())
+	}
 	for {
 		select {
 		case <-ctx.Done():

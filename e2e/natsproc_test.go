@@ -74,6 +74,7 @@ type natsProcs struct {
 type natsNode struct {
 	name, conf, store string
 	client, http      string // host:port
+	prof              string // host:port of the server's Go profiler (/debug/pprof), for a long run's diagnosis
 	p                 *proc  // nil while killed
 }
 
@@ -89,7 +90,7 @@ func runNATSProcs(t *testing.T, syncInterval string) *natsProcs {
 		routePorts[i] = testkit.FreeAddr(t)
 		c.nodes = append(c.nodes, &natsNode{name: fmt.Sprintf("P-%d", i+1),
 			conf: filepath.Join(dir, fmt.Sprintf("p%d.conf", i+1)), store: filepath.Join(dir, fmt.Sprintf("p%d-store", i+1)),
-			client: testkit.FreeAddr(t), http: testkit.FreeAddr(t)})
+			client: testkit.FreeAddr(t), http: testkit.FreeAddr(t), prof: testkit.FreeAddr(t)})
 	}
 	c.links = make([][]*routeProxy, n)
 	for a := range n {
@@ -114,6 +115,7 @@ func runNATSProcs(t *testing.T, syncInterval string) *natsProcs {
 		conf := fmt.Sprintf(`server_name: %s
 listen: %q
 http: %q
+prof_port: %s
 jetstream { store_dir: %q, sync_interval: %s }
 cluster {
   name: oncegate-procs
@@ -121,7 +123,7 @@ cluster {
   advertise: %q
   routes: [%s]
 }
-`, nd.name, nd.client, nd.http, nd.store, syncInterval, routePorts[i], testkit.FreeAddr(t), strings.Join(routes, ", "))
+`, nd.name, nd.client, nd.http, nd.prof[strings.LastIndex(nd.prof, ":")+1:], nd.store, syncInterval, routePorts[i], testkit.FreeAddr(t), strings.Join(routes, ", "))
 		if err := os.WriteFile(nd.conf, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -184,6 +186,15 @@ func (c *natsProcs) Size() int { return len(c.nodes) }
 
 // StoreDir is server i's JetStream store directory.
 func (c *natsProcs) StoreDir(i int) string { return c.nodes[i].store }
+
+// ProfAddrs are the servers' profiler addresses (http://ADDR/debug/pprof/).
+func (c *natsProcs) ProfAddrs() []string {
+	out := make([]string, 0, len(c.nodes))
+	for _, nd := range c.nodes {
+		out = append(out, nd.prof)
+	}
+	return out
+}
 
 // URLs are the servers' client URLs (they do not change on restart).
 func (c *natsProcs) URLs() []string {
