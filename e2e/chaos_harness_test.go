@@ -263,7 +263,9 @@ type gwNode struct {
 	name string
 	args []string
 	base string // http://addr for an API node, "" for a worker
-	p    *proc
+	// pprof is the process's Go profiler (serve --pprof), the same across restarts.
+	pprof string
+	p     *proc
 }
 
 // chaosEnv is one row's topology.
@@ -367,16 +369,17 @@ func startChaos(t *testing.T, row string, opts ...chaosOption) *chaosEnv {
 
 	for i := range 2 {
 		cfg := c.writeConfig(fmt.Sprintf("worker%d", i), c.rec.workerBase(i))
-		c.workers = append(c.workers, &gwNode{name: fmt.Sprintf("worker-%d", i),
-			args: []string{"serve", "--role", "worker", "--nats-url", c.natsURL, "--config", cfg,
+		prof := testkit.FreeAddr(t)
+		c.workers = append(c.workers, &gwNode{name: fmt.Sprintf("worker-%d", i), pprof: prof,
+			args: []string{"serve", "--role", "worker", "--nats-url", c.natsURL, "--config", cfg, "--pprof", prof,
 				"--data-dir", filepath.Join(c.dir, fmt.Sprintf("worker%d-data", i))}})
 	}
 	for i := range 2 {
 		// API nodes never call a backend; their route still names one.
 		cfg := c.writeConfig(fmt.Sprintf("api%d", i), c.rec.srv.URL+"/api/v1")
-		addr := testkit.FreeAddr(t)
-		c.apis = append(c.apis, &gwNode{name: fmt.Sprintf("api-%d", i), base: "http://" + addr,
-			args: []string{"serve", "--role", "api", "--nats-url", c.natsURL, "--config", cfg, "--listen", addr,
+		addr, prof := testkit.FreeAddr(t), testkit.FreeAddr(t)
+		c.apis = append(c.apis, &gwNode{name: fmt.Sprintf("api-%d", i), base: "http://" + addr, pprof: prof,
+			args: []string{"serve", "--role", "api", "--nats-url", c.natsURL, "--config", cfg, "--listen", addr, "--pprof", prof,
 				"--data-dir", filepath.Join(c.dir, fmt.Sprintf("api%d-data", i))}})
 	}
 	// One by one, each ready before the next: the first creates the replicated streams and

@@ -178,6 +178,9 @@ func (c *chaosEnv) logProgress(ctx context.Context, load *soakLoad, start time.T
 	if c.procs != nil {
 		c.t.Logf("row 18: the nats-servers' profilers: %v (http://ADDR/debug/pprof/)", c.procs.ProfAddrs())
 	}
+	for _, n := range append(slices.Clone(c.workers), c.apis...) {
+		c.t.Logf("row 18: %s's profiler: http://%s/debug/pprof/", n.name, n.pprof)
+	}
 	for {
 		select {
 		case <-ctx.Done():
