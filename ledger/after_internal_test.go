@@ -56,3 +56,44 @@ func TestRepeatFoundFromAfter(t *testing.T) {
 		t.Fatalf("control without After: seq %d (first %d), err %v, %d entries (before %d); the test no longer isolates After", dup.Seq, first.Seq, err, msgs(ctx, t, l), n)
 	}
 }
+
+// TestNewChargeReadsNoStream: once the id index has forgotten older ids (the dedup horizon),
+// a new charge whose After is inside what the index still holds is written without reading
+// the tenant's entries from the stream: its id cannot be there. Before, every such charge read
+// a minute or more of entries under the chain lock, and the soak's workers queued on it.
+func TestNewChargeReadsNoStream(t *testing.T) {
+	srv := testkit.RunJetStream(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := srv.JS.CreateStream(ctx, StreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	l := New(srv.JS, Prices{"m": {InputPerMillion: 1_000_000}}, "USD", WithDedupHorizon(time.Nanosecond))
+	in := ChargeInput{Tenant: "acme", KeyHash: "0123456789abcdef0123456789abcdef", JobID: "01J00000000000000000000001", Epoch: 1, Attempt: 1, Model: "m", InputTokens: 10}
+	for _, job := range []string{"01J00000000000000000000001", "01J00000000000000000000002"} {
+		in.JobID = job
+		if _, err := l.Charge(ctx, in); err != nil { // the second forgets the first: the index is partial
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(10 * time.Millisecond)
+	fresh := in
+	fresh.JobID, fresh.After = "01J00000000000000000000003", time.Now().Add(2*clockMargin)
+	before := l.scans.Load()
+	if _, err := l.Charge(ctx, fresh); err != nil {
+		t.Fatal(err)
+	}
+	if n := l.scans.Load() - before; n != 0 {
+		t.Fatalf("a new charge read the stream %d times", n)
+	}
+	// Control: an After older than what the index holds still reads the stream.
+	old := in
+	old.JobID, old.After = "01J00000000000000000000004", time.Now().Add(-time.Hour)
+	before = l.scans.Load()
+	if _, err := l.Charge(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if l.scans.Load() == before {
+		t.Fatal("a charge whose After is older than the index read nothing: the test no longer isolates the rule")
+	}
+}

@@ -71,6 +71,7 @@ import (
 	"math/bits"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -284,6 +285,8 @@ func WithClock(now func() time.Time) Option { return func(l *Ledger) { l.now = n
 
 // Ledger appends to and reads from the LEDGER stream. Create the stream with EnsureStream first.
 type Ledger struct {
+	// scans counts reads of a chain's entries from the stream (tests).
+	scans    atomic.Int64
 	js       jetstream.JetStream
 	prices   Prices
 	currency string

@@ -81,6 +81,7 @@ type span struct {
 // entries appended meanwhile do not make it run forever. fn's error stops the scan and is
 // returned.
 func (l *Ledger) scan(ctx context.Context, subject string, sp span, fn func(*Entry) error) error {
+	l.scans.Add(1)
 	st, err := l.stream(ctx)
 	if err != nil || st == nil {
 		return err
