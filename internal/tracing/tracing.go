@@ -152,11 +152,6 @@ func (t *Tracer) StartFrom(ctx context.Context, h map[string][]string, name stri
 	return t.start(ctx, name, trace.SpanKindConsumer)
 }
 
-// StartClient begins a client span (a backend attempt) under ctx's span.
-func (t *Tracer) StartClient(ctx context.Context, name string) (context.Context, trace.Span) {
-	return t.start(ctx, name, trace.SpanKindClient)
-}
-
 func (t *Tracer) start(ctx context.Context, name string, kind trace.SpanKind) (context.Context, trace.Span) {
 	if t == nil {
 		return ctx, trace.SpanFromContext(ctx)
