@@ -8,9 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -120,7 +120,10 @@ func digest(id string) idDigest {
 // up to lastSeq (with a dedup horizon, only of the entries stored within it: partial). Guarded
 // by mu, which also serializes this process's appends to the tenant.
 type chain struct {
-	mu       chanMutex
+	mu chanMutex
+	// qmu guards queue: the appends waiting for a holder of mu to commit them (append.go).
+	qmu      sync.Mutex
+	queue    []*pending
 	tenant   string
 	subject  string
 	loaded   bool
@@ -287,91 +290,6 @@ func (c *chain) lookup(ctx context.Context, l *Ledger, id string, after time.Tim
 		return 0, false, err
 	}
 	return seq, seq != 0, nil
-}
-
-// maxAppendTries bounds how often one append re-reads its chain after losing a race.
-const maxAppendTries = 1000
-
-// append writes e at the head of its tenant's chain, or returns the stored entry with e's id;
-// created reports whether e was written now. expect, when set, is called before each publish.
-func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Context) error, after time.Time) (Entry, bool, error) {
-	c := l.chain(e.Tenant)
-	if err := c.mu.LockCtx(ctx); err != nil {
-		return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
-	}
-	defer c.mu.Unlock()
-	if !c.loaded {
-		if err := c.sync(ctx, l); err != nil {
-			return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
-		}
-	}
-	d := digest(e.ID)
-	for try := 0; try < maxAppendTries; try++ {
-		seq, ok := c.ids[d]
-		if !ok && !after.IsZero() {
-			// A possible repeat of an entry older than the index: read the stream from after.
-			var err error
-			if seq, ok, err = c.lookup(ctx, l, e.ID, after); err != nil {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
-			}
-			after = time.Time{} // once: later tries only follow new entries
-		}
-		if ok {
-			prev, err := l.entryAt(ctx, seq)
-			if err != nil {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
-			}
-			if prev.ID != e.ID {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: seq %d holds %s", e.ID, ErrCorrupt, seq, prev.ID)
-			}
-			if prev.CostMicros != e.CostMicros || prev.InputTokens != e.InputTokens || prev.OutputTokens != e.OutputTokens {
-				l.log.Warn().Str(fieldEntryID, e.ID).Uint64(fieldSeq, seq).Int64(fieldCost, prev.CostMicros).
-					Msg("entry exists with other usage; the stored entry stands")
-			}
-			return prev, false, nil
-		}
-		if expect != nil {
-			if err := expect(ctx); err != nil {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: %w", e.ID, ErrFenced, err)
-			}
-		}
-		e.PrevHash = c.lastHash
-		e.Hash = HashOf(&e)
-		msg := &nats.Msg{Subject: c.subject, Data: encodeStored(&e)}
-		ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.ID), jetstream.WithExpectStream(StreamName),
-			jetstream.WithExpectLastSequencePerSubject(c.lastSeq))
-		switch {
-		case err == nil && !ack.Duplicate:
-			e.Seq = ack.Sequence
-			c.remember(d, e.Seq, e.Time)
-			c.lastSeq, c.lastHash = e.Seq, e.Hash
-			l.log.Debug().Str(fieldEntryID, e.ID).Str(fieldKind, e.Kind).Str(fieldTenant, e.Tenant).
-				Uint64(fieldSeq, e.Seq).Int64(fieldCost, e.CostMicros).Msg("ledger entry appended")
-			l.counted(&e)
-			return e, true, nil
-		case err == nil:
-			// In the Nats-Msg-Id window although our head was current: the entry is older than
-			// the dedup horizon, or (a misuse) the id is taken on another tenant's subject.
-			prev, gerr := l.entryAt(ctx, ack.Sequence)
-			if gerr != nil {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, gerr)
-			}
-			if prev.ID != e.ID || prev.Tenant != e.Tenant {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w: the id is taken by seq %d of another tenant", e.ID, ErrInvalid, ack.Sequence)
-			}
-			c.remember(d, prev.Seq, prev.Time)
-			return prev, false, nil
-		case wrongLast(err):
-			if serr := c.sync(ctx, l); serr != nil {
-				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, serr)
-			}
-		default:
-			// The publish may have been stored all the same; the next append finds out (its
-			// expected sequence is stale, so it re-reads the chain first).
-			return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
-		}
-	}
-	return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, ErrContended)
 }
 
 func wrongLast(err error) bool {

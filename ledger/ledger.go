@@ -286,7 +286,11 @@ func WithClock(now func() time.Time) Option { return func(l *Ledger) { l.now = n
 // Ledger appends to and reads from the LEDGER stream. Create the stream with EnsureStream first.
 type Ledger struct {
 	// scans counts reads of a chain's entries from the stream (tests).
-	scans    atomic.Int64
+	scans atomic.Int64
+	// batches counts the atomic batches appended (tests).
+	batches atomic.Int64
+	// noAtomic is set once LEDGER refused an atomic batch as disabled.
+	noAtomic atomic.Bool
 	js       jetstream.JetStream
 	prices   Prices
 	currency string

@@ -30,7 +30,10 @@ func StreamConfig() jetstream.StreamConfig {
 		DenyDelete:        true,
 		DenyPurge:         true,
 		AllowRollup:       false,
-		Replicas:          1,
+		// Appends are committed in atomic batches (append.go); a server before 2.12
+		// ignores the setting and gets them one by one.
+		AllowAtomicPublish: true,
+		Replicas:           1,
 	}
 }
 
@@ -107,6 +110,7 @@ func tighten(cur jetstream.StreamConfig) (jetstream.StreamConfig, error) {
 	next.DiscardNewPerSubject = false
 	next.AllowMsgTTL, next.SubjectDeleteMarkerTTL = false, 0
 	next.PersistMode = jetstream.DefaultPersistMode
+	next.AllowAtomicPublish = true
 	next.Duplicates = max(cur.Duplicates, DuplicateWindow)
 	if next.MaxMsgs == 0 {
 		next.MaxMsgs = -1

@@ -30,6 +30,8 @@ type Cluster struct {
 	nodes []*clusterNode
 	// stockLimits keeps nats-server's default JetStream limits (StockLimits).
 	stockLimits bool
+	// syncAlways fsyncs every write (SyncAlways).
+	syncAlways bool
 }
 
 // ClusterOption changes how RunCluster configures its servers.
@@ -40,6 +42,11 @@ type ClusterOption func(*Cluster)
 // cluster that behaves like an operator's stock nats-server, where a consumer leak shows as
 // failed requests.
 func StockLimits() ClusterOption { return func(c *Cluster) { c.stockLimits = true } }
+
+// SyncAlways makes every server fsync each write before acknowledging it (nats-server's
+// `sync: always`, the suite's production setting), instead of the default two-minute sync
+// interval: for measuring what a write costs.
+func SyncAlways() ClusterOption { return func(c *Cluster) { c.syncAlways = true } }
 
 type clusterNode struct {
 	name       string
@@ -115,6 +122,7 @@ func (c *Cluster) options(i int) *server.Options {
 		},
 		Routes: server.RoutesFromStr(strings.Join(routes, ",")),
 	}
+	o.SyncAlways = c.syncAlways
 	// As natsrv does: 2.15 caps consumers per stream at 1,000 by default.
 	if !c.stockLimits {
 		o.JetStreamLimits.DefaultMaxConsumers = -1
