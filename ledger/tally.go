@@ -273,15 +273,21 @@ func (t *Tally) Run(ctx context.Context) error {
 	}
 }
 
-// Flush publishes the reports unsent by earlier flushes, then one report per tenant counted
-// since (for a tenant whose earlier report is still unsent, its new counts wait). A report
-// that fails stays for the next flush; the error joins every failure.
+// Flush publishes the reports unsent by earlier flushes, then one report per tenant of the
+// counts since its last report (a tenant whose earlier report is still unsent keeps its new
+// counts for the next flush). A report that fails stays, unchanged, for the next flush; the
+// error joins every failure.
 func (t *Tally) Flush(ctx context.Context) error {
 	t.flushMu.Lock()
 	defer t.flushMu.Unlock()
-	t.freeze()
+	err := t.send(ctx, slices.Sorted(maps.Keys(t.pending)))
+	return errors.Join(err, t.send(ctx, t.freeze()))
+}
+
+// send publishes the pending reports of tenants, dropping those stored.
+func (t *Tally) send(ctx context.Context, tenants []string) error {
 	var errs []error
-	for _, tenant := range slices.Sorted(maps.Keys(t.pending)) {
+	for _, tenant := range tenants {
 		r := t.pending[tenant]
 		if err := t.publish(ctx, r); err != nil {
 			errs = append(errs, fmt.Errorf("ledger: tally report %s: %w", r.ID, err))
@@ -292,8 +298,9 @@ func (t *Tally) Flush(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// freeze moves the counts of every tenant without an unsent report into a new report.
-func (t *Tally) freeze() {
+// freeze moves the counts of every tenant without an unsent report into a new pending report,
+// and returns those tenants, sorted.
+func (t *Tally) freeze() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now().UTC()
@@ -318,7 +325,8 @@ func (t *Tally) freeze() {
 		r.Models = append(r.Models, TallyCounts{Model: k.model, Joined: c.joined, Replayed: c.replayed, SavedMicros: c.saved})
 		*c = tallyCell{idle: true}
 	}
-	for _, tenant := range slices.Sorted(maps.Keys(fresh)) {
+	tenants := slices.Sorted(maps.Keys(fresh))
+	for _, tenant := range tenants {
 		r := fresh[tenant]
 		slices.SortFunc(r.Models, func(a, b TallyCounts) int { return strings.Compare(a.Model, b.Model) })
 		t.seq++
@@ -326,6 +334,7 @@ func (t *Tally) freeze() {
 		t.pending[tenant] = r
 		t.since[tenant] = now
 	}
+	return tenants
 }
 
 func (t *Tally) publish(ctx context.Context, r *TallyReport) error {
