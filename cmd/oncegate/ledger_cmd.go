@@ -360,15 +360,19 @@ func printBill(w io.Writer, b *ledger.Bill) {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "model\tsuccessful calls\tcompleted\tavoided\tjoined\treplayed\tsaved\tcost per call\tduplicates\t")
 	calls := func(name string, c *ledger.Calls) {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%.1f%%\t\n", name, c.SuccessfulCalls, c.CompletedCharges, c.ExecutionsAvoided,
-			c.Joined, c.Replayed, m(c.SavedMicros), m(c.CostPerSuccessfulCallMicros), 100*c.DuplicateRatio)
+		perCall, dup := "-", "-" // no successful call: no ratio
+		if c.SuccessfulCalls > 0 {
+			perCall, dup = m(c.CostPerSuccessfulCallMicros), fmt.Sprintf("%.1f%%", 100*c.DuplicateRatio)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", name, c.SuccessfulCalls, c.CompletedCharges, c.ExecutionsAvoided,
+			c.Joined, c.Replayed, m(c.SavedMicros), perCall, dup)
 	}
 	for i := range b.ByModel {
 		calls(b.ByModel[i].Model, &b.ByModel[i].Calls)
 	}
 	calls("total", &b.Calls)
 	_ = tw.Flush()
-	fmt.Fprintln(w, "avoided: copies that joined a live execution or replayed a stored answer (each gateway process flushes its count every ledger.tally_every; a crash loses at most its last interval)")
+	fmt.Fprintln(w, "avoided: copies that joined a live execution or replayed a stored answer (a gateway crash loses at most its last ledger.tally_every of them)")
 	if b.Estimated > 0 {
 		fmt.Fprintf(w, "%d charges with estimated tokens (the backend reported no usage)\n", b.Estimated)
 	}
