@@ -202,13 +202,6 @@ func key(k string) map[string]string { return map[string]string{"Idempotency-Key
 // chargeOf is the cost the ledger charged the job jobID (0 when it has no charge yet).
 func chargeOf(t *testing.T, gw *gatewaykit.Gateway, jobID string) int64 {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=anonymous", nil)
-	req.Header.Set("Authorization", "Bearer "+adminKey)
-	resp, err := gatewaykit.Client().Do(req)
-	if err != nil {
-		t.Fatalf("ledger: %v", err)
-	}
-	defer resp.Body.Close()
 	var out struct {
 		Data []struct {
 			Kind       string `json:"kind"`
@@ -216,9 +209,7 @@ func chargeOf(t *testing.T, gw *gatewaykit.Gateway, jobID string) int64 {
 			CostMicros int64  `json:"cost_micros"`
 		} `json:"data"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatalf("ledger: %v", err)
-	}
+	adminGet(t, gw, "/v1/admin/ledger?tenant=anonymous", &out)
 	var sum int64
 	for _, e := range out.Data {
 		if e.JobID == jobID && e.Kind == "charge" {
@@ -226,6 +217,24 @@ func chargeOf(t *testing.T, gw *gatewaykit.Gateway, jobID string) int64 {
 		}
 	}
 	return sum
+}
+
+// adminGet decodes the JSON answer of GET path of the admin API into out.
+func adminGet(t *testing.T, gw *gatewaykit.Gateway, path string, out any) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, gw.URL+path, nil)
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := gatewaykit.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: status %d", path, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
 }
 
 // charged waits for the ledger's charge of jobID and returns it.

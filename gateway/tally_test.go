@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -12,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/gateway"
@@ -26,20 +23,8 @@ import (
 // adminBill reads GET /v1/admin/bill of the anonymous tenant (this month).
 func adminBill(t *testing.T, gw *gatewaykit.Gateway) ledger.Bill {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, gw.URL+"/v1/admin/bill?tenant=anonymous", nil)
-	req.Header.Set("Authorization", "Bearer "+adminKey)
-	resp, err := gatewaykit.Client().Do(req)
-	if err != nil {
-		t.Fatalf("bill: %v", err)
-	}
-	defer resp.Body.Close()
 	var b ledger.Bill
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("bill: status %d", resp.StatusCode)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&b); err != nil {
-		t.Fatalf("bill: %v", err)
-	}
+	adminGet(t, gw, "/v1/admin/bill?tenant=anonymous", &b)
 	return b
 }
 
@@ -141,16 +126,7 @@ func TestStopFlushesTally(t *testing.T) {
 	if err := gw.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(ext.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rs, err := ledger.New(js, nil, "").Tallies(ctx, "", time.Time{}, time.Time{})
+	rs, err := ledger.New(ext.jetStream("tally-test"), nil, "").Tallies(ctx, "", time.Time{}, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,15 +27,7 @@ func startTally(t *testing.T) *testkit.JetStream {
 
 func tallyMsgs(t *testing.T, js jetstream.JetStream) uint64 {
 	t.Helper()
-	st, err := js.Stream(ctxT(t), ledger.TallyStreamName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.State.Msgs
+	return msgsOf(t, js, ledger.TallyStreamName)
 }
 
 // counts is a tenant's reports summed by model.
