@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -50,18 +49,7 @@ func TestAdminBillExecutionsAvoided(t *testing.T) {
 		}
 	}
 
-	body := chatBody(slowModel, "tally: joined", `"mock":{"inter_token_ms":100}`)
-	slow := gw.Mock(t, "slowmock")
-	n := slow.Stats().Requests
-	var wg sync.WaitGroup
-	var first answer
-	wg.Go(func() { first = post(t, gw, body, key("t-joined")) })
-	reached(t, slow, n)
-	second := post(t, gw, body[:len(body)-1]+`,"stream":true}`, key("t-joined"))
-	wg.Wait()
-	if first.header.Get("Oncegate-Idempotency") != "created" || second.header.Get("Oncegate-Idempotency") != "joined" {
-		t.Fatalf("outcomes %q, %q", first.header.Get("Oncegate-Idempotency"), second.header.Get("Oncegate-Idempotency"))
-	}
+	first := joinSlow(t, gw, chatBody(slowModel, "tally: joined", `"mock":{"inter_token_ms":100}`), "t-joined")
 	joinedCost := charged(t, gw, first.header.Get("Oncegate-Job-Id"))
 
 	var b ledger.Bill
