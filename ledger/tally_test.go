@@ -278,3 +278,13 @@ func TestEnsureTallyIdempotent(t *testing.T) {
 		t.Errorf("tally subjects must be distinct hashes: %s", ledger.TallySubject("acme"))
 	}
 }
+
+// TestTallyAvoidedAllocs: counting a (tenant, model) already counted allocates nothing.
+func TestTallyAvoidedAllocs(t *testing.T) {
+	tally := ledger.NewTally(nil, ledger.TallyOptions{Node: "n1"})
+	tenant, model := "acme", "gpt-4o-mini"
+	tally.Avoided(tenant, model, true, 1)
+	if n := testing.AllocsPerRun(1000, func() { tally.Avoided(tenant, model, false, 3) }); n != 0 {
+		t.Errorf("%v allocations per call, want 0", n)
+	}
+}
