@@ -238,6 +238,7 @@ func (t *Tally) Avoided(tenant, model string, joined bool, savedMicros int64) {
 		}
 		if c == nil {
 			c = &tallyCell{}
+			k.tenant, k.model = strings.Clone(k.tenant), strings.Clone(k.model) // kept: copy
 			t.counts[k] = c
 		}
 	}
