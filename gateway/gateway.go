@@ -58,7 +58,10 @@ type Gateway struct {
 
 	stopWorkers context.CancelFunc
 	workersDone chan struct{}
-	backends    map[string]*backend.Client
+	// stopTally ends the API's tally flusher (which flushes once more); tallyDone closes then.
+	stopTally context.CancelFunc
+	tallyDone chan struct{}
+	backends  map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
 
@@ -346,8 +349,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		g.backends[b.Name] = c
 		backends[b.Name] = c
 	}
-	host, _ := os.Hostname()
-	id := fmt.Sprintf("%s-%d", host, os.Getpid())
+	id := processID()
 	pool := workers.New(js, store, workers.Options{
 		ID: id, Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
@@ -398,8 +400,10 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
+	tally := g.startTally(ctx, js)
 	idem := g.cfg.Idempotency
 	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
+		Tally: tally,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens}})
 	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
@@ -411,8 +415,28 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	return nil
 }
 
-// Stop shuts down in order: stop accepting and let in-flight responses finish (bounded), stop
-// the workers (they feed those responses until then), then drain NATS and stop the server.
+// processID names this process to the others: host-pid.
+func processID() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// startTally runs the API's tally of executions avoided (flushed to OG_TALLY every
+// ledger.tally_every) until Stop, which ends it after the last response and before NATS.
+func (g *Gateway) startTally(ctx context.Context, js jetstream.JetStream) *ledger.Tally {
+	tally := ledger.NewTally(js, ledger.TallyOptions{Node: processID(), Every: g.cfg.Ledger.TallyEvery.D(), Log: g.log})
+	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g.stopTally, g.tallyDone = cancel, make(chan struct{})
+	go func() {
+		defer close(g.tallyDone)
+		_ = tally.Run(tctx) // it logs its own failures
+	}()
+	return tally
+}
+
+// Stop shuts down in order: stop accepting and let in-flight responses finish (bounded),
+// flush the tally of executions avoided, stop the workers (they feed those responses until
+// then), then drain NATS and stop the server.
 func (g *Gateway) Stop(ctx context.Context) error {
 	var errs []error
 	if g.api != nil {
@@ -433,6 +457,10 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	}
 	if g.hub != nil {
 		g.hub.Close()
+	}
+	if g.stopTally != nil { // after the last response counted, before NATS closes
+		g.stopTally()
+		<-g.tallyDone
 	}
 	if g.stopWorkers != nil {
 		g.stopWorkers()

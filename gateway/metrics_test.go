@@ -202,13 +202,6 @@ func key(k string) map[string]string { return map[string]string{"Idempotency-Key
 // chargeOf is the cost the ledger charged the job jobID (0 when it has no charge yet).
 func chargeOf(t *testing.T, gw *gatewaykit.Gateway, jobID string) int64 {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=anonymous", nil)
-	req.Header.Set("Authorization", "Bearer "+adminKey)
-	resp, err := gatewaykit.Client().Do(req)
-	if err != nil {
-		t.Fatalf("ledger: %v", err)
-	}
-	defer resp.Body.Close()
 	var out struct {
 		Data []struct {
 			Kind       string `json:"kind"`
@@ -216,9 +209,7 @@ func chargeOf(t *testing.T, gw *gatewaykit.Gateway, jobID string) int64 {
 			CostMicros int64  `json:"cost_micros"`
 		} `json:"data"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatalf("ledger: %v", err)
-	}
+	adminGet(t, gw, "/v1/admin/ledger?tenant=anonymous", &out)
 	var sum int64
 	for _, e := range out.Data {
 		if e.JobID == jobID && e.Kind == "charge" {
@@ -226,6 +217,24 @@ func chargeOf(t *testing.T, gw *gatewaykit.Gateway, jobID string) int64 {
 		}
 	}
 	return sum
+}
+
+// adminGet decodes the JSON answer of GET path of the admin API into out.
+func adminGet(t *testing.T, gw *gatewaykit.Gateway, path string, out any) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, gw.URL+path, nil)
+	req.Header.Set("Authorization", "Bearer "+adminKey)
+	resp, err := gatewaykit.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: status %d", path, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
 }
 
 // charged waits for the ledger's charge of jobID and returns it.
@@ -262,6 +271,25 @@ const (
 	followersSum   = `oncegate_followers_per_execution_sum{}`
 	cacheHits      = `oncegate_replay_cache_hits_total{}`
 )
+
+// joinSlow sends body with key k on the slow mock, and once its execution runs, a stream copy
+// that joins it (a stream copy waits for the end; a non-stream one only max_wait). It checks
+// the outcomes, created and joined, and returns the first answer.
+func joinSlow(t *testing.T, gw *gatewaykit.Gateway, body, k string) answer {
+	t.Helper()
+	slow := gw.Mock(t, "slowmock")
+	n := slow.Stats().Requests
+	var wg sync.WaitGroup
+	var first answer
+	wg.Go(func() { first = post(t, gw, body, key(k)) })
+	reached(t, slow, n)
+	second := post(t, gw, body[:len(body)-1]+`,"stream":true}`, key(k))
+	wg.Wait()
+	if first.header.Get("Oncegate-Idempotency") != "created" || second.header.Get("Oncegate-Idempotency") != "joined" || second.status != http.StatusOK {
+		t.Fatalf("outcomes %q, %q (status %d)", first.header.Get("Oncegate-Idempotency"), second.header.Get("Oncegate-Idempotency"), second.status)
+	}
+	return first
+}
 
 // reached waits until the mock got more than n requests: the execution is running.
 func reached(t *testing.T, mock *mockllm.Server, n int64) {
@@ -314,19 +342,7 @@ func TestMetricsOutcomes(t *testing.T) {
 				money("saved", mock): 2 * float64(firstCost), cacheHits: 1}
 		}},
 		{"joined", func(t *testing.T) map[string]float64 {
-			body := chatBody(slowModel, "metrics: joined", `"mock":{"inter_token_ms":250}`) // 16 tokens: 4 s
-			slow := gw.Mock(t, "slowmock")
-			n := slow.Stats().Requests
-			var wg sync.WaitGroup
-			var first answer
-			wg.Go(func() { first = post(t, gw, body, key("m-joined")) })
-			reached(t, slow, n)
-			// A stream copy waits for the end (a non-stream one only max_wait).
-			second := post(t, gw, body[:len(body)-1]+`,"stream":true}`, key("m-joined"))
-			wg.Wait()
-			if first.header.Get("Oncegate-Idempotency") != "created" || second.header.Get("Oncegate-Idempotency") != "joined" || second.status != http.StatusOK {
-				t.Fatalf("outcomes %q, %q (status %d)", first.header.Get("Oncegate-Idempotency"), second.header.Get("Oncegate-Idempotency"), second.status)
-			}
+			first := joinSlow(t, gw, chatBody(slowModel, "metrics: joined", `"mock":{"inter_token_ms":250}`), "m-joined") // 16 tokens: 4 s
 			cost := charged(t, gw, first.header.Get("Oncegate-Job-Id"))
 			return map[string]float64{req("chat", "openai", "created", "2xx"): 1, req("chat", "openai", "joined", "2xx"): 1,
 				avoided(slowModel, "joined"): 1, money("saved", slowModel): float64(cost), money("spend", slowModel): float64(cost),

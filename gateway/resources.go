@@ -34,7 +34,7 @@ type resources struct {
 
 // streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
 var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream,
-	ledger.StreamName, status.Stream}
+	ledger.StreamName, ledger.TallyStreamName, status.Stream}
 
 // ensure creates or updates every stream, bucket and the JOBS consumer; idempotent, and it
 // never lowers a replica count.
@@ -49,6 +49,9 @@ func (r *resources) ensure(ctx context.Context) error {
 		return err
 	}
 	if err := ledger.EnsureReplicated(ctx, r.js, r.replicas); err != nil {
+		return err
+	}
+	if err := ledger.EnsureTally(ctx, r.js, r.replicas); err != nil {
 		return err
 	}
 	if _, err := status.Open(ctx, r.js, statusTTL, r.replicas); err != nil {

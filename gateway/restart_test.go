@@ -52,6 +52,20 @@ func (e *externalNATS) stop() {
 
 func (e *externalNATS) url() string { return "nats://" + e.addr }
 
+// jetStream connects to the server as name (closed when the test ends).
+func (e *externalNATS) jetStream(name string) jetstream.JetStream {
+	nc, err := natsrv.ConnectURL(e.url(), name)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return js
+}
+
 // readyz is /readyz's status and body.
 func readyz(base string) (int, string, error) {
 	resp, err := gatewaykit.Client().Get(base + "/readyz")
@@ -110,15 +124,7 @@ func TestRecoversFromNATSRestart(t *testing.T) {
 	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, readyzIs(gw.URL, http.StatusServiceUnavailable, "NATS"))
 	nats.start()
 
-	nc, err := natsrv.ConnectURL(nats.url(), "restart-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := nats.jetStream("restart-test")
 	// Recreated by the reconnect alone: nothing has asked /readyz since NATS came back.
 	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, streamsExist(js, memoryStreams))
 	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, readyzIs(gw.URL, http.StatusOK, "ready"))

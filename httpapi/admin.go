@@ -61,7 +61,9 @@ func (s *Server) adminLedger(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"object": "list", "data": entries})
 }
 
-// adminBill is GET /v1/admin/bill?tenant=&period=YYYY-MM|YYYY-MM-DD: gross, reversals, net.
+// adminBill is GET /v1/admin/bill?tenant=&period=YYYY-MM|YYYY-MM-DD: gross, reversals, net,
+// and the successful calls, executions avoided, cost per call and duplicate ratio
+// (ledger.Calls).
 func (s *Server) adminBill(c *fiber.Ctx) error {
 	if err := s.authenticateAdmin(c); err != nil {
 		return err

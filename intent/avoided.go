@@ -7,12 +7,18 @@ import (
 	"github.com/oncegate/oncegate/kv"
 )
 
+// AvoidedCounter keeps a count of executions avoided (ledger.Tally, durable for the bills).
+type AvoidedCounter interface {
+	Avoided(tenant, model string, joined bool, savedMicros int64)
+}
+
 // Avoided counts a's request as an execution avoided, with the money it saved, once its
 // answer has been given: a replay, or a join of a live execution (priced once that execution
 // ended, from the usage in its record; a join whose record is still pending reads it once).
-// A created, bypassed or re-driven admission avoided nothing and counts nothing.
+// A created, bypassed or re-driven admission avoided nothing and counts nothing. It counts in
+// the metrics (per process) and in the tally (durable, for the bills).
 func (a *Admission) Avoided(ctx context.Context) {
-	if a == nil || a.core.metrics == nil {
+	if a == nil || (a.core.metrics == nil && a.core.tally == nil) {
 		return
 	}
 	joined := a.Outcome == Joined
@@ -28,7 +34,11 @@ func (a *Admission) Avoided(ctx context.Context) {
 	if rec == nil {
 		return
 	}
-	a.core.metrics.Avoided(rec.Tenant, rec.Model, joined, a.core.savedMicros(rec))
+	saved := a.core.savedMicros(rec)
+	a.core.metrics.Avoided(rec.Tenant, rec.Model, joined, saved)
+	if a.core.tally != nil {
+		a.core.tally.Avoided(rec.Tenant, rec.Model, joined, saved)
+	}
 }
 
 // savedMicros is what the execution of rec was charged for its answer, priced the way the

@@ -88,6 +88,8 @@ type Deps struct {
 	// Metrics counts the decisions (budget refusals, takeovers, replay-cache hits, executions
 	// avoided); nil counts nothing.
 	Metrics *telemetry.Metrics
+	// Tally keeps the executions avoided for the bills (a ledger.Tally); nil keeps none.
+	Tally AvoidedCounter
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -106,6 +108,7 @@ type Core struct {
 	live     *liveKeys
 	log      zerolog.Logger
 	metrics  *telemetry.Metrics
+	tally    AvoidedCounter
 	// followers counts each live execution's copies on this node; nil without metrics.
 	followers *followers
 	now       func() time.Time
@@ -114,7 +117,7 @@ type Core struct {
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, now: d.Now}
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, now: d.Now}
 	if c.now == nil {
 		c.now = time.Now
 	}

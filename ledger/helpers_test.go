@@ -58,7 +58,13 @@ func ctxT(t testing.TB) context.Context {
 
 func streamMsgs(t testing.TB, js jetstream.JetStream) uint64 {
 	t.Helper()
-	st, err := js.Stream(ctxT(t), ledger.StreamName)
+	return msgsOf(t, js, ledger.StreamName)
+}
+
+// msgsOf is how many messages the stream name holds.
+func msgsOf(t testing.TB, js jetstream.JetStream, name string) uint64 {
+	t.Helper()
+	st, err := js.Stream(ctxT(t), name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,7 @@
 // Package ledger is oncegate's billing ledger: an append-only JetStream stream (LEDGER) of
 // charges, continuations and reversals, hash-chained per tenant, with bills, exports, a
 // reconciler that reverses charges billing one intent twice, a matcher for a provider's usage
-// export, and optional per-tenant budgets.
+// export, optional per-tenant budgets, and the tally of executions avoided (OG_TALLY).
 //
 // # The stream
 //
@@ -55,9 +55,17 @@
 // re-check its fencing token; a failed check returns ErrFenced. A zombie whose lease was taken
 // over writes a charge of its own epoch (a different id); Reconcile finds such double charges.
 //
+// # Executions avoided
+//
+// A copy that joined a live execution or replayed a stored answer reached no backend and is
+// charged nothing, but a bill shows it (successful calls, cost per call, duplicate ratio). A
+// Tally counts them in each process and flushes one report per tenant every few seconds to
+// OG_TALLY, a stream of its own; Bill reads the reports whose interval ends in its period. A
+// crash loses at most the counts of the process's last interval (see Tally).
+//
 // # Concurrency
 //
-// A Ledger and a Budgets are safe for concurrent use. Appends to one tenant are serialized in
+// A Ledger, a Budgets and a Tally are safe for concurrent use. Appends to one tenant are serialized in
 // the process (a mutex per tenant) and across processes (the expected-sequence check). No
 // method starts a goroutine that outlives it.
 package ledger

@@ -36,10 +36,10 @@ func (l *Ledger) entryAt(ctx context.Context, seq uint64) (Entry, error) {
 	return decodeStored(m.Data, m.Sequence)
 }
 
-// last is the sequence and store time of the last message on subject (allSubjects: of the
-// stream); seq 0 if there is none.
+// last is the sequence and store time of the last message on subject (allSubjects, or
+// allTallySubjects: of the stream); seq 0 if there is none.
 func last(ctx context.Context, st jetstream.Stream, subject string) (uint64, time.Time, error) {
-	if subject == allSubjects {
+	if subject == allSubjects || subject == allTallySubjects {
 		var info *jetstream.StreamInfo
 		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
 			info, err = st.Info(ctx)
@@ -86,6 +86,19 @@ func (l *Ledger) scan(ctx context.Context, subject string, sp span, fn func(*Ent
 	if err != nil || st == nil {
 		return err
 	}
+	return scanStream(ctx, st, subject, sp, func(data []byte, seq uint64) error {
+		e, err := decodeStored(data, seq)
+		if err != nil {
+			return err
+		}
+		return fn(&e)
+	})
+}
+
+// scanStream calls fn with the data and sequence of every message on subject of st in sp, in
+// order (scan's reader, for any stream whose subjects end in ".>" like LEDGER's and
+// OG_TALLY's: the whole stream is read through its Info).
+func scanStream(ctx context.Context, st jetstream.Stream, subject string, sp span, fn func(data []byte, seq uint64) error) error {
 	target, lastTime, err := last(ctx, st, subject)
 	if err != nil {
 		return err
@@ -138,11 +151,7 @@ func (l *Ledger) scan(ctx context.Context, subject string, sp span, fn func(*Ent
 		if seq > target {
 			return nil // the subject had nothing more up to the target (a bounded scan)
 		}
-		e, err := decodeStored(m.Data(), seq)
-		if err != nil {
-			return err
-		}
-		if err := fn(&e); err != nil {
+		if err := fn(m.Data(), seq); err != nil {
 			return err
 		}
 		if seq >= target || md.NumPending == 0 {

@@ -27,7 +27,9 @@ const ledgerUsage = `usage:
   oncegate ledger export [--format csv|jsonl] [--tenant T] [--from RFC3339] [--to RFC3339]
       write every entry (with hash and prev_hash) to stdout; verify needs an export of all entries
   oncegate ledger bill [--tenant T] [--from RFC3339] [--to RFC3339] [--json]
-      gross, reversals and net by model (no --tenant: every tenant together); in JSON an open
+      gross, reversals and net by model (no --tenant: every tenant together), and the
+      successful calls (completed charges plus executions avoided: joined and replayed), the
+      money saved, the cost per successful call and the duplicate ratio; in JSON an open
       bound is null, and first_entry/last_entry are the times of the entries counted
   oncegate ledger reconcile [--dry-run] [--provider-usage FILE [--usage-format csv|jsonl]] [--json]
       reverse charges that bill one intent twice; match a provider's usage export
@@ -354,6 +356,23 @@ func printBill(w io.Writer, b *ledger.Bill) {
 	fmt.Fprintf(tw, "total\t%d\t%d\t%d\t\t\t%s\t%s\t%s\t\n", b.Charges, b.Continuations, b.Reversals,
 		m(b.GrossMicros), m(b.ReversedMicros), m(b.NetMicros))
 	_ = tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "model\tsuccessful calls\tcompleted\tavoided\tjoined\treplayed\tsaved\tcost per call\tduplicates\t")
+	calls := func(name string, c *ledger.Calls) {
+		perCall, dup := "-", "-" // no successful call: no ratio
+		if c.SuccessfulCalls > 0 {
+			perCall, dup = m(c.CostPerSuccessfulCallMicros), fmt.Sprintf("%.1f%%", 100*c.DuplicateRatio)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", name, c.SuccessfulCalls, c.CompletedCharges, c.ExecutionsAvoided,
+			c.Joined, c.Replayed, m(c.SavedMicros), perCall, dup)
+	}
+	for i := range b.ByModel {
+		calls(b.ByModel[i].Model, &b.ByModel[i].Calls)
+	}
+	calls("total", &b.Calls)
+	_ = tw.Flush()
+	fmt.Fprintln(w, "avoided: copies that joined a live execution or replayed a stored answer (a gateway crash loses at most its last ledger.tally_every of them)")
 	if b.Estimated > 0 {
 		fmt.Fprintf(w, "%d charges with estimated tokens (the backend reported no usage)\n", b.Estimated)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/natsrv"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -272,4 +273,25 @@ func TestLedgerDataDir(t *testing.T) {
 	if code, out, errOut := runLedger(t, "verify", "--data-dir", dataDir); code != 0 || !strings.Contains(out, "4 entries") {
 		t.Fatalf("verify --data-dir: exit %d\n%s%s", code, out, errOut)
 	}
+}
+
+// TestPrintBillGolden: the text bill, with the calls table (cost per call, duplicate ratio
+// as a percentage, executions avoided with joined and replayed, saved).
+func TestPrintBillGolden(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	charge := func(id, model string, cost int64, completed bool) ledger.Entry {
+		return ledger.Entry{ID: id, Kind: ledger.KindCharge, Tenant: "acme", Model: model, InputTokens: 1000, OutputTokens: 100,
+			CostMicros: cost, Completed: completed, Currency: "USD", Time: t0.Add(time.Hour)}
+	}
+	entries := []ledger.Entry{charge("c1", "gpt-4o-mini", 100, true), charge("c2", "gpt-4o-mini", 100, true),
+		charge("c3", "gpt-4o-mini", 100, true), charge("c4", "claude-sonnet", 4500, false)}
+	tallies := []ledger.TallyReport{{ID: "r1", Tenant: "acme", From: t0, To: t0.Add(2 * time.Hour), Models: []ledger.TallyCounts{
+		{Model: "gpt-4o-mini", Joined: 5, Replayed: 2, SavedMicros: 700}}}}
+	b, err := ledger.ComputeBill(entries, "acme", t0, t0.AddDate(0, 1, 0), tallies...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	printBill(&out, b)
+	testkit.Golden(t, filepath.Join("testdata", "bill.txt"), out.Bytes())
 }

@@ -318,6 +318,9 @@ type Ledger struct {
 	ReconcileEvery Duration `yaml:"reconcile_every"`
 	// DefaultMaxTokens estimates a request's output for budget admission when it sets none.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// TallyEvery is how often an API process flushes its count of executions avoided (joins
+	// and replays) to OG_TALLY, for the bills; a crash loses at most one interval's counts.
+	TallyEvery Duration `yaml:"tally_every"`
 }
 
 // Price of a model per million tokens, in micro-units.
@@ -445,7 +448,7 @@ func Default() *Config {
 			ReplayCacheBytes: 32 << 20,
 		},
 		Backends: []Backend{defaultMock()},
-		Ledger:   Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024},
+		Ledger:   Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024, TallyEvery: Duration(10 * time.Second)},
 	}
 }
 

@@ -629,6 +629,9 @@ func (v *validator) ledger(l *Ledger) {
 	if l.ReconcileEvery.D() < time.Second {
 		v.add("ledger.reconcile_every", "must be at least 1s, got %s", l.ReconcileEvery)
 	}
+	if d := l.TallyEvery.D(); d < 10*time.Millisecond || d > time.Hour {
+		v.add("ledger.tally_every", "must be between 10ms and 1h, got %s", l.TallyEvery)
+	}
 	if l.DefaultMaxTokens < 1 {
 		v.add("ledger.default_max_tokens", "must be >= 1, got %d", l.DefaultMaxTokens)
 	}
