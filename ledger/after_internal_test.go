@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -95,5 +96,57 @@ func TestNewChargeReadsNoStream(t *testing.T) {
 	}
 	if l.scans.Load() == before {
 		t.Fatal("a charge whose After is older than the index read nothing: the test no longer isolates the rule")
+	}
+}
+
+// TestRepeatReadLeavesTheChainFree: a repeat charge that must read the tenant's older entries
+// (its After is older than the index) reads them without holding the tenant's chain lock, so
+// other charges of the tenant are appended meanwhile. Before, the read ran under the lock: in
+// row 18's soak a restarted worker's charge sweep held every worker's charges up for minutes.
+func TestRepeatReadLeavesTheChainFree(t *testing.T) {
+	srv := testkit.RunJetStream(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := srv.JS.CreateStream(ctx, StreamConfig()); err != nil {
+		t.Fatal(err)
+	}
+	l := New(srv.JS, nil, "USD", WithDedupHorizon(time.Nanosecond)) // the index forgets every older id
+	in := ChargeInput{Tenant: "acme", KeyHash: "0123456789abcdef0123456789abcdef", Epoch: 1, Attempt: 1, Model: "m", InputTokens: 10}
+	const older = 3000 // enough entries that reading them takes a while
+	for i := range older {
+		in.JobID = fmt.Sprintf("01J%023d", i)
+		if _, err := l.Charge(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := l.chain("acme")
+	repeat := in
+	repeat.JobID, repeat.After = "01JNEVERSTORED0000000000000", time.Now().Add(-time.Hour) // read them all, find nothing
+	before := l.scans.Load()
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Charge(ctx, repeat)
+		done <- err
+	}()
+	for l.scans.Load() == before {
+		select {
+		case err := <-done:
+			t.Fatalf("the repeat charge ended (%v) without reading the stream: the test no longer isolates the read", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	// The read has started: the chain must be free now, while the read goes on.
+	if err := c.mu.LockCtx(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		c.mu.Unlock()
+		t.Fatalf("the chain lock was only free once the repeat charge had ended (%v): it read the stream under the lock", err)
+	default:
+	}
+	c.mu.Unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

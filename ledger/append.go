@@ -42,7 +42,6 @@ type pending struct {
 	e        Entry
 	d        idDigest
 	expect   func(context.Context) error
-	after    time.Time
 	deadline time.Time // the caller's; zero: none
 	// twins are later appends of the same id in the same group: they get this one's outcome.
 	twins []*pending
@@ -94,12 +93,28 @@ func (c *chain) withdraw(p *pending) bool {
 }
 
 // append writes e at the head of its tenant's chain, or returns the stored entry with e's id;
-// created reports whether e was written now. expect, when set, is called before each publish.
+// created reports whether e was written now. expect, when set, is called before each publish;
+// after, when set, says e may repeat an entry stored since then (ChargeInput.After).
 // An append whose context ends while it waits in the queue is withdrawn; once taken into a
 // group it is committed or refused with the group, within the latest deadline of its members.
 func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Context) error, after time.Time) (Entry, bool, error) {
 	c := l.chain(e.Tenant)
-	p := &pending{e: e, d: digest(e.ID), expect: expect, after: after, done: make(chan struct{})}
+	if !after.IsZero() {
+		// A possible repeat of an entry older than the index: looked up before queueing, so
+		// that its read of the stream holds up nobody.
+		seq, ok, err := c.lookup(ctx, l, e.ID, after)
+		if err != nil {
+			return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
+		}
+		if ok {
+			prev, err := l.storedAs(ctx, seq, &e)
+			if err != nil {
+				return Entry{}, false, fmt.Errorf("ledger: append %s: %w", e.ID, err)
+			}
+			return prev, false, nil
+		}
+	}
+	p := &pending{e: e, d: digest(e.ID), expect: expect, done: make(chan struct{})}
 	p.deadline, _ = ctx.Deadline()
 	c.enqueue(p)
 	for {
@@ -206,7 +221,8 @@ func (l *Ledger) commit(ctx context.Context, c *chain, group []*pending) {
 
 // resolve finishes the appends whose id the chain holds already (with the stored entry) and
 // returns the others, one per id: a second append of an id in the group gets the first's
-// outcome. An append with After that the index does not know is looked up in the stream.
+// outcome. (An append that may repeat an entry older than the index looked it up in the
+// stream before it queued.)
 func (l *Ledger) resolve(ctx context.Context, c *chain, ps []*pending) []*pending {
 	todo := make([]*pending, 0, len(ps))
 	var firsts map[idDigest]*pending
@@ -215,17 +231,7 @@ func (l *Ledger) resolve(ctx context.Context, c *chain, ps []*pending) []*pendin
 			first.twins = append(first.twins, p)
 			continue
 		}
-		seq, ok := c.ids[p.d]
-		if !ok && !p.after.IsZero() {
-			// A possible repeat of an entry older than the index: read the stream from after.
-			var err error
-			if seq, ok, err = c.lookup(ctx, l, p.e.ID, p.after); err != nil {
-				p.fail(err)
-				continue
-			}
-			p.after = time.Time{} // once: later tries only follow new entries
-		}
-		if ok {
+		if seq, ok := c.ids[p.d]; ok {
 			prev, err := l.storedAs(ctx, seq, &p.e)
 			if err != nil {
 				p.fail(err)

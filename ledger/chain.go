@@ -254,32 +254,41 @@ func (c *chain) sync(ctx context.Context, l *Ledger) error {
 // the server's.
 const clockMargin = time.Minute
 
-// lookup finds id in the tenant's entries, syncing first if it is not known yet (and, with a
-// dedup horizon, reading the tenant's older entries: those stored since after, less
-// clockMargin, or all of them when after is zero).
+// lookup finds id in the tenant's entries: in the index, synced first; else, with a dedup
+// horizon, among the older entries, those stored since after less clockMargin (all of them
+// when after is zero). The caller must not hold c.mu: the index is read under it and the
+// stream outside it, so that a long read never holds up the tenant's appends (row 18's soak:
+// a restarted worker's charge sweep, repeating charges of 9-10 minute old records, read a
+// minute of entries per charge under the lock, and every worker's charges queued behind).
+// Entries appended after the read's end are in the index by the time an append could race
+// them: an append publishes only at the head the index has seen.
 func (c *chain) lookup(ctx context.Context, l *Ledger, id string, after time.Time) (uint64, bool, error) {
 	d := digest(id)
-	if c.loaded {
-		if seq, ok := c.ids[d]; ok {
-			return seq, true, nil
-		}
-	}
-	if err := c.sync(ctx, l); err != nil {
+	if err := c.mu.LockCtx(ctx); err != nil {
 		return 0, false, err
 	}
-	if seq, ok := c.ids[d]; ok || !c.partial {
-		return seq, ok, nil
+	seq, ok := c.ids[d]
+	var err error
+	if !ok || !c.loaded {
+		if err = c.sync(ctx, l); err == nil {
+			seq, ok = c.ids[d]
+		}
 	}
-	if !after.IsZero() && !after.Add(-clockMargin).Before(c.complete) {
+	partial, complete, end := c.partial, c.complete, c.lastSeq
+	c.mu.Unlock()
+	if err != nil || ok || !partial {
+		return seq, ok, err
+	}
+	if !after.IsZero() && !after.Add(-clockMargin).Before(complete) {
 		return 0, false, nil // stored after complete, if at all: the index would hold it
 	}
-	var seq uint64
 	errFound := errors.New("found")
-	sp := span{end: c.lastSeq}
+	sp := span{end: end}
 	if !after.IsZero() {
 		sp.since = after.Add(-clockMargin)
 	}
-	err := l.scan(ctx, c.subject, sp, func(e *Entry) error {
+	seq = 0
+	err = l.scan(ctx, c.subject, sp, func(e *Entry) error {
 		if e.ID == id {
 			seq = e.Seq
 			return errFound

@@ -550,12 +550,7 @@ func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string, unseen bo
 		return l.append(ctx, r, nil, time.Time{})
 	}
 	// A reversal may come long after the charge: look beyond the dedup horizon for it.
-	c := l.chain(r.Tenant)
-	if err := c.mu.LockCtx(ctx); err != nil {
-		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w", e.ID, err)
-	}
-	seq, found, err := c.lookup(ctx, l, r.ID, time.Time{})
-	c.mu.Unlock()
+	seq, found, err := l.chain(r.Tenant).lookup(ctx, l, r.ID, time.Time{})
 	if err != nil {
 		return Entry{}, false, fmt.Errorf("ledger: reverse %s: %w", e.ID, err)
 	}
@@ -571,10 +566,7 @@ func (l *Ledger) reverse(ctx context.Context, e *Entry, reason string, unseen bo
 // it, so a tenant's entries are read from there rather than from the start.
 func (l *Ledger) find(ctx context.Context, tenant, id string, after time.Time) (Entry, error) {
 	if tenant != "" {
-		c := l.chain(tenant)
-		c.mu.Lock()
-		seq, ok, err := c.lookup(ctx, l, id, after)
-		c.mu.Unlock()
+		seq, ok, err := l.chain(tenant).lookup(ctx, l, id, after)
 		if err != nil {
 			return Entry{}, err
 		}
