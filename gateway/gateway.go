@@ -58,10 +58,11 @@ type Gateway struct {
 
 	stopWorkers context.CancelFunc
 	workersDone chan struct{}
-	// stopTally ends the API's tally flusher (which flushes once more); tallyDone closes then.
-	stopTally context.CancelFunc
-	tallyDone chan struct{}
-	backends  map[string]*backend.Client
+	// tally runs the API's tally flusher (which flushes once more when stopped); queue samples
+	// the JOBS queue's head for admission.max_queue_wait (nil without a bound).
+	tally    *loop
+	queue    *loop
+	backends map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
 
@@ -401,11 +402,12 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		return err
 	}
 	tally := g.startTally(ctx, js)
-	idem := g.cfg.Idempotency
+	idem, adm := g.cfg.Idempotency, g.cfg.Admission
 	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
-		Tally: tally,
+		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog),
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
-			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens}})
+			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
+			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D()}})
 	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer})
@@ -425,13 +427,49 @@ func processID() string {
 // ledger.tally_every) until Stop, which ends it after the last response and before NATS.
 func (g *Gateway) startTally(ctx context.Context, js jetstream.JetStream) *ledger.Tally {
 	tally := ledger.NewTally(js, ledger.TallyOptions{Node: processID(), Every: g.cfg.Ledger.TallyEvery.D(), Log: g.log})
-	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	g.stopTally, g.tallyDone = cancel, make(chan struct{})
-	go func() {
-		defer close(g.tallyDone)
-		_ = tally.Run(tctx) // it logs its own failures
-	}()
+	g.tally = startLoop(ctx, func(ctx context.Context) {
+		_ = tally.Run(ctx) // it logs its own failures
+	})
 	return tally
+}
+
+// queueSample is how often an API node reads the JOBS queue's head for max_queue_wait.
+const queueSample = 250 * time.Millisecond
+
+// startQueueWatch samples the JOBS queue's head wait for admission.max_queue_wait until Stop;
+// nil (no watch, no bound) when the bound is off.
+func (g *Gateway) startQueueWatch(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) intent.QueueWaiter {
+	if g.cfg.Admission.MaxQueueWait <= 0 {
+		return nil
+	}
+	q := jobs.NewQueueWatch(js, workers.ConsumerName, queueSample, log)
+	g.queue = startLoop(ctx, q.Run)
+	return q
+}
+
+// loop is a goroutine the gateway owns until Stop ends it.
+type loop struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// startLoop runs run in its own goroutine until stop; ctx's values, not its end, reach it.
+func startLoop(ctx context.Context, run func(context.Context)) *loop {
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	l := &loop{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		run(lctx)
+	}()
+	return l
+}
+
+// stop ends the loop and waits for it (nil: nothing to stop).
+func (l *loop) stop() {
+	if l != nil {
+		l.cancel()
+		<-l.done
+	}
 }
 
 // Stop shuts down in order: stop accepting and let in-flight responses finish (bounded),
@@ -458,10 +496,8 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	if g.hub != nil {
 		g.hub.Close()
 	}
-	if g.stopTally != nil { // after the last response counted, before NATS closes
-		g.stopTally()
-		<-g.tallyDone
-	}
+	g.tally.stop() // after the last response counted, before NATS closes
+	g.queue.stop()
 	if g.stopWorkers != nil {
 		g.stopWorkers()
 		<-g.workersDone
@@ -533,7 +569,9 @@ func (g *Gateway) Connect(name string) (*nats.Conn, error) {
 }
 
 // dedupHorizon is how long the ledger's in-memory id index keeps an id: at least the stream's
-// Nats-Msg-Id window (see ledger.DuplicateWindow).
+// Nats-Msg-Id window (see ledger.DuplicateWindow), and longer than kv.BillableWindow plus a
+// minute for clocks, so that a restarted worker's charge sweep finds its charges in the index
+// (TestHorizonCoversTheRestartSweep).
 const dedupHorizon = 10 * time.Minute
 
 // newLedger is the billing ledger on js, priced from the configuration.

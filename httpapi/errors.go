@@ -137,6 +137,9 @@ var errorTable = []struct {
 	{ledger.ErrBudgetExceeded, apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
 		Message: "this tenant's spend limit for the period is reached", Retry: retryNo}},
 	{ledger.ErrBudgetUnavailable, unavailableAnswer("the budget could not be checked; retry")},
+	// Shed at the door: nothing was written, the same request is safe to send again.
+	{intent.ErrOverloaded, apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "overloaded",
+		Message: "the gateway is at capacity; retry shortly", Retry: retryYes, RetryAfter: 1}},
 	{intent.ErrContended, unavailableAnswer("the idempotency key is contended; retry")},
 	{intent.ErrHistoryLost, unavailableAnswer("this execution's early output is no longer retained; retry once it has finished")},
 	{intent.ErrInterrupted, unavailableAnswer("the execution was interrupted; retry")},

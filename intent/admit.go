@@ -74,7 +74,8 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outcome Outcome) (*Admission, error) {
 	settle, err := c.reserve(ctx, req)
 	if err != nil {
-		// A copy of an intent that already exists is never refused by a budget.
+		// A copy of an intent that already exists is never refused by a budget or by the
+		// node's bounds: it costs no backend call.
 		if _, _, gerr := c.store.Get(ctx, key); gerr == nil {
 			return nil, fmt.Errorf("intent: claim: %w", kv.ErrExists)
 		}

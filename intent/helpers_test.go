@@ -75,8 +75,8 @@ func newEnv(t *testing.T, budgets intent.Budgeter) *env {
 }
 
 // node is the core of an API node on connection nc, with its own store handle and hub (as
-// gateway builds them), sharing e's JetStream and clock.
-func (e *env) node(t *testing.T, nc *nats.Conn, js jetstream.JetStream, budgets intent.Budgeter) (*intent.Core, *jobs.Hub) {
+// gateway builds them), sharing e's JetStream and clock; mods change its deps.
+func (e *env) node(t *testing.T, nc *nats.Conn, js jetstream.JetStream, budgets intent.Budgeter, mods ...func(*intent.Deps)) (*intent.Core, *jobs.Hub) {
 	t.Helper()
 	store, err := kv.Open(context.Background(), js, kv.BucketConfig{TTL: recordTTL})
 	if err != nil {
@@ -84,16 +84,21 @@ func (e *env) node(t *testing.T, nc *nats.Conn, js jetstream.JetStream, budgets 
 	}
 	hub := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true})
 	t.Cleanup(hub.Close)
-	return intent.New(intent.Deps{JS: js, Store: store, Hub: hub, Budgets: budgets, Log: zerolog.Nop(), Now: e.clock.Now,
-		Options: intent.Options{Lease: lease, TTL: recordTTL, AutoWindow: autoWindow, ReplayCacheBytes: 1 << 20}}), hub
+	d := intent.Deps{JS: js, Store: store, Hub: hub, Budgets: budgets, Log: zerolog.Nop(), Now: e.clock.Now,
+		Options: intent.Options{Lease: lease, TTL: recordTTL, AutoWindow: autoWindow, ReplayCacheBytes: 1 << 20}}
+	for _, m := range mods {
+		m(&d)
+	}
+	return intent.New(d), hub
 }
 
-// otherNode is a second API node on its own connection to the same JetStream.
-func (e *env) otherNode(t *testing.T) *intent.Core {
+// otherNode is a second API node on its own connection to the same JetStream; mods change its
+// deps.
+func (e *env) otherNode(t *testing.T, mods ...func(*intent.Deps)) *intent.Core {
 	t.Helper()
 	nc, js := e.srv.Conn(t)
 	e.conns = append(e.conns, nc)
-	c, _ := e.node(t, nc, js, nil)
+	c, _ := e.node(t, nc, js, nil, mods...)
 	return c
 }
 

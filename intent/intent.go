@@ -3,6 +3,7 @@ package intent
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -52,6 +53,10 @@ var (
 	ErrNoRecord = errors.New("intent: no record for this Idempotency-Key")
 	// ErrJobChanging: Cancel lost the compare-and-set on every attempt.
 	ErrJobChanging = errors.New("intent: the job is changing; retry")
+	// ErrOverloaded: a new execution was refused by the node's admission bounds (executions
+	// in flight here, or the job queue's wait); nothing was written, so a retry is safe.
+	// Copies of existing intents are never refused by them.
+	ErrOverloaded = errors.New("intent: the gateway is at capacity")
 )
 
 // Budgeter admits new executions against tenants' spend limits (replays and joins never
@@ -73,6 +78,13 @@ type Options struct {
 	ReplayCacheBytes int64
 	// DefaultMaxTokens prices a request that sets no max_tokens, for the budget estimate.
 	DefaultMaxTokens int
+	// MaxExecutions bounds the new executions this node admitted and has not answered yet
+	// (0: no bound); beyond it a new intent gets ErrOverloaded. A background job holds its
+	// place only until it is submitted.
+	MaxExecutions int
+	// MaxQueueWait bounds the wait of the job at the head of the JOBS queue (Deps.Queue); while
+	// it is over, a new intent gets ErrOverloaded (0: no bound).
+	MaxQueueWait time.Duration
 }
 
 // Deps is what the core needs.
@@ -90,8 +102,16 @@ type Deps struct {
 	Metrics *telemetry.Metrics
 	// Tally keeps the executions avoided for the bills (a ledger.Tally); nil keeps none.
 	Tally AvoidedCounter
+	// Queue tells how long the job at the head of the JOBS queue has waited (jobs.QueueWatch),
+	// for Options.MaxQueueWait; nil: not bounded.
+	Queue QueueWaiter
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+}
+
+// QueueWaiter reports the current wait of the job queue's head.
+type QueueWaiter interface {
+	Wait() time.Duration
 }
 
 // Core decides every intent's life on this node. It is safe for concurrent use; the replay
@@ -111,13 +131,16 @@ type Core struct {
 	tally    AvoidedCounter
 	// followers counts each live execution's copies on this node; nil without metrics.
 	followers *followers
-	now       func() time.Time
+	queue     QueueWaiter
+	// executions counts the new executions admitted here and not answered (MaxExecutions).
+	executions atomic.Int64
+	now        func() time.Time
 }
 
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, now: d.Now}
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, now: d.Now}
 	if c.now == nil {
 		c.now = time.Now
 	}

@@ -68,6 +68,7 @@ type Config struct {
 	HTTP        HTTP        `yaml:"http"`
 	Workers     Workers     `yaml:"workers"`
 	Idempotency Idempotency `yaml:"idempotency"`
+	Admission   Admission   `yaml:"admission"`
 	Backends    []Backend   `yaml:"backends"`
 	Routes      []Route     `yaml:"routes"`
 	Tenants     []Tenant    `yaml:"tenants"`
@@ -163,6 +164,18 @@ type Idempotency struct {
 	// ReplayCacheBytes bounds the in-memory copy an API node keeps of replayed final records
 	// (explicit keys only), so a repeated replay makes no JetStream round trip; 0 disables it.
 	ReplayCacheBytes int64 `yaml:"replay_cache_bytes"`
+}
+
+// Admission bounds what an API node admits. Beyond a bound a new intent is answered 503 with
+// Retry-After and x-should-retry at once, with nothing written; copies of existing intents
+// (joins, replays) are always served.
+type Admission struct {
+	// MaxExecutions bounds the new executions this node admitted and has not answered yet
+	// (a background job counts until it is submitted); 0: no bound.
+	MaxExecutions int `yaml:"max_executions"`
+	// MaxQueueWait bounds how long the job at the head of the JOBS queue (the next to reach
+	// a worker, cluster-wide) may have waited; 0: no bound.
+	MaxQueueWait Duration `yaml:"max_queue_wait"`
 }
 
 // Backend is an upstream LLM API.
@@ -447,8 +460,9 @@ func Default() *Config {
 			// 32 MiB
 			ReplayCacheBytes: 32 << 20,
 		},
-		Backends: []Backend{defaultMock()},
-		Ledger:   Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024, TallyEvery: Duration(10 * time.Second)},
+		Admission: Admission{MaxExecutions: 1024, MaxQueueWait: Duration(30 * time.Second)},
+		Backends:  []Backend{defaultMock()},
+		Ledger:    Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024, TallyEvery: Duration(10 * time.Second)},
 	}
 }
 

@@ -130,6 +130,7 @@ func (c *Config) Validate() error {
 	v.http(&c.HTTP)
 	v.workers(&c.Workers)
 	v.idempotency(&c.Idempotency)
+	v.admission(&c.Admission)
 	v.backends(c.Backends)
 	v.routes(c.Routes, c.Backends)
 	v.tenants(c.Tenants)
@@ -573,6 +574,15 @@ func (v *validator) routes(rs []Route, bs []Backend) {
 		if d := r.Degraded; d != nil && d.RetryAfter < 0 {
 			v.add(p+".degraded.retry_after", "must be >= 0, got %s", d.RetryAfter)
 		}
+	}
+}
+
+func (v *validator) admission(a *Admission) {
+	if a.MaxExecutions < 0 {
+		v.add("admission.max_executions", "must be >= 0 (0: no bound), got %d", a.MaxExecutions)
+	}
+	if a.MaxQueueWait < 0 {
+		v.add("admission.max_queue_wait", "must be >= 0 (0: no bound), got %s", a.MaxQueueWait)
 	}
 }
 

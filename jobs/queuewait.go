@@ -1,0 +1,113 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+// QueueWatch samples how long the job at the head of the JOBS queue has waited: the age of
+// the oldest job the workers' consumer has not handed to any worker yet. That is the queue
+// time the next new intent would add to its answer, for the whole cluster (every worker pulls
+// from the one queue), read with one consumer info request and, when jobs wait, one message
+// read per sample. An API node sheds new intents while it is over a bound (intent's
+// MaxQueueWait). Safe for concurrent use; Run's goroutine belongs to the caller.
+type QueueWatch struct {
+	js       jetstream.JetStream
+	consumer string
+	every    time.Duration
+	log      zerolog.Logger
+	now      func() time.Time
+
+	wait    atomic.Int64 // nanoseconds, the last sample's head wait
+	pending atomic.Uint64
+
+	mu sync.Mutex
+	st jetstream.Stream // JOBS, once looked up (a handle stays valid when the stream is recreated)
+}
+
+// NewQueueWatch watches the JOBS queue of the durable consumer named consumer, sampling
+// every interval once Run runs.
+func NewQueueWatch(js jetstream.JetStream, consumer string, every time.Duration, log zerolog.Logger) *QueueWatch {
+	return &QueueWatch{js: js, consumer: consumer, every: every, log: log, now: time.Now}
+}
+
+// Wait is the head job's wait at the last sample: 0 when the queue was empty, before the
+// first sample, or when the last sample could not be read.
+func (q *QueueWatch) Wait() time.Duration { return time.Duration(q.wait.Load()) }
+
+// Pending is the number of jobs waiting for a worker at the last sample.
+func (q *QueueWatch) Pending() uint64 { return q.pending.Load() }
+
+// Run samples every interval until ctx ends.
+func (q *QueueWatch) Run(ctx context.Context) {
+	t := time.NewTicker(q.every)
+	defer t.Stop()
+	for {
+		sctx, cancel := context.WithTimeout(ctx, q.every)
+		wait, pending, err := q.Read(sctx)
+		cancel()
+		switch {
+		case err == nil:
+			q.wait.Store(int64(wait))
+			q.pending.Store(pending)
+		case ctx.Err() == nil:
+			// NATS cannot be read: new intents fail on their own writes, so no shedding is
+			// needed to protect anything; do not keep a stale wait that would shed after it.
+			q.wait.Store(0)
+			q.log.Debug().Err(err).Msg("reading the JOBS queue's head")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Read reads the head job's wait and the jobs pending now.
+func (q *QueueWatch) Read(ctx context.Context) (time.Duration, uint64, error) {
+	c, err := q.js.Consumer(ctx, JobsStream, q.consumer)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, 0, nil // no worker has started yet (or NATS lost the memory stream): no queue to measure
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("jobs: queue: %w", err)
+	}
+	info := c.CachedInfo()
+	if info.NumPending == 0 {
+		return 0, 0, nil
+	}
+	st, err := q.stream(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	m, err := st.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(JobsSubjects))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, info.NumPending, nil // delivered meanwhile
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("jobs: queue head: %w", err)
+	}
+	return max(q.now().Sub(m.Time), 0), info.NumPending, nil
+}
+
+func (q *QueueWatch) stream(ctx context.Context) (jetstream.Stream, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.st != nil {
+		return q.st, nil
+	}
+	st, err := q.js.Stream(ctx, JobsStream)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: queue: %w", err)
+	}
+	q.st = st
+	return st, nil
+}
