@@ -181,7 +181,6 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, err
 // can only be applied once) for jsretry.Window or until ctx ends; then ErrUnavailable.
 func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data []byte) (uint64, error) {
 	var rev uint64
-	unsure := false // a try may have created the record although its answer was lost
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		r, err := s.write(ctx, key, rec, data, 0)
 		if err == nil {
@@ -189,7 +188,6 @@ func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data 
 			return nil
 		}
 		if !errors.Is(err, errWrongLast) {
-			unsure = unsure || jsretry.Ambiguous(err)
 			return err
 		}
 		// A retried create whose first try succeeded answers "exists" too: the owner nonce
@@ -201,8 +199,14 @@ func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data 
 			return nil
 		case gerr == nil:
 			return &ExistsError{Record: cur, Rev: curRev}
-		case jsretry.Transient(gerr) || unsure && errors.Is(gerr, ErrNotFound):
-			// Unreadable, or read from a replica that does not have our create yet.
+		case jsretry.Transient(gerr) || errors.Is(gerr, ErrNotFound):
+			// Unreadable, or read from a replica that does not have the record yet: ours (a
+			// try whose answer was lost) or another claimant's, which the leader has just
+			// refused ours for. Nothing deletes records, so a refused create means a record
+			// exists; the next try creates again or reads it. Before, a copy that raced its
+			// intent's first claim on a cluster read "not found" from a lagging replica, and
+			// all five of Admit's decisions did within milliseconds: 503 contended (12 of
+			// 12,000 intents in a 10-minute run at 20/s on three stock servers).
 			return jsretry.Again(gerr)
 		}
 		return ErrExists
