@@ -283,8 +283,8 @@ func fenced(ctx context.Context, ps []*pending) []*pending {
 // replicated and allows them (a server before 2.12 does not know the setting and never reports
 // it), and none was refused as disabled. A single replica stages every batch in a file store
 // of its own (a directory, files and an fsync per batch, nats-server's newBatchStore), which
-// measured slower than one synced publish per entry; replicas stage it in memory and the
-// batch is one replicated commit.
+// measured no faster than one synced publish per entry (BENCHMARKS.md); replicas stage it in
+// memory and the batch is one replicated commit.
 func (l *Ledger) atomicBatches(ctx context.Context) bool {
 	if l.noAtomic.Load() {
 		return false
