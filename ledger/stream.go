@@ -54,22 +54,30 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream) error {
 func EnsureReplicated(ctx context.Context, js jetstream.JetStream, n int) error {
 	want := StreamConfig()
 	want.Replicas = max(n, 1)
-	st, err := js.Stream(ctx, StreamName)
+	return ensureStream(ctx, js, want, tighten)
+}
+
+// ensureStream creates the stream want names with want, or updates an existing one to what fix
+// makes of its configuration with at least want's replicas (raised in place and waited for,
+// never lowered); it updates only when something must change.
+func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, fix func(jetstream.StreamConfig) (jetstream.StreamConfig, error)) error {
+	name := want.Name
+	st, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		_, err = js.CreateStream(ctx, want)
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("ledger: create stream %s: %w", StreamName, replicas.Explain(StreamName, 0, want.Replicas, err))
+			return fmt.Errorf("ledger: create stream %s: %w", name, replicas.Explain(name, 0, want.Replicas, err))
 		}
-		st, err = js.Stream(ctx, StreamName) // created meanwhile by another process: check it
+		st, err = js.Stream(ctx, name) // created meanwhile by another process: check it
 	}
 	if err != nil {
-		return fmt.Errorf("ledger: stream %s: %w", StreamName, err)
+		return fmt.Errorf("ledger: stream %s: %w", name, err)
 	}
 	cur := st.CachedInfo().Config
-	next, err := tighten(cur)
+	next, err := fix(cur)
 	if err != nil {
 		return err
 	}
@@ -78,10 +86,10 @@ func EnsureReplicated(ctx context.Context, js jetstream.JetStream, n int) error 
 		return nil
 	}
 	if _, err := js.UpdateStream(ctx, next); err != nil {
-		return fmt.Errorf("ledger: update stream %s: %w", StreamName, replicas.Explain(StreamName, cur.Replicas, next.Replicas, err))
+		return fmt.Errorf("ledger: update stream %s: %w", name, replicas.Explain(name, cur.Replicas, next.Replicas, err))
 	}
-	if err := replicas.WaitRaised(ctx, js, StreamName, cur.Replicas, next.Replicas); err != nil {
-		return fmt.Errorf("ledger: raise stream %s: %w", StreamName, err)
+	if err := replicas.WaitRaised(ctx, js, name, cur.Replicas, next.Replicas); err != nil {
+		return fmt.Errorf("ledger: raise stream %s: %w", name, err)
 	}
 	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -22,8 +21,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-
-	"github.com/oncegate/oncegate/internal/replicas"
 )
 
 // TallyStreamName is the stream of tally reports.
@@ -84,39 +81,17 @@ func TallyStreamConfig() jetstream.StreamConfig {
 func EnsureTally(ctx context.Context, js jetstream.JetStream, n int) error {
 	want := TallyStreamConfig()
 	want.Replicas = max(n, 1)
-	st, err := js.Stream(ctx, TallyStreamName)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		if _, err = js.CreateStream(ctx, want); err == nil {
-			return nil
+	return ensureStream(ctx, js, want, func(cur jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+		if cur.Storage != jetstream.FileStorage {
+			return cur, fmt.Errorf("%w: %s uses %s storage; the tally needs file storage (recreate it)", ErrStreamConfig, TallyStreamName, cur.Storage)
 		}
-		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("ledger: create stream %s: %w", TallyStreamName, replicas.Explain(TallyStreamName, 0, want.Replicas, err))
+		next := cur
+		next.Subjects = slices.Clone(cur.Subjects)
+		if !slices.Contains(next.Subjects, allTallySubjects) {
+			next.Subjects = append(next.Subjects, allTallySubjects)
 		}
-		st, err = js.Stream(ctx, TallyStreamName)
-	}
-	if err != nil {
-		return fmt.Errorf("ledger: stream %s: %w", TallyStreamName, err)
-	}
-	cur := st.CachedInfo().Config
-	if cur.Storage != jetstream.FileStorage {
-		return fmt.Errorf("%w: %s uses %s storage; the tally needs file storage (recreate it)", ErrStreamConfig, TallyStreamName, cur.Storage)
-	}
-	next := cur
-	next.Subjects = slices.Clone(cur.Subjects)
-	if !slices.Contains(next.Subjects, allTallySubjects) {
-		next.Subjects = append(next.Subjects, allTallySubjects)
-	}
-	next.Replicas = max(cur.Replicas, want.Replicas)
-	if reflect.DeepEqual(next, cur) {
-		return nil
-	}
-	if _, err := js.UpdateStream(ctx, next); err != nil {
-		return fmt.Errorf("ledger: update stream %s: %w", TallyStreamName, replicas.Explain(TallyStreamName, cur.Replicas, next.Replicas, err))
-	}
-	if err := replicas.WaitRaised(ctx, js, TallyStreamName, cur.Replicas, next.Replicas); err != nil {
-		return fmt.Errorf("ledger: raise stream %s: %w", TallyStreamName, err)
-	}
-	return nil
+		return next, nil
+	})
 }
 
 // TallyReport is one OG_TALLY message: what one process counted for one tenant in the
