@@ -25,8 +25,7 @@ type QueueWatch struct {
 	log      zerolog.Logger
 	now      func() time.Time
 
-	wait    atomic.Int64 // nanoseconds, the last sample's head wait
-	pending atomic.Uint64
+	wait atomic.Int64 // nanoseconds, the last sample's head wait
 
 	mu sync.Mutex
 	st jetstream.Stream // JOBS, once looked up (a handle stays valid when the stream is recreated)
@@ -42,21 +41,17 @@ func NewQueueWatch(js jetstream.JetStream, consumer string, every time.Duration,
 // first sample, or when the last sample could not be read.
 func (q *QueueWatch) Wait() time.Duration { return time.Duration(q.wait.Load()) }
 
-// Pending is the number of jobs waiting for a worker at the last sample.
-func (q *QueueWatch) Pending() uint64 { return q.pending.Load() }
-
 // Run samples every interval until ctx ends.
 func (q *QueueWatch) Run(ctx context.Context) {
 	t := time.NewTicker(q.every)
 	defer t.Stop()
 	for {
 		sctx, cancel := context.WithTimeout(ctx, q.every)
-		wait, pending, err := q.Read(sctx)
+		wait, _, err := q.Read(sctx)
 		cancel()
 		switch {
 		case err == nil:
 			q.wait.Store(int64(wait))
-			q.pending.Store(pending)
 		case ctx.Err() == nil:
 			// NATS cannot be read: new intents fail on their own writes, so no shedding is
 			// needed to protect anything; do not keep a stale wait that would shed after it.

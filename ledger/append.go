@@ -31,11 +31,9 @@ const maxBatch = 64
 // maxAppendTries bounds how often one group re-reads its chain after losing a race.
 const maxAppendTries = 1000
 
-// Error codes of atomic batch publishes that nats.go has no constants for.
-const (
-	errCodeAtomicDisabled  jetstream.ErrorCode = 10174 // the stream does not allow atomic publishes
-	errCodeAtomicDuplicate jetstream.ErrorCode = 10201 // a message id of the batch was stored before
-)
+// errCodeAtomicDisabled is the refusal of a batch by a stream that does not allow atomic
+// publishes (nats.go has no constant for it).
+const errCodeAtomicDisabled jetstream.ErrorCode = 10174
 
 // pending is one append waiting in its chain's queue. The committer finishes it once.
 type pending struct {
