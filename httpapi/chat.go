@@ -131,11 +131,21 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 			}
 		}
 	}
+	if err := s.readIntent(c, g, rt); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// readIntent reads what every generation API says the same way: the route's degraded answer,
+// the deadline, deduplication off, the idempotency key (or the auto key of the content on
+// this method and path), the retry headers and Prefer: respond-async.
+func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) error {
 	if d := rt.Degraded; d != nil {
 		g.Degraded = &kv.Degraded{Message: d.Message, RetryAfter: int((d.RetryAfter.D() + time.Second - 1) / time.Second)}
 	}
 	if err := s.readDeadline(c, g); err != nil {
-		return nil, err
+		return err
 	}
 
 	g.Bypass = !rt.Dedup || strings.EqualFold(c.Get("X-Allow-Duplicate"), "true")
@@ -146,12 +156,12 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 		g.echoKey, err = parseIdempotencyKey(raw)
 	}
 	if err != nil {
-		return nil, keyHeaderInvalid(err)
+		return keyHeaderInvalid(err)
 	}
 	switch {
 	case g.Bypass: // its record key is made per execution by intent.Admit
 	case present:
-		g.Key = intent.RecordKey(tenant, g.echoKey)
+		g.Key = intent.RecordKey(g.Tenant, g.echoKey)
 	default:
 		g.setAuto(c.Method(), c.Path())
 	}
@@ -159,7 +169,7 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	if preferAsync(c.Get("Prefer")) {
 		g.setAsync()
 	}
-	return g, nil
+	return nil
 }
 
 // compatible keeps the backends of a route that speak api: Anthropic backends serve only

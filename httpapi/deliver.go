@@ -71,15 +71,8 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 	for {
 		ch, err := adm.Next(ctx)
 		if err != nil {
-			adm.Close()
-			if errors.Is(err, intent.ErrFinished) {
+			if err = s.waitEnded(g, adm, err); errors.Is(err, intent.ErrFinished) {
 				return s.replay(c, g, adm.Rec)
-			}
-			if errors.Is(err, context.DeadlineExceeded) && !g.Deadline.IsZero() && !s.now().Before(g.Deadline) {
-				return errDeadlinePassed
-			}
-			if errors.Is(err, context.DeadlineExceeded) && adm.Outcome == intent.Joined {
-				return errKeyInUse
 			}
 			return err
 		}
@@ -142,6 +135,22 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 		return errRecordUnreadable
 	}
 	return s.replay(c, g, rec)
+}
+
+// waitEnded closes the admission whose Next failed before this copy's answer began, and says
+// what the client gets: intent.ErrFinished as it is (the caller answers from adm.Rec), its own
+// deadline passed, a joined copy's wait over (the key is in use), or err.
+func (s *Server) waitEnded(g *generation, adm *intent.Admission, err error) error {
+	adm.Close()
+	switch {
+	case errors.Is(err, intent.ErrFinished):
+		return err
+	case errors.Is(err, context.DeadlineExceeded) && !g.Deadline.IsZero() && !s.now().Before(g.Deadline):
+		return errDeadlinePassed
+	case errors.Is(err, context.DeadlineExceeded) && adm.Outcome == intent.Joined:
+		return errKeyInUse
+	}
+	return err
 }
 
 // The headers that say how an answer was obtained.

@@ -191,6 +191,10 @@ var errorTable = []struct {
 	{errBadPeriod, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")},
 	{errKeyNotPathText, badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")},
 
+	{errNoResponse, notFound("no response with this id")},
+	{errPreviousResponse, badRequest("previous_response_not_found", "previous_response_id",
+		"previous_response_id names no stored, completed response of this API key")},
+
 	{errExecutionFailed, apiError{Status: http.StatusBadGateway, Type: typeServer, Code: "execution_failed", Message: "the execution failed"}},
 	{errJobCancelled, invalid(http.StatusConflict, "job_cancelled", "", "the job was cancelled")},
 	{errRestarted, apiError{Status: http.StatusInternalServerError, Type: typeServer, Code: "execution_restarted",

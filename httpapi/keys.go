@@ -107,7 +107,16 @@ func isTransportField(key string) bool { return key == "stream" || key == "strea
 // stored before the change then meets its old record with another fingerprint (422): the
 // number rule did so for bodies with numbers spelled otherwise than canonically (0.50, 1.0, 1e2).
 func canonicalFingerprint(body []byte) (string, bodyFields, error) {
-	canon, fields, err := jsonscan.Canonical(make([]byte, 0, len(body)), body, isTransportField)
+	return fingerprintOf(body, isTransportField)
+}
+
+// isResponsesTransportField: a Responses request's background flag is a transport field too
+// (a background copy and a waiting copy of one intent share its execution).
+func isResponsesTransportField(key string) bool { return isTransportField(key) || key == "background" }
+
+// fingerprintOf is canonicalFingerprint with the transport fields transport names.
+func fingerprintOf(body []byte, transport func(string) bool) (string, bodyFields, error) {
+	canon, fields, err := jsonscan.Canonical(make([]byte, 0, len(body)), body, transport)
 	switch {
 	case errors.Is(err, jsonscan.ErrNotObject):
 		return "", nil, errors.New("body must be a JSON object")

@@ -152,6 +152,7 @@ func New(d Deps) *Server {
 	v1.Get("/status", s.statusPage)
 	v1.Post("/chat/completions", s.chatCompletions)
 	v1.Post("/messages", s.messages)
+	s.routesResponses(v1)
 	s.routesJobs(v1)
 	s.routesAdmin(v1)
 	return s

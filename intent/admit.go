@@ -67,7 +67,8 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 	return &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
 		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, EpochStarted: now,
 		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API,
-		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID}
+		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID,
+		Echo: req.Echo}
 }
 
 // create claims key with a new record and publishes its job; kv.ErrExists if taken.
@@ -132,7 +133,7 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 		return nil, fmt.Errorf("intent: %w", err)
 	}
 	if newJob {
-		if err := c.store.IndexJob(ctx, job.ID, key, req.Async); err != nil {
+		if err := c.store.IndexJob(ctx, job.ID, key, req.Async || req.Retrievable); err != nil {
 			c.log.Warn().Err(err).Str(fieldJobID, job.ID).Msg("indexing job id")
 		}
 	}

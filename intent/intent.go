@@ -181,6 +181,11 @@ type Request struct {
 	// MaxTokens is the request's output limit (0: not set), for the budget estimate.
 	MaxTokens int
 	Body      []byte
+	// Retrievable: the job id is a handle the client keeps (a stored response): the job index
+	// is written durably, as for an async job.
+	Retrievable bool
+	// Echo is kept in the record for the whole TTL (kv.Record.Echo); nil for most APIs.
+	Echo []byte
 }
 
 // Admission is the decision for one request: what it is attached to, and for a created,

@@ -121,6 +121,10 @@ type Record struct {
 	// TraceID is the W3C trace id of the request that created the record (its execution's
 	// spans and backend calls continue that trace); kept once the record is finished.
 	TraceID string `json:"trace_id,omitempty"`
+	// Echo is what an API that renders the backend's answer in a format of its own needs
+	// beyond that answer (the Responses API: the request fields its response object repeats,
+	// and the conversation a later request continues); opaque here, kept for the TTL.
+	Echo json.RawMessage `json:"echo,omitempty"`
 
 	Result *Result `json:"result,omitempty"`
 }

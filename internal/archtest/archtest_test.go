@@ -30,6 +30,7 @@ var floors = map[string]int{
 	"internal/openaiwire":       0,
 	"internal/replicas":         0,
 	"internal/resilience":       0,
+	"internal/responseswire":    0,
 	"internal/status":           0,
 	"internal/telemetry":        0,
 	"internal/testkit":          0,

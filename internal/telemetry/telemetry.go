@@ -45,11 +45,12 @@ const (
 	RouteJobs                   // POST /v1/jobs, job lists, cancels
 	RouteJobEvents              // GET /v1/jobs/{id}/events
 	RouteJobGet                 // GET /v1/jobs/{id}
+	RouteResponses              // POST /v1/responses, and a response's retrieve and cancel
 	RouteOther
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"chat", "messages", "jobs", "job_events", "job_get", "other"}
+var routeNames = [numRoutes]string{"chat", "messages", "jobs", "job_events", "job_get", "responses", "other"}
 
 // String is the route's label value.
 func (r Route) String() string { return routeNames[min(r, RouteOther)] }
@@ -291,7 +292,7 @@ const maxZeroedTenantModels = 256
 // are few (past maxZeroedTenantModels they appear on first use). Histograms appear on first
 // use: a zero histogram costs a series per bucket.
 func (m *Metrics) zeroes() {
-	for _, ra := range [][2]int{{int(RouteChat), int(APIOpenAI)}, {int(RouteMessages), int(APIAnthropic)}, {int(RouteJobs), int(APIJobs)}} {
+	for _, ra := range [][2]int{{int(RouteChat), int(APIOpenAI)}, {int(RouteMessages), int(APIAnthropic)}, {int(RouteJobs), int(APIJobs)}, {int(RouteResponses), int(APIOpenAI)}} {
 		for o := range int(numOutcomes) {
 			for code := range codeNames {
 				m.requests.at(ra[0], ra[1], o, code)

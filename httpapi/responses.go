@@ -1,0 +1,646 @@
+package httpapi
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/internal/responseswire"
+	"github.com/oncegate/oncegate/internal/telemetry"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// The OpenAI Responses API (POST /v1/responses, GET /v1/responses/{id}, POST
+// /v1/responses/{id}/cancel) is one more front door to the same admission: the request
+// becomes the chat completions request that runs it (responseswire), always streamed, with
+// the Responses-only fields kept in the record (kv.Record.Echo); every answer, live, replayed,
+// retrieved or resumed, is rendered from the record's chat frames by responseswire, which is
+// a pure function of them. So every copy gets the same bytes, and a stream resumed on another
+// node with starting_after continues with the very events it missed. A response's id is its
+// job's (resp_<job id>); with store (the default) the job index is durable, so the id can be
+// retrieved, resumed and continued (previous_response_id) for the record's TTL.
+
+// Errors of the Responses API.
+var (
+	// errNoResponse: no response of this tenant has this id (unknown, expired, foreign, or
+	// not a response: the same answer).
+	errNoResponse = errors.New("httpapi: no such response")
+	// errPreviousResponse: previous_response_id names no stored, finished response of the tenant.
+	errPreviousResponse = errors.New("httpapi: previous response not found")
+)
+
+func (s *Server) routesResponses(r fiber.Router) {
+	r.Post("/responses", s.createResponse)
+	r.Get("/responses/:id", s.getResponse)
+	r.Post("/responses/:id/cancel", s.cancelResponse)
+}
+
+// createResponse is POST /v1/responses.
+func (s *Server) createResponse(c *fiber.Ctx) error {
+	ctx, obs := s.startObservation(c, telemetry.RouteResponses, telemetry.APIOpenAI)
+	g, stream, err := s.parseResponse(ctx, c)
+	if err != nil {
+		s.countError(&obs, nil, err)
+		return err
+	}
+	g.observe(ctx, obs)
+	g.obs.stream = stream
+	adm, err := s.admit(ctx, g)
+	if err != nil {
+		s.countError(&g.obs, nil, err)
+		return err
+	}
+	if g.Async && !stream {
+		err = s.respondBackground(c, g, adm)
+	} else {
+		err = s.deliverResponse(c, g, adm, stream)
+	}
+	switch {
+	case err != nil:
+		s.countError(&g.obs, adm, err)
+	case !g.live:
+		s.countAnswer(c, &g.obs, adm)
+	}
+	return err
+}
+
+// parseResponse authenticates, validates and translates a Responses request; stream is the
+// client's mode (the execution always streams). It changes no state.
+func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation, stream bool, err error) {
+	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
+		return nil, false, errUnsupportedMediaType
+	}
+	tenant, err := s.authenticate(c)
+	if err != nil {
+		return nil, false, err
+	}
+	body := bytes.Clone(c.Body())
+	fp, _, err := fingerprintOf(body, isResponsesTransportField)
+	if err != nil {
+		return nil, false, invalidJSON(err)
+	}
+	rr, err := responseswire.Parse(body)
+	if err != nil {
+		return nil, false, responsesInvalid(err)
+	}
+	var history []json.RawMessage
+	if rr.PreviousResponseID != "" {
+		if history, err = s.previousConversation(ctx, tenant, rr.PreviousResponseID); err != nil {
+			return nil, false, err
+		}
+	}
+	chat, err := rr.Chat(history)
+	if err != nil {
+		return nil, false, responsesInvalid(err)
+	}
+	echo, err := rr.Echo(history)
+	if err != nil {
+		return nil, false, responsesInvalid(err)
+	}
+	rt, ok := s.router.Resolve(rr.Model)
+	backends := s.compatible(rt.Backends, apiOpenAI)
+	if !ok || len(backends) == 0 {
+		return nil, false, modelNotFound(rr.Model)
+	}
+	g = &generation{Request: intent.Request{Tenant: tenant, Body: chat, Fingerprint: fp, Model: rr.Model,
+		Backends: backends, API: apiOpenAI, Stream: true, MaxTokens: rr.MaxOutputTokens, Echo: echo,
+		Retrievable: rr.Store}}
+	if err := s.readIntent(c, g, rt); err != nil {
+		return nil, false, err
+	}
+	if rr.Background {
+		g.setAsync()
+	}
+	return g, rr.Stream, nil
+}
+
+// responsesInvalid is the 400 of a request responseswire refuses.
+func responsesInvalid(err error) error {
+	var e *responseswire.Error
+	if errors.As(err, &e) {
+		return badRequest(e.Code, e.Param, e.Message).ptr()
+	}
+	return invalidJSON(err)
+}
+
+// previousConversation is the conversation a request continues: the stored response's
+// messages and its output. It must be the tenant's, stored, and completed.
+func (s *Server) previousConversation(ctx context.Context, tenant, id string) ([]json.RawMessage, error) {
+	job := responseswire.JobOf(id)
+	if !jobs.ParseID(job) {
+		return nil, errPreviousResponse
+	}
+	_, rec, _, err := s.intents.FindJob(ctx, tenant, job)
+	if errors.Is(err, intent.ErrNoJob) {
+		return nil, errPreviousResponse
+	}
+	if err != nil {
+		return nil, err
+	}
+	meta, echo, ok := responseMeta(rec)
+	if !ok || echo.Messages == nil || rec.State != kv.Completed {
+		return nil, errPreviousResponse
+	}
+	r, err := renderRecord(rec, meta)
+	if err != nil || r.status != responseswire.StatusCompleted && r.status != responseswire.StatusIncomplete {
+		return nil, errPreviousResponse
+	}
+	return r.stream.Conversation(echo), nil
+}
+
+// responseMeta is what a Responses record renders with; ok is false for a record of another API.
+func responseMeta(rec *kv.Record) (responseswire.Meta, *responseswire.Echo, bool) {
+	if len(rec.Echo) == 0 {
+		return responseswire.Meta{}, nil, false
+	}
+	echo, err := responseswire.ParseEcho(rec.Echo)
+	if err != nil {
+		return responseswire.Meta{}, nil, false
+	}
+	return responseswire.Meta{ID: responseswire.IDOf(rec.JobID), CreatedAt: rec.Created.Unix(), Model: rec.Model, Params: echo.Params}, echo, true
+}
+
+// rendered is a finished record as the Responses API shows it.
+type rendered struct {
+	stream *responseswire.Stream
+	events []byte // every event after the stream's After
+	status string
+	object []byte
+	// backendStatus is the HTTP status of a backend's refusal stored as the outcome (a 4xx a
+	// retry would meet again), with body its error: a POST answers with it as chat does.
+	backendStatus int
+	body          []byte
+}
+
+// renderRecord renders a finished record from its first event, skipping events up to after.
+func renderRecord(rec *kv.Record, meta responseswire.Meta, after ...int) (*rendered, error) {
+	res := rec.Result
+	if res == nil || rec.State == kv.Pending {
+		return nil, errNoResult
+	}
+	st := responseswire.NewStream(meta)
+	if len(after) > 0 {
+		st.After = after[0]
+	}
+	r := &rendered{stream: st}
+	r.events = append(r.events, st.Start()...)
+	switch {
+	case rec.State == kv.Completed && res.Status == http.StatusOK:
+		frames, usage := res.Events, res.UsageEvent
+		if !rec.Stream {
+			var err error
+			if frames, usage, err = openaiwire.Synthesize(res.Body); err != nil {
+				return nil, err
+			}
+		}
+		ev, err := st.Frames(append(append([]byte{}, frames...), usage...))
+		if err != nil {
+			return nil, err
+		}
+		r.events = append(append(r.events, ev...), st.Complete()...)
+		r.object = st.Response(responseswire.StatusCompleted)
+		r.status = statusOf(r.object)
+		return r, nil
+	case rec.State == kv.Completed:
+		r.backendStatus, r.body = res.Status, res.Body
+	case res.Partial:
+		ev, err := st.Frames(append(append([]byte{}, res.Events...), res.UsageEvent...))
+		if err != nil {
+			return nil, err
+		}
+		r.events = append(r.events, ev...)
+	}
+	r.status = responseswire.StatusFailed
+	if rec.Cancelled {
+		r.status = responseswire.StatusCancelled
+	}
+	code, msg := errorFields(res.Body, errExecutionFailed)
+	r.events = append(r.events, st.Fail(r.status, code, msg)...)
+	r.object = st.FailedResponse(r.status, code, msg)
+	return r, nil
+}
+
+// statusOf reads the status of a response object rendered here.
+func statusOf(obj []byte) string {
+	var v struct {
+		Status string `json:"status"`
+	}
+	_ = json.Unmarshal(obj, &v)
+	return v.Status
+}
+
+// errorFields are the code and message of an OpenAI error body (dflt's when it has none).
+func errorFields(body []byte, dflt error) (code, message string) {
+	var e struct {
+		Error struct {
+			Code    any    `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error.Message != "" {
+		if s, ok := e.Error.Code.(string); ok {
+			code = s
+		}
+		return cmp.Or(code, "server_error"), e.Error.Message
+	}
+	ae := answer(dflt)
+	return ae.Code, ae.Message
+}
+
+// respondBackground answers background: true at once with the response as it stands (queued).
+func (s *Server) respondBackground(c *fiber.Ctx, g *generation, adm *intent.Admission) error {
+	adm.Close()
+	adm.Done() // nobody follows a background response here (as for a job answered 202)
+	s.setGenerationHeaders(c, g, adm)
+	return s.sendResponseObject(c, adm.Rec)
+}
+
+// sendResponseObject answers with the response object of rec as it stands.
+func (s *Server) sendResponseObject(c *fiber.Ctx, rec *kv.Record) error {
+	meta, _, ok := responseMeta(rec)
+	if !ok {
+		return errNoResponse
+	}
+	var obj []byte
+	if rec.State == kv.Pending {
+		status := responseswire.StatusInProgress
+		if rec.Progress == kv.ProgressQueued {
+			status = responseswire.StatusQueued
+		}
+		obj = responseswire.NewStream(meta).Response(status)
+	} else {
+		r, err := renderRecord(rec, meta)
+		if err != nil {
+			return err
+		}
+		obj = r.object
+	}
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(http.StatusOK).Send(obj)
+}
+
+// deliverResponse answers a POST /v1/responses from its admission.
+func (s *Server) deliverResponse(c *fiber.Ctx, g *generation, adm *intent.Admission, stream bool) error {
+	streaming := false
+	defer func() {
+		if !streaming {
+			adm.Done()
+		}
+	}()
+	s.setGenerationHeaders(c, g, adm)
+	meta, _, ok := responseMeta(adm.Rec)
+	if !ok { // a record of another API under this key (an Idempotency-Key used on chat)
+		adm.Close()
+		return intent.ErrKeyReused
+	}
+	if adm.Follower() == nil {
+		return s.replayResponse(c, adm.Rec, meta, stream)
+	}
+	wait := maxGeneration
+	if adm.Outcome == intent.Joined && !stream {
+		wait = s.idem.MaxWait.D()
+	}
+	if !g.Deadline.IsZero() {
+		wait = min(wait, g.Deadline.Sub(s.now()))
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
+	defer cancel()
+	var frames []byte
+	seen := 0
+	var last jobs.Chunk
+	for {
+		ch, err := adm.Next(ctx)
+		if err != nil {
+			if err = s.waitEnded(g, adm, err); errors.Is(err, intent.ErrFinished) {
+				return s.replayResponse(c, adm.Rec, meta, stream)
+			}
+			return err
+		}
+		if g.obs.firstChunk.IsZero() {
+			g.obs.firstChunk = time.Now()
+		}
+		if ch.Idx == 0 || ch.Terminal() {
+			setMetaHeaders(c, ch.Meta)
+		}
+		if ch.Idx == 0 {
+			frames, seen = nil, 0
+		}
+		if stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
+			streaming, g.live = true, true
+			s.streamResponse(c, adm.Follower(), adm.Key, adm.Rec.Epoch, responseswire.NewStream(meta), &ch, g.obs, adm)
+			return nil
+		}
+		if ch.Terminal() {
+			last = ch
+			break
+		}
+		frames = append(frames, ch.Payload...)
+		seen++
+	}
+	adm.Close()
+	switch last.Kind {
+	case jobs.KindResult:
+		if last.Status != http.StatusOK {
+			return forwardError(c, last.Status, last.Payload, retryNo, 0)
+		}
+	case jobs.KindError:
+		if last.Status != http.StatusOK {
+			ra := last.Meta.RetryAfter
+			return forwardError(c, last.Status, last.Payload, retryIf(ra > 0), ra)
+		}
+	case jobs.KindDone:
+		if last.Idx == seen {
+			st := responseswire.NewStream(meta)
+			events := st.Start()
+			ev, err := st.Frames(frames)
+			if err == nil {
+				events = append(append(events, ev...), st.Complete()...)
+				return sendRendered(c, stream, events, st.Response(responseswire.StatusCompleted))
+			}
+		}
+	}
+	rec, err := s.intents.Record(c.UserContext(), adm.Key)
+	if err != nil {
+		return errRecordUnreadable
+	}
+	return s.replayResponse(c, rec, meta, stream)
+}
+
+// replayResponse answers from a finished record.
+func (s *Server) replayResponse(c *fiber.Ctx, rec *kv.Record, meta responseswire.Meta, stream bool) error {
+	if res := rec.Result; res != nil {
+		setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded})
+	}
+	r, err := renderRecord(rec, meta)
+	if err != nil {
+		return err
+	}
+	if r.backendStatus != 0 { // the backend's refusal, as the live copy got it
+		return forwardError(c, r.backendStatus, r.body, retryNo, 0)
+	}
+	if r.status == responseswire.StatusFailed && !stream {
+		res := rec.Result
+		status := res.Status
+		if status == http.StatusOK {
+			status = http.StatusBadGateway
+		}
+		body := res.Body
+		if len(body) == 0 {
+			body = wireOf(apiOpenAI).errorBody(errExecutionFailed)
+		}
+		return forwardError(c, status, body, retryNo, 0)
+	}
+	return sendRendered(c, stream, r.events, r.object)
+}
+
+// sendRendered answers in one piece: the events for a stream, the object otherwise.
+func sendRendered(c *fiber.Ctx, stream bool, events, object []byte) error {
+	if stream {
+		return (&sseWriter{}).whole(c, events)
+	}
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(http.StatusOK).Send(object)
+}
+
+// doner is what a live stream settles when it ends (an admission), or nil.
+type doner interface{ Done() }
+
+// streamResponse writes a live Responses stream following fl at epoch, starting with first
+// (nil: the follower's next chunk). It runs after the handler returned and captures only
+// owned values. A stream whose terminal chunk never comes ends from the record, when the
+// record continues what was sent (recordend.go); anything else ends with response.failed.
+func (s *Server) streamResponse(c *fiber.Ctx, fl *jobs.Follower, key string, epoch int, st *responseswire.Stream, first *jobs.Chunk, obs observation, adm doner) {
+	out := &sseWriter{}
+	intents, log := s.intents, s.log
+	h := &c.Response().Header
+	se := streamEnd{backend: string(h.Peek(headerBackend)), attempts: string(h.Peek(headerAttempts))}
+	var pending *jobs.Chunk
+	if first != nil {
+		ch := *first
+		pending = &ch
+	}
+	out.live(c, fl, s.writeTimeout, func() {
+		if adm != nil {
+			defer adm.Done()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
+		defer cancel()
+		if ia, ok := adm.(*intent.Admission); ok {
+			defer func() {
+				se.bytes = out.written
+				s.countStream(ctx, &obs, ia, se)
+			}()
+		}
+		var sent liveSent
+		write := func(b []byte) error {
+			if len(b) == 0 {
+				return nil
+			}
+			return out.write(b)
+		}
+		if write(st.Start()) != nil {
+			return
+		}
+		idle := recordCheck(ctx, intents, key, epoch)
+		for {
+			var ch jobs.Chunk
+			if pending != nil {
+				ch, pending = *pending, nil
+			} else {
+				var err error
+				if ch, err = out.nextChunk(ctx, idle); err != nil {
+					if errors.Is(err, errClientGone) {
+						return
+					}
+					rec, ended := endedRecord(err)
+					if !ended && !errors.Is(err, context.DeadlineExceeded) {
+						rec, _ = intents.Record(ctx, key)
+					}
+					if rec != nil && rec.State == kv.Pending && rec.Epoch != epoch && sent.n == 0 && !sent.usage {
+						// Taken over before any output reached this client: follow the new epoch.
+						if nfl, ferr := intents.Follow(ctx, key, rec.Epoch); ferr == nil {
+							out.follow(nfl)
+							epoch = rec.Epoch
+							idle = recordCheck(ctx, intents, key, epoch)
+							continue
+						}
+					}
+					if rec != nil && rec.State != kv.Pending && rec.Epoch == epoch && rec.Result != nil &&
+						rec.Stream && sent.continues(rec.Result.Events) {
+						res := rec.Result
+						log.Info().Str(fieldJobID, rec.JobID).Str("state", string(rec.State)).Msg("responses stream ended from the record: its terminal chunk never came")
+						rest := res.Events[sent.n:]
+						if !sent.usage {
+							rest = append(append([]byte{}, rest...), res.UsageEvent...)
+						}
+						ev, _ := st.Frames(rest)
+						_ = write(ev)
+						if rec.State == kv.Completed && res.Status == http.StatusOK {
+							_ = out.end(st.Complete())
+						} else {
+							code, msg := errorFields(res.Body, errExecutionFailed)
+							status := responseswire.StatusFailed
+							if rec.Cancelled {
+								status = responseswire.StatusCancelled
+							}
+							_ = out.end(st.Fail(status, code, msg))
+						}
+						return
+					}
+					log.Warn().Err(err).Str(fieldKey, key).Msg("responses stream ended without a terminal chunk")
+					cause := errStreamCut
+					if rec != nil && rec.Epoch != epoch {
+						cause = errRestarted
+					}
+					ae := answer(cause)
+					_ = out.end(st.Fail(responseswire.StatusFailed, ae.Code, ae.Message))
+					return
+				}
+			}
+			var err error
+			switch ch.Kind {
+			case jobs.KindData, jobs.KindUsage:
+				if ch.Kind == jobs.KindData {
+					sent.data(ch.Payload)
+					if se.firstWrite.IsZero() {
+						se.firstWrite = time.Now()
+						se.ttft = se.firstWrite.Sub(obs.start)
+					}
+				} else {
+					sent.usage = true
+				}
+				ev, ferr := st.Frames(ch.Payload)
+				err = write(ev)
+				if ferr != nil {
+					log.Warn().Err(ferr).Str(fieldKey, key).Msg("responses stream: a chat frame could not be rendered")
+				}
+			case jobs.KindDone:
+				_ = out.end(st.Complete())
+				return
+			case jobs.KindResult:
+				if ch.Status == http.StatusOK {
+					if frames, usage, serr := openaiwire.Synthesize(ch.Payload); serr == nil {
+						ev, _ := st.Frames(append(append([]byte{}, frames...), usage...))
+						_ = write(ev)
+						_ = out.end(st.Complete())
+						return
+					}
+				}
+				code, msg := errorFields(ch.Payload, errExecutionFailed)
+				_ = out.end(st.Fail(responseswire.StatusFailed, code, msg))
+				return
+			case jobs.KindError:
+				code, msg := errorFields(ch.Payload, errExecutionFailed)
+				status := responseswire.StatusFailed
+				if bytes.Contains(ch.Payload, []byte(`"job_cancelled"`)) {
+					status = responseswire.StatusCancelled
+				}
+				_ = out.end(st.Fail(status, code, msg))
+				return
+			default: // a fence: the execution restarted after this client got output
+				ae := answer(errRestarted)
+				_ = out.end(st.Fail(responseswire.StatusFailed, ae.Code, ae.Message))
+				return
+			}
+			if err != nil {
+				return // client gone; the execution goes on for its other copies
+			}
+		}
+	})
+}
+
+// loadResponse finds a response of the caller's tenant by its id.
+func (s *Server) loadResponse(c *fiber.Ctx) (string, *kv.Record, responseswire.Meta, error) {
+	tenant, err := s.authenticate(c)
+	if err != nil {
+		return "", nil, responseswire.Meta{}, err
+	}
+	job := responseswire.JobOf(c.Params("id"))
+	if !jobs.ParseID(job) {
+		return "", nil, responseswire.Meta{}, errNoResponse
+	}
+	key, rec, _, err := s.intents.FindJob(c.UserContext(), tenant, job)
+	if errors.Is(err, intent.ErrNoJob) {
+		return "", nil, responseswire.Meta{}, errNoResponse
+	}
+	if err != nil {
+		return "", nil, responseswire.Meta{}, err
+	}
+	meta, _, ok := responseMeta(rec)
+	if !ok {
+		return "", nil, responseswire.Meta{}, errNoResponse
+	}
+	return key, rec, meta, nil
+}
+
+// getResponse is GET /v1/responses/{id}: the response object, or with stream=true its events
+// from the start, or right after starting_after, live while it runs.
+func (s *Server) getResponse(c *fiber.Ctx) error {
+	key, rec, meta, err := s.loadResponse(c)
+	if err != nil {
+		return err
+	}
+	if !wantsStream(c) {
+		return s.sendResponseObject(c, rec)
+	}
+	after := -1
+	if v := c.Query("starting_after"); v != "" {
+		if after, err = strconv.Atoi(v); err != nil || after < -1 {
+			return errBadStartingAfter
+		}
+	}
+	if rec.State != kv.Pending {
+		r, err := renderRecord(rec, meta, after)
+		if err != nil {
+			return err
+		}
+		return (&sseWriter{}).whole(c, r.events)
+	}
+	fl, err := s.intents.Follow(c.UserContext(), key, rec.Epoch)
+	if err != nil {
+		return err
+	}
+	st := responseswire.NewStream(meta)
+	st.After = after
+	s.streamResponse(c, fl, key, rec.Epoch, st, nil, observation{}, nil)
+	return nil
+}
+
+// wantsStream: GET /v1/responses/{id} asked for the event stream, in the query (stream=true)
+// or, as the official SDKs send it, in a JSON body.
+func wantsStream(c *fiber.Ctx) bool {
+	if v := c.Query("stream"); v != "" {
+		return strings.EqualFold(v, "true")
+	}
+	var b struct {
+		Stream bool `json:"stream"`
+	}
+	return len(c.Body()) > 0 && json.Unmarshal(c.Body(), &b) == nil && b.Stream
+}
+
+// cancelResponse is POST /v1/responses/{id}/cancel: a running response is cancelled (as DELETE
+// /v1/jobs/{id} cancels a job); a finished one is answered as it is.
+func (s *Server) cancelResponse(c *fiber.Ctx) error {
+	_, rec, _, err := s.loadResponse(c)
+	if err != nil {
+		return err
+	}
+	tenant, _ := s.authenticate(c)
+	if rec, err = s.intents.Cancel(c.UserContext(), tenant, rec.JobID, func(api string) []byte {
+		return wireOf(api).errorBody(errJobCancelled)
+	}); err != nil {
+		return err
+	}
+	return s.sendResponseObject(c, rec)
+}
