@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -309,4 +311,112 @@ func TestResponses(t *testing.T) {
 			t.Errorf("backend executions = %d, want 0", n)
 		}
 	})
+}
+
+// TestResponsesSDKTimeout: the official Go SDK, unchanged (no key, its default retries), with
+// a 1 s HTTP timeout against a 1.8 s generation on /v1/responses. The first attempt times
+// out; its retry (x-stainless-retry-count 1, the same body, so the same auto key) joins the
+// running execution and gets its answer: one backend execution, answered.
+func TestResponsesSDKTimeout(t *testing.T) {
+	gw := gatewaykit.StartGateway(t, nil)
+	slow := gw.Mock(t, "slowmock")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	var seen sdkAttempts
+	client := openai.NewClient(option.WithBaseURL(gw.URL+"/v1"), option.WithAPIKey("sk-unused"),
+		option.WithHTTPClient(hc), option.WithMiddleware(seen.middleware))
+	p := responses.ResponseNewParams{Model: slowModel, Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("responses sdk timeout")}}
+	before := slow.Stats().Requests
+	start := time.Now()
+	// 16 tokens, the first at once and then 120 ms apart: 1.8 s.
+	got, err := client.Responses.New(ctx, p, withKnobs(`{"ttft_ms":0,"inter_token_ms":120}`))
+	took := time.Since(start)
+	attempts := seen.snapshot()
+	if err != nil {
+		t.Fatalf("SDK call failed after %d attempts: %v", len(attempts), err)
+	}
+	if len(attempts) < 2 {
+		t.Errorf("%d attempt(s) in %v; the test needs the first to time out", len(attempts), took)
+	}
+	_, want := reference(t, chatBody(slowModel, "responses sdk timeout", ""))
+	if got.OutputText() != want || got.Status != responses.ResponseStatusCompleted {
+		t.Errorf("answer %q (%s), want %q", got.OutputText(), got.Status, want)
+	}
+	if n := slow.Stats().Requests - before; n != 1 {
+		t.Errorf("backend executions = %d after %d SDK attempts, want 1", n, len(attempts))
+	}
+	t.Logf("answered after %d attempts in %v", len(attempts), took)
+}
+
+// TestResponsesResumeOnAnotherNode: a stream started on API node A, cut by the client at a
+// random event, resumed with starting_after on API node B (its own process state, the same
+// NATS): the events of the two parts are exactly those of an uninterrupted run, and the
+// backend executed once.
+func TestResponsesResumeOnAnotherNode(t *testing.T) {
+	acfg := gatewaykit.Config(t)
+	acfg.NATS.Listen = "127.0.0.1:0"
+	a := gatewaykit.StartGateway(t, acfg)
+	bcfg := gatewaykit.Config(t)
+	bcfg.Role = "api"
+	bcfg.NATS.URL = a.NATSURL()
+	b := gatewaykit.StartGateway(t, bcfg)
+	mock := a.Mock(t, "mock")
+	clientA, clientB := sdkClient(a), sdkClient(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	for trial := range 3 {
+		// 16 tokens make 24 events (created, in_progress, item and part added, 16 deltas, text
+		// done, part done, item done, completed): cut after any of events 1 to 22.
+		cut := 1 + rng.IntN(22)
+		t.Run(fmt.Sprintf("cut after event %d", cut), func(t *testing.T) {
+			before := mock.Stats().Requests
+			input := fmt.Sprintf("responses resume %d %d", seed, trial)
+			p := responsesParams(input)
+			stream := clientA.Responses.NewStreaming(ctx, p, withKnobs(`{"inter_token_ms":30}`))
+			var seen []string
+			last := int64(-1)
+			var id string
+			for stream.Next() {
+				ev := stream.Current()
+				if ev.Type == "response.created" {
+					id = ev.Response.ID
+				}
+				seen, last = append(seen, ev.RawJSON()), ev.SequenceNumber
+				if last == int64(cut) {
+					break
+				}
+			}
+			stream.Close() // the client goes away mid-stream
+			if last != int64(cut) || id == "" {
+				t.Fatalf("the first part ended at %d (id %q): %v", last, id, stream.Err())
+			}
+			rest := clientB.Responses.GetStreaming(ctx, id, responses.ResponseGetParams{StartingAfter: openai.Int(last)})
+			for rest.Next() {
+				ev := rest.Current()
+				if ev.SequenceNumber != last+1 {
+					t.Errorf("event %d after %d: a gap or a repeat", ev.SequenceNumber, last)
+				}
+				seen, last = append(seen, ev.RawJSON()), ev.SequenceNumber
+			}
+			if err := rest.Err(); err != nil {
+				t.Fatalf("resumed on B: %v", err)
+			}
+			whole := do(t, http.MethodGet, b.URL+"/v1/responses/"+id+"?stream=true", "", nil)
+			expectStatus(t, whole, http.StatusOK)
+			if got, want := strings.Join(seen, "\n"), strings.Join(rawEvents(t, whole.Body), "\n"); got != want {
+				t.Errorf("cut and resumed:\n%s\nwant the uninterrupted run\n%s", got, want)
+			}
+			if len(seen) != 24 {
+				t.Errorf("%d events, want 24", len(seen))
+			}
+			if n := mock.Stats().Requests - before; n != 1 {
+				t.Errorf("backend executions = %d, want 1", n)
+			}
+		})
+	}
+	t.Logf("seed %d", seed)
 }
