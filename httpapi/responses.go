@@ -14,6 +14,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/internal/responseswire"
 	"github.com/oncegate/oncegate/internal/telemetry"
@@ -100,7 +101,18 @@ func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation
 			return nil, false, err
 		}
 	}
-	chat, err := rr.Chat(history)
+	rt, ok := s.router.Resolve(rr.Model)
+	api := s.responsesAPI(rt.Backends)
+	backends := s.compatible(rt.Backends, api)
+	if !ok || len(backends) == 0 {
+		return nil, false, modelNotFound(rr.Model)
+	}
+	var backendBody []byte
+	if api == apiAnthropic {
+		backendBody, err = rr.Anthropic(history, anthropicMaxTokens)
+	} else {
+		backendBody, err = rr.Chat(history)
+	}
 	if err != nil {
 		return nil, false, responsesInvalid(err)
 	}
@@ -108,13 +120,8 @@ func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation
 	if err != nil {
 		return nil, false, responsesInvalid(err)
 	}
-	rt, ok := s.router.Resolve(rr.Model)
-	backends := s.compatible(rt.Backends, apiOpenAI)
-	if !ok || len(backends) == 0 {
-		return nil, false, modelNotFound(rr.Model)
-	}
-	g = &generation{Request: intent.Request{Tenant: tenant, Body: chat, Fingerprint: fp, Model: rr.Model,
-		Backends: backends, API: apiOpenAI, Stream: true, MaxTokens: rr.MaxOutputTokens, Echo: echo,
+	g = &generation{Request: intent.Request{Tenant: tenant, Body: backendBody, Fingerprint: fp, Model: rr.Model,
+		Backends: backends, API: api, Stream: true, MaxTokens: rr.MaxOutputTokens, Echo: echo,
 		Retrievable: rr.Store}}
 	if err := s.readIntent(c, g, rt); err != nil {
 		return nil, false, err
@@ -123,6 +130,22 @@ func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation
 		g.setAsync()
 	}
 	return g, rr.Stream, nil
+}
+
+// anthropicMaxTokens is the max_tokens an Anthropic backend gets for a Responses request that
+// sets no max_output_tokens (the Messages API requires one; the Responses API has no limit).
+const anthropicMaxTokens = 4096
+
+// responsesAPI is the wire format a route's Responses requests run in: Anthropic Messages when
+// its first backend speaks only that, else Chat Completions (the mock and another oncegate
+// speak both). The chain keeps the backends that speak it.
+func (s *Server) responsesAPI(names []string) string {
+	if len(names) > 0 {
+		if b, ok := s.router.Backend(names[0]); ok && b.Type == config.TypeAnthropic {
+			return apiAnthropic
+		}
+	}
+	return apiOpenAI
 }
 
 // responsesInvalid is the 400 of a request responseswire refuses.
@@ -200,7 +223,7 @@ func renderRecord(rec *kv.Record, meta responseswire.Meta, after ...int) (*rende
 		frames, usage := res.Events, res.UsageEvent
 		if !rec.Stream {
 			var err error
-			if frames, usage, err = openaiwire.Synthesize(res.Body); err != nil {
+			if frames, usage, err = wireOf(rec.API).synthesize(res.Body); err != nil {
 				return nil, err
 			}
 		}
@@ -245,6 +268,7 @@ func errorFields(body []byte, dflt error) (code, message string) {
 	var e struct {
 		Error struct {
 			Code    any    `json:"code"`
+			Type    string `json:"type"` // an Anthropic error's only code
 			Message string `json:"message"`
 		} `json:"error"`
 	}
@@ -252,10 +276,20 @@ func errorFields(body []byte, dflt error) (code, message string) {
 		if s, ok := e.Error.Code.(string); ok {
 			code = s
 		}
-		return cmp.Or(code, "server_error"), e.Error.Message
+		return cmp.Or(code, e.Error.Type, "server_error"), e.Error.Message
 	}
 	ae := answer(dflt)
 	return ae.Code, ae.Message
+}
+
+// responsesError is a backend's error body as a Responses client reads it: OpenAI's format,
+// converted from an Anthropic backend's.
+func responsesError(api string, body []byte) []byte {
+	if api != apiAnthropic {
+		return body
+	}
+	code, msg := errorFields(body, errExecutionFailed)
+	return openaiwire.ErrorBody(msg, code, code, "")
 }
 
 // respondBackground answers background: true at once with the response as it stands (queued).
@@ -338,7 +372,7 @@ func (s *Server) deliverResponse(c *fiber.Ctx, g *generation, adm *intent.Admiss
 		}
 		if stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
 			streaming, g.live = true, true
-			s.streamResponse(c, adm.Follower(), adm.Key, adm.Rec.Epoch, responseswire.NewStream(meta), &ch, g.obs, adm)
+			s.streamResponse(c, adm.Follower(), adm.Key, adm.Rec.Epoch, adm.Rec.API, responseswire.NewStream(meta), &ch, g.obs, adm)
 			return nil
 		}
 		if ch.Terminal() {
@@ -352,12 +386,12 @@ func (s *Server) deliverResponse(c *fiber.Ctx, g *generation, adm *intent.Admiss
 	switch last.Kind {
 	case jobs.KindResult:
 		if last.Status != http.StatusOK {
-			return forwardError(c, last.Status, last.Payload, retryNo, 0)
+			return forwardError(c, last.Status, responsesError(adm.Rec.API, last.Payload), retryNo, 0)
 		}
 	case jobs.KindError:
 		if last.Status != http.StatusOK {
 			ra := last.Meta.RetryAfter
-			return forwardError(c, last.Status, last.Payload, retryIf(ra > 0), ra)
+			return forwardError(c, last.Status, responsesError(adm.Rec.API, last.Payload), retryIf(ra > 0), ra)
 		}
 	case jobs.KindDone:
 		if last.Idx == seen {
@@ -387,7 +421,7 @@ func (s *Server) replayResponse(c *fiber.Ctx, rec *kv.Record, meta responseswire
 		return err
 	}
 	if r.backendStatus != 0 { // the backend's refusal, as the live copy got it
-		return forwardError(c, r.backendStatus, r.body, retryNo, 0)
+		return forwardError(c, r.backendStatus, responsesError(rec.API, r.body), retryNo, 0)
 	}
 	if r.status == responseswire.StatusFailed && !stream {
 		res := rec.Result
@@ -395,7 +429,7 @@ func (s *Server) replayResponse(c *fiber.Ctx, rec *kv.Record, meta responseswire
 		if status == http.StatusOK {
 			status = http.StatusBadGateway
 		}
-		body := res.Body
+		body := responsesError(rec.API, res.Body)
 		if len(body) == 0 {
 			body = wireOf(apiOpenAI).errorBody(errExecutionFailed)
 		}
@@ -420,9 +454,9 @@ type doner interface{ Done() }
 // (nil: the follower's next chunk). It runs after the handler returned and captures only
 // owned values. A stream whose terminal chunk never comes ends from the record, when the
 // record continues what was sent (recordend.go); anything else ends with response.failed.
-func (s *Server) streamResponse(c *fiber.Ctx, fl *jobs.Follower, key string, epoch int, st *responseswire.Stream, first *jobs.Chunk, obs observation, adm doner) {
+func (s *Server) streamResponse(c *fiber.Ctx, fl *jobs.Follower, key string, epoch int, api string, st *responseswire.Stream, first *jobs.Chunk, obs observation, adm doner) {
 	out := &sseWriter{}
-	intents, log := s.intents, s.log
+	intents, log, w := s.intents, s.log, wireOf(api)
 	h := &c.Response().Header
 	se := streamEnd{backend: string(h.Peek(headerBackend)), attempts: string(h.Peek(headerAttempts))}
 	var pending *jobs.Chunk
@@ -530,7 +564,7 @@ func (s *Server) streamResponse(c *fiber.Ctx, fl *jobs.Follower, key string, epo
 				return
 			case jobs.KindResult:
 				if ch.Status == http.StatusOK {
-					if frames, usage, serr := openaiwire.Synthesize(ch.Payload); serr == nil {
+					if frames, usage, serr := w.synthesize(ch.Payload); serr == nil {
 						ev, _ := st.Frames(append(append([]byte{}, frames...), usage...))
 						_ = write(ev)
 						_ = out.end(st.Complete())
@@ -543,7 +577,7 @@ func (s *Server) streamResponse(c *fiber.Ctx, fl *jobs.Follower, key string, epo
 			case jobs.KindError:
 				code, msg := errorFields(ch.Payload, errExecutionFailed)
 				status := responseswire.StatusFailed
-				if bytes.Contains(ch.Payload, []byte(`"job_cancelled"`)) {
+				if rec, err := intents.Record(ctx, key); err == nil && rec.Cancelled {
 					status = responseswire.StatusCancelled
 				}
 				_ = out.end(st.Fail(status, code, msg))
@@ -613,7 +647,7 @@ func (s *Server) getResponse(c *fiber.Ctx) error {
 	}
 	st := responseswire.NewStream(meta)
 	st.After = after
-	s.streamResponse(c, fl, key, rec.Epoch, st, nil, observation{}, nil)
+	s.streamResponse(c, fl, key, rec.Epoch, rec.API, st, nil, observation{}, nil)
 	return nil
 }
 

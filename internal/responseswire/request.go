@@ -481,6 +481,12 @@ func (r *Request) Chat(history []json.RawMessage) ([]byte, error) {
 	if w.Reasoning != nil && w.Reasoning.Effort != nil {
 		body.ReasoningEffort = *w.Reasoning.Effort
 	}
+	return r.withExtra(body)
+}
+
+// withExtra marshals a backend request body, with the request's extra fields after its own,
+// in name order.
+func (r *Request) withExtra(body any) ([]byte, error) {
 	out, err := marshal(body)
 	if err != nil || len(r.extra) == 0 {
 		return out, err

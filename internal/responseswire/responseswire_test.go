@@ -361,3 +361,27 @@ func FuzzFrames(f *testing.F) {
 		}
 	})
 }
+
+// TestAnthropicRequest pins the Messages request a Responses request becomes: system turns
+// joined, consecutive turns of one role merged, function calls as tool_use, their outputs as
+// tool_result, images by URL, the default max_tokens.
+func TestAnthropicRequest(t *testing.T) {
+	r, err := Parse([]byte(`{"model":"claude","instructions":"sys","parallel_tool_calls":false,"user":"u1","input":[{"role":"developer","content":"rules"},{"role":"user","content":[{"type":"input_text","text":"look"},{"type":"input_image","image_url":"https://x/y.png"}]},{"role":"user","content":"and"},{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},{"type":"function_call","call_id":"c2","name":"g","arguments":"not json"},{"type":"function_call_output","call_id":"c1","output":"r1"},{"type":"function_call_output","call_id":"c2","output":"r2"}],"tools":[{"type":"function","name":"f"},{"type":"function","name":"g","parameters":{"type":"object"}}],"tool_choice":"required"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.Anthropic(nil, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Golden(t, "testdata/anthropic-request.golden", append(b, '\n'))
+
+	r, err = Parse([]byte(`{"model":"claude","input":"x","text":{"format":{"type":"json_object"}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *Error
+	if _, err := r.Anthropic(nil, 4096); !errors.As(err, &e) || e.Param != "text.format" {
+		t.Errorf("a structured format on Anthropic: %v, want a text.format refusal", err)
+	}
+}

@@ -181,7 +181,21 @@ type chatUsage struct {
 	} `json:"completion_tokens_details"`
 }
 
+// chunk renders one frame's data: a chat chunk, or an event of an Anthropic Messages stream
+// (those name their type; chat chunks do not).
 func (s *Stream) chunk(data []byte) error {
+	var probe struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(data, &probe); err != nil {
+		return fmt.Errorf("responseswire: a stream event: %w", err)
+	}
+	if probe.Type != "" {
+		if err := s.anthropicChunk(data); err != nil {
+			return fmt.Errorf("responseswire: a Messages event: %w", err)
+		}
+		return nil
+	}
 	var ch chatChunk
 	if err := json.Unmarshal(data, &ch); err != nil {
 		return fmt.Errorf("responseswire: a chat chunk: %w", err)
@@ -200,22 +214,10 @@ func (s *Stream) chunk(data []byte) error {
 		for _, tc := range d.ToolCalls {
 			it := s.tools[tc.Index]
 			if it == nil {
-				s.closeText()
-				it = s.addItem(true)
-				it.callID, it.name = tc.ID, tc.Function.Name
-				s.tools[tc.Index] = it
-				s.emit("response.output_item.added", struct {
-					OutputIndex int             `json:"output_index"`
-					Item        json.RawMessage `json:"item"`
-				}{it.index, s.itemJSON(it)})
+				it = s.openCall(tc.Index, tc.ID, tc.Function.Name)
 			}
 			if tc.Function.Arguments != "" {
-				it.text.WriteString(tc.Function.Arguments)
-				s.emit("response.function_call_arguments.delta", struct {
-					ItemID      string `json:"item_id"`
-					OutputIndex int    `json:"output_index"`
-					Delta       string `json:"delta"`
-				}{it.id, it.index, tc.Function.Arguments})
+				s.argsDelta(it, tc.Function.Arguments)
 			}
 		}
 		if c.FinishReason != nil && *c.FinishReason != "" {
@@ -223,6 +225,28 @@ func (s *Stream) chunk(data []byte) error {
 		}
 	}
 	return nil
+}
+
+// openCall starts a function call item, the chat tool call (or Anthropic block) index's.
+func (s *Stream) openCall(index int, callID, name string) *outputItem {
+	s.closeText()
+	it := s.addItem(true)
+	it.callID, it.name = callID, name
+	s.tools[index] = it
+	s.emit("response.output_item.added", struct {
+		OutputIndex int             `json:"output_index"`
+		Item        json.RawMessage `json:"item"`
+	}{it.index, s.itemJSON(it)})
+	return it
+}
+
+func (s *Stream) argsDelta(it *outputItem, delta string) {
+	it.text.WriteString(delta)
+	s.emit("response.function_call_arguments.delta", struct {
+		ItemID      string `json:"item_id"`
+		OutputIndex int    `json:"output_index"`
+		Delta       string `json:"delta"`
+	}{it.id, it.index, delta})
 }
 
 func (s *Stream) addItem(call bool) *outputItem {
