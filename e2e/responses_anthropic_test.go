@@ -3,10 +3,15 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,26 +97,15 @@ var (
 // (previous_response_id plus a function_call_output item), reaches the backend as the
 // assistant's tool_use and the user's tool_result (golden), and the answer comes back.
 func TestResponsesOnAnthropic(t *testing.T) {
-	var mu sync.Mutex
-	var bodies [][]byte
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if r.URL.Path != "/v1/messages" || r.Header.Get("anthropic-version") == "" {
-			http.Error(w, "unexpected request "+r.URL.Path, http.StatusNotFound)
-			return
+	up := startScripted(t, "/v1/messages", 0, func(n int, r *http.Request) []byte {
+		if r.Header.Get("anthropic-version") == "" {
+			return nil
 		}
-		mu.Lock()
-		bodies = append(bodies, body)
-		n := len(bodies)
-		mu.Unlock()
-		w.Header().Set("Content-Type", "text/event-stream")
-		turn := anthropicToolTurn
 		if n > 1 {
-			turn = anthropicAnswerTurn
+			return []byte(anthropicAnswerTurn)
 		}
-		_, _ = io.WriteString(w, turn)
-	}))
-	t.Cleanup(up.Close)
+		return []byte(anthropicToolTurn)
+	})
 	cfg := gatewaykit.Config(t)
 	cfg.Backends = append(cfg.Backends, fastRetryBackend("claude", config.TypeAnthropic, up.URL+"/v1", "claude-test"))
 	gw := gatewaykit.StartGateway(t, cfg)
@@ -163,11 +157,143 @@ func TestResponsesOnAnthropic(t *testing.T) {
 	if second.OutputText() != "It is 18°C in Paris." || second.Status != responses.ResponseStatusCompleted {
 		t.Errorf("continuation %s", second.RawJSON())
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	bodies := up.Bodies()
 	if len(bodies) != 2 {
 		t.Fatalf("the backend got %d requests, want 2", len(bodies))
 	}
 	checkGolden(t, "responses-anthropic-request-1.golden", append(bodies[0], '\n'))
 	checkGolden(t, "responses-anthropic-request-2.golden", append(bodies[1], '\n'))
+}
+
+// TestResponsesNative: a backend configured responses: native gets the Responses request as
+// the client wrote it (streamed, not in background) and its own events are relayed: the
+// copies of one intent get the same bytes from one backend call, under the gateway's response
+// id; a retrieve and a resume work from the record; a continuation reaches the backend under
+// the backend's own id of the previous response.
+func TestResponsesNative(t *testing.T) {
+	events, err := os.ReadFile("../internal/responseswire/testdata/docs-text.sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The backend's own response id, new per call; events a little apart, so a copy joins live.
+	up := startScripted(t, "/v1/responses", 30*time.Millisecond, func(n int, _ *http.Request) []byte {
+		return bytes.ReplaceAll(events, []byte("resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5eb654"), []byte(fmt.Sprintf("resp_upstream%d", n)))
+	})
+	cfg := gatewaykit.Config(t)
+	native := fastRetryBackend("native", config.TypeOpenAI, up.URL+"/v1", "gpt-native")
+	native.Responses = config.ResponsesNative
+	cfg.Backends = append(cfg.Backends, native)
+	gw := gatewaykit.StartGateway(t, cfg)
+
+	body := `{"model":"gpt-native","input":"hi","instructions":"You are a helpful assistant.","stream":true,"background":true,"top_k":3}`
+	hdr := map[string]string{"Idempotency-Key": "native-1"}
+	first := async(func() result { return send(http.MethodPost, gw.URL+"/v1/responses", body, hdr) })
+	time.Sleep(100 * time.Millisecond)
+	second := send(http.MethodPost, gw.URL+"/v1/responses", body, hdr)
+	a := <-first
+	expect(t, a, http.StatusOK, "created")
+	expect(t, second, http.StatusOK, "joined")
+	if !bytes.Equal(a.Body, second.Body) {
+		t.Fatalf("the copies differ:\n%s\n----\n%s", a.Body, second.Body)
+	}
+	got := rawEvents(t, a.Body)
+	want := rawEvents(t, events)
+	if len(got) != len(want) {
+		t.Fatalf("%d events relayed, the backend sent %d", len(got), len(want))
+	}
+	var created struct {
+		SequenceNumber int `json:"sequence_number"`
+		Response       struct {
+			ID string `json:"id"`
+		} `json:"response"`
+	}
+	if err := json.Unmarshal([]byte(got[0]), &created); err != nil || !idPattern.MatchString(created.Response.ID) || created.SequenceNumber != 0 {
+		t.Fatalf("first event %s: want the gateway's response id, sequence 0 (%v)", got[0], err)
+	}
+	if bytes.Contains(a.Body, []byte("resp_upstream")) {
+		t.Errorf("the backend's response id reached the client:\n%s", a.Body)
+	}
+	id := created.Response.ID
+	obj := do(t, http.MethodGet, gw.URL+"/v1/responses/"+id, "", nil)
+	expectStatus(t, obj, http.StatusOK)
+	var resp struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
+		Output []struct {
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+	}
+	if err := json.Unmarshal(obj.Body, &resp); err != nil || resp.ID != id || resp.Status != "completed" ||
+		len(resp.Output) != 1 || resp.Output[0].Content[0].Text != "Hi there!" {
+		t.Errorf("retrieved %s (%v)", obj.Body, err)
+	}
+	resumed := do(t, http.MethodGet, gw.URL+"/v1/responses/"+id+"?stream=true&starting_after=3", "", nil)
+	if g := rawEvents(t, resumed.Body); strings.Join(g, "\n") != strings.Join(got[4:], "\n") {
+		t.Errorf("resumed after 3:\n%s\nwant\n%s", strings.Join(g, "\n"), strings.Join(got[4:], "\n"))
+	}
+
+	next := send(http.MethodPost, gw.URL+"/v1/responses", `{"model":"gpt-native","input":"and then?","previous_response_id":"`+id+`"}`, nil)
+	expectStatus(t, next, http.StatusOK)
+	bodies := up.Bodies()
+	if len(bodies) != 2 {
+		t.Fatalf("the backend got %d requests, want 2 (one per intent)", len(bodies))
+	}
+	var sent []map[string]any
+	for _, b := range bodies {
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		sent = append(sent, m)
+	}
+	if sent[0]["stream"] != true || sent[0]["background"] != nil || sent[0]["top_k"] != 3.0 || sent[0]["input"] != "hi" {
+		t.Errorf("first request sent %s: want the client's, streamed, not in background", bodies[0])
+	}
+	if sent[1]["previous_response_id"] != "resp_upstream1" {
+		t.Errorf("continuation sent %s: want previous_response_id the backend's own id resp_upstream1", bodies[1])
+	}
+}
+
+// scripted is a backend on 127.0.0.1 that answers POSTs to one path with scripted SSE events
+// and keeps the bodies it got.
+type scripted struct {
+	*httptest.Server
+	mu     sync.Mutex
+	bodies [][]byte
+}
+
+// startScripted serves path: stream returns the n-th call's events (nil: refuse it with 404),
+// written gap apart (0: at once).
+func startScripted(t testing.TB, path string, gap time.Duration, stream func(n int, r *http.Request) []byte) *scripted {
+	t.Helper()
+	s := &scripted{}
+	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		s.mu.Lock()
+		s.bodies = append(s.bodies, body)
+		n := len(s.bodies)
+		s.mu.Unlock()
+		events := stream(n, r)
+		if r.URL.Path != path || events == nil {
+			http.Error(w, "unexpected request "+r.URL.Path, http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range bytes.SplitAfter(events, []byte("\n\n")) {
+			_, _ = w.Write(ev)
+			w.(http.Flusher).Flush()
+			time.Sleep(gap)
+		}
+	}))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Bodies are the request bodies received so far.
+func (s *scripted) Bodies() [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.bodies)
 }

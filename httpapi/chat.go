@@ -174,7 +174,7 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 
 // compatible keeps the backends of a route that speak api: Anthropic backends serve only
 // /v1/messages, OpenAI-compatible ones only /v1/chat/completions; another oncegate and the
-// mock serve both.
+// mock serve both; the Responses API as it is only backends configured responses: native.
 func (s *Server) compatible(names []string, api string) []string {
 	out := make([]string, 0, len(names))
 	for _, n := range names {
@@ -182,12 +182,16 @@ func (s *Server) compatible(names []string, api string) []string {
 		if !ok {
 			continue
 		}
-		switch b.Type {
-		case config.TypeAnthropic:
+		switch {
+		case api == apiResponses:
+			if b.Responses != config.ResponsesNative {
+				continue
+			}
+		case b.Type == config.TypeAnthropic:
 			if api != apiAnthropic {
 				continue
 			}
-		case config.TypeOpenAI:
+		case b.Type == config.TypeOpenAI:
 			if api != apiOpenAI {
 				continue
 			}
@@ -227,6 +231,9 @@ func tokenLimit(fields bodyFields, name string) (int, error) {
 const (
 	apiOpenAI    = "openai"
 	apiAnthropic = "anthropic"
+	// apiResponses: a Responses request sent as it is to a backend that serves the API
+	// (responses: native).
+	apiResponses = "responses"
 )
 
 // readDeadline reads Oncegate-Timeout (seconds): the client's overall deadline for this

@@ -95,22 +95,26 @@ func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation
 	if err != nil {
 		return nil, false, responsesInvalid(err)
 	}
-	var history []json.RawMessage
-	if rr.PreviousResponseID != "" {
-		if history, err = s.previousConversation(ctx, tenant, rr.PreviousResponseID); err != nil {
-			return nil, false, err
-		}
-	}
 	rt, ok := s.router.Resolve(rr.Model)
 	api := s.responsesAPI(rt.Backends)
 	backends := s.compatible(rt.Backends, api)
 	if !ok || len(backends) == 0 {
 		return nil, false, modelNotFound(rr.Model)
 	}
+	var history []json.RawMessage
+	var upstreamPrevious string
+	if rr.PreviousResponseID != "" {
+		if history, upstreamPrevious, err = s.previousConversation(ctx, tenant, rr.PreviousResponseID, api); err != nil {
+			return nil, false, err
+		}
+	}
 	var backendBody []byte
-	if api == apiAnthropic {
+	switch api {
+	case apiAnthropic:
 		backendBody, err = rr.Anthropic(history, anthropicMaxTokens)
-	} else {
+	case apiResponses:
+		backendBody, err = responseswire.Native(body, upstreamPrevious)
+	default:
 		backendBody, err = rr.Chat(history)
 	}
 	if err != nil {
@@ -136,13 +140,19 @@ func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation
 // sets no max_output_tokens (the Messages API requires one; the Responses API has no limit).
 const anthropicMaxTokens = 4096
 
-// responsesAPI is the wire format a route's Responses requests run in: Anthropic Messages when
-// its first backend speaks only that, else Chat Completions (the mock and another oncegate
-// speak both). The chain keeps the backends that speak it.
+// responsesAPI is the wire format a route's Responses requests run in, chosen by its first
+// backend: the Responses API itself on a native one, Anthropic Messages on one that speaks
+// only that, else Chat Completions (the mock and another oncegate speak both). The chain
+// keeps the backends that speak it.
 func (s *Server) responsesAPI(names []string) string {
 	if len(names) > 0 {
-		if b, ok := s.router.Backend(names[0]); ok && b.Type == config.TypeAnthropic {
-			return apiAnthropic
+		if b, ok := s.router.Backend(names[0]); ok {
+			switch {
+			case b.Responses == config.ResponsesNative:
+				return apiResponses
+			case b.Type == config.TypeAnthropic:
+				return apiAnthropic
+			}
 		}
 	}
 	return apiOpenAI
@@ -158,28 +168,36 @@ func responsesInvalid(err error) error {
 }
 
 // previousConversation is the conversation a request continues: the stored response's
-// messages and its output. It must be the tenant's, stored, and completed.
-func (s *Server) previousConversation(ctx context.Context, tenant, id string) ([]json.RawMessage, error) {
+// messages and its output, or, on a native backend (api), the backend's own id of it (the
+// backend keeps the conversation). It must be the tenant's, stored, and completed, and a
+// native continuation must continue a native response.
+func (s *Server) previousConversation(ctx context.Context, tenant, id, api string) (history []json.RawMessage, upstream string, err error) {
 	job := responseswire.JobOf(id)
 	if !jobs.ParseID(job) {
-		return nil, errPreviousResponse
+		return nil, "", errPreviousResponse
 	}
 	_, rec, _, err := s.intents.FindJob(ctx, tenant, job)
 	if errors.Is(err, intent.ErrNoJob) {
-		return nil, errPreviousResponse
+		return nil, "", errPreviousResponse
 	}
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	meta, echo, ok := responseMeta(rec)
-	if !ok || echo.Messages == nil || rec.State != kv.Completed {
-		return nil, errPreviousResponse
+	if !ok || rec.State != kv.Completed || (rec.API == apiResponses) != (api == apiResponses) {
+		return nil, "", errPreviousResponse
+	}
+	if api == apiResponses {
+		if upstream = responseswire.UpstreamID(rec.Result.Events); upstream == "" {
+			return nil, "", errPreviousResponse
+		}
+		return nil, upstream, nil
 	}
 	r, err := renderRecord(rec, meta)
-	if err != nil || r.status != responseswire.StatusCompleted && r.status != responseswire.StatusIncomplete {
-		return nil, errPreviousResponse
+	if echo.Messages == nil || err != nil || r.status != responseswire.StatusCompleted && r.status != responseswire.StatusIncomplete {
+		return nil, "", errPreviousResponse
 	}
-	return r.stream.Conversation(echo), nil
+	return r.stream.Conversation(echo), "", nil
 }
 
 // responseMeta is what a Responses record renders with; ok is false for a record of another API.
@@ -191,7 +209,8 @@ func responseMeta(rec *kv.Record) (responseswire.Meta, *responseswire.Echo, bool
 	if err != nil {
 		return responseswire.Meta{}, nil, false
 	}
-	return responseswire.Meta{ID: responseswire.IDOf(rec.JobID), CreatedAt: rec.Created.Unix(), Model: rec.Model, Params: echo.Params}, echo, true
+	return responseswire.Meta{ID: responseswire.IDOf(rec.JobID), CreatedAt: rec.Created.Unix(), Model: rec.Model, Params: echo.Params,
+		Native: rec.API == apiResponses}, echo, true
 }
 
 // rendered is a finished record as the Responses API shows it.

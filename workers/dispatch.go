@@ -218,8 +218,9 @@ func degradedAnswer(api, id, model, msg string) []byte {
 
 // api is the job's wire format.
 func (ex *execution) api() string {
-	if ex.job.API == backend.APIAnthropic {
-		return backend.APIAnthropic
+	switch ex.job.API {
+	case backend.APIAnthropic, backend.APIResponses:
+		return ex.job.API
 	}
 	return backend.APIOpenAI
 }

@@ -33,6 +33,17 @@ import (
 
 // opening reports whether a stream event is one the relay holds back before the first token.
 func (r *relay) opening(event string, data []byte) bool {
+	if r.native {
+		var e struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(data, &e)
+		switch e.Type {
+		case "response.created", "response.in_progress", "response.queued":
+			return true
+		}
+		return false
+	}
 	if r.anthropic {
 		var e struct {
 			Type string `json:"type"`

@@ -26,6 +26,7 @@ import (
 type relay struct {
 	ex        *execution
 	anthropic bool
+	native    bool // the OpenAI Responses API's named events, relayed as they are
 	track     bool // accumulate text for a continuation
 
 	all, pending, usageFrame []byte
@@ -51,7 +52,7 @@ type relay struct {
 }
 
 func newRelay(ex *execution) *relay {
-	return &relay{ex: ex, anthropic: ex.job.API == backend.APIAnthropic}
+	return &relay{ex: ex, anthropic: ex.job.API == backend.APIAnthropic, native: ex.job.API == backend.APIResponses}
 }
 
 func (r *relay) flush(ctx context.Context) error {
@@ -134,7 +135,8 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 		ev := <-events // one event: publish it as soon as it comes…
 		for {
 			if ev.err != nil {
-				clean := ev.err == io.EOF || (r.anthropic && r.sawStop && errors.Is(ev.err, openaiwire.ErrTruncated))
+				// Anthropic and Responses streams end after their terminal event, with no [DONE].
+				clean := ev.err == io.EOF || ((r.anthropic || r.native) && r.sawStop && errors.Is(ev.err, openaiwire.ErrTruncated))
 				if clean && r.broke == nil {
 					r.begin() // a stream of opening events only (no content) is still an answer
 				}
@@ -211,6 +213,9 @@ func (r *relay) add(frame []byte) {
 func (r *relay) transform(event string, data []byte, continued, first bool) ([]byte, func(context.Context) error) {
 	if r.anthropic {
 		return r.anthropicEvent(event, data, continued)
+	}
+	if r.native {
+		return r.responsesEvent(event, data), nil
 	}
 	if u, ok := openaiwire.UsageOnly(data); ok {
 		usage := kv.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
@@ -414,6 +419,38 @@ func (r *relay) anthropicEvent(event string, data []byte, continued bool) ([]byt
 	return openaiwire.AppendNamedFrame(nil, event, data), nil
 }
 
+// responsesEvent keeps a Responses API event as it is, reading the usage from the terminal
+// event's response and counting text deltas as tokens. A Responses stream is never continued.
+func (r *relay) responsesEvent(event string, data []byte) []byte {
+	var e struct {
+		Type     string `json:"type"`
+		Response *struct {
+			Usage *struct {
+				InputTokens  int `json:"input_tokens"`
+				OutputTokens int `json:"output_tokens"`
+				TotalTokens  int `json:"total_tokens"`
+			} `json:"usage"`
+		} `json:"response"`
+	}
+	_ = json.Unmarshal(data, &e)
+	if event == "" {
+		event = e.Type
+	}
+	switch e.Type {
+	case "response.output_text.delta", "response.function_call_arguments.delta", "response.refusal.delta":
+		r.ex.tokens.Add(1)
+	case "response.completed", "response.incomplete", "response.failed":
+		r.sawStop = true
+		if e.Response != nil && e.Response.Usage != nil {
+			u := e.Response.Usage
+			r.usage = &kv.Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens}
+		}
+	case "error":
+		r.broke = errors.New("responses stream error event")
+	}
+	return openaiwire.AppendNamedFrame(nil, event, data)
+}
+
 // continuedMessageDelta is a continuation's message_delta as the clients get it: with the
 // final metadata (streamMeta) and, in its usage, the output tokens of the one answer they saw
 // (the prefix's, counted in text deltas, plus the continuation's own).
@@ -461,7 +498,7 @@ func (r *relay) dropResent(data []byte, index int, text string) ([]byte, string,
 
 // canContinue: the stream broke after output and the backend can continue it.
 func (r *relay) canContinue(b Backend) bool {
-	if r.broke == nil || errors.Is(r.broke, jobs.ErrFenced) || r.text.Len() == 0 || r.resumed >= 2 {
+	if r.native || r.broke == nil || errors.Is(r.broke, jobs.ErrFenced) || r.text.Len() == 0 || r.resumed >= 2 {
 		return false
 	}
 	cfg := b.Config()

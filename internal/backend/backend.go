@@ -49,6 +49,9 @@ var (
 const (
 	APIOpenAI    = "openai"
 	APIAnthropic = "anthropic"
+	// APIResponses is the OpenAI Responses API, sent as the client wrote it to a backend that
+	// speaks it (responses: native).
+	APIResponses = "responses"
 )
 
 // Call is one request to send.
@@ -121,13 +124,16 @@ func (c *Client) Mock() *mockllm.Server { return c.mock }
 // (see ErrResendSafe), and total (the backend's timeout, or the call's deadline if sooner).
 func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.CancelFunc, error) {
 	path, body := "/chat/completions", call.Body
-	if call.API == APIAnthropic {
+	switch call.API {
+	case APIResponses: // the gateway wrote the body (stream on, background off)
+		path = "/responses"
+	case APIAnthropic:
 		path = "/messages"
 		var err error
 		if body, err = PrepareAnthropicBody(body, call.Stream); err != nil {
 			return nil, nil, err
 		}
-	} else {
+	default:
 		var err error
 		if body, err = PrepareBody(body, call.Stream); err != nil {
 			return nil, nil, err

@@ -209,8 +209,12 @@ type Backend struct {
 	Continuation  string   `yaml:"continuation"`
 	PrefillModels []string `yaml:"prefill_models"`
 	// AnthropicVersion is sent as anthropic-version when the client sent none.
-	AnthropicVersion string  `yaml:"anthropic_version"`
-	Breaker          Breaker `yaml:"breaker"`
+	AnthropicVersion string `yaml:"anthropic_version"`
+	// Responses is how POST /v1/responses reaches this backend: "" translates it to Chat
+	// Completions (or Messages), "native" sends it as it is (an OpenAI-compatible backend
+	// that serves /v1/responses itself).
+	Responses string  `yaml:"responses"`
+	Breaker   Breaker `yaml:"breaker"`
 }
 
 // Breaker configures a backend's circuit breaker.
@@ -225,6 +229,9 @@ type Breaker struct {
 	// Probes is how many requests a half-open breaker lets through.
 	Probes int `yaml:"probes"`
 }
+
+// ResponsesNative is the Responses mode of a backend that serves the Responses API itself.
+const ResponsesNative = "native"
 
 // Continuation modes.
 const (

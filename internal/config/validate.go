@@ -422,6 +422,13 @@ func (v *validator) backends(bs []Backend) {
 		default:
 			v.add(p+".type", "must be one of %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeMock, b.Type)
 		}
+		switch {
+		case b.Responses == "":
+		case b.Responses != ResponsesNative:
+			v.add(p+".responses", "must be empty (translate to chat) or %q; got %q", ResponsesNative, b.Responses)
+		case b.Type != TypeOpenAI && b.Type != TypeOncegate:
+			v.add(p+".responses", "%q needs a backend of type %s or %s", ResponsesNative, TypeOpenAI, TypeOncegate)
+		}
 		v.resilience(p, &b)
 		if b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv) {
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")

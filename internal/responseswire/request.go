@@ -535,6 +535,22 @@ type chatToolFunction struct {
 	Strict      *bool           `json:"strict,omitempty"`
 }
 
+// Native is the body a native Responses backend gets: the request as the client wrote it,
+// streamed (every copy is rendered from the same stored events), not in background (the
+// gateway runs the job), and continuing upstream (the backend's id of the previous response).
+func Native(body []byte, upstreamPrevious string) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, invalid("", "the body is not a JSON object")
+	}
+	fields["stream"] = json.RawMessage("true")
+	delete(fields, "background")
+	if upstreamPrevious != "" {
+		fields["previous_response_id"] = mustJSON(upstreamPrevious)
+	}
+	return marshal(fields)
+}
+
 // echoParams are the response object's fields that repeat the request, with the API's
 // defaults for what it left out.
 func (r *Request) echoParams() ([]byte, error) {

@@ -3,6 +3,7 @@ package responseswire
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -25,6 +26,9 @@ type Meta struct {
 	CreatedAt int64
 	Model     string
 	Params    json.RawMessage
+	// Native: the frames are a Responses backend's own events (responses: native), relayed
+	// renumbered and with this response's id instead of the backend's; nothing is added.
+	Native bool
 }
 
 // IDOf is the response id of a job; JobOf is the job id of a response id.
@@ -58,6 +62,10 @@ type Stream struct {
 	finish  string
 	// rest is the end of the frames fed that did not yet close a frame.
 	rest []byte
+	// native: the last response object a native backend's events carried (its id replaced),
+	// and whether its terminal event passed.
+	nativeResp     json.RawMessage
+	nativeTerminal bool
 }
 
 type outputItem struct {
@@ -96,6 +104,9 @@ func (s *Stream) start() {
 		return
 	}
 	s.started = true
+	if s.meta.Native { // the backend's own response.created comes with the frames
+		return
+	}
 	obj := s.object(StatusInProgress, nil, nil)
 	s.emit("response.created", struct {
 		Response json.RawMessage `json:"response"`
@@ -189,6 +200,9 @@ func (s *Stream) chunk(data []byte) error {
 	}
 	if err := json.Unmarshal(data, &probe); err != nil {
 		return fmt.Errorf("responseswire: a stream event: %w", err)
+	}
+	if s.meta.Native {
+		return s.nativeEvent(probe.Type, data)
 	}
 	if probe.Type != "" {
 		if err := s.anthropicChunk(data); err != nil {
@@ -380,6 +394,14 @@ func (s *Stream) Complete() []byte {
 		return s.take()
 	}
 	s.ended = true
+	if s.meta.Native {
+		if !s.nativeTerminal { // a stream stored complete always ends with its terminal event
+			s.emitBody("response.completed", mustJSON(struct {
+				Response json.RawMessage `json:"response"`
+			}{s.Response(StatusCompleted)}))
+		}
+		return s.take()
+	}
 	s.closeAll()
 	status, details := s.final()
 	s.emit("response."+status, struct {
@@ -414,6 +436,9 @@ func (s *Stream) Fail(status, code, message string) []byte {
 // Response is the response object as the stream left it: status, when the stream was
 // completed, is the final one (completed or incomplete).
 func (s *Stream) Response(status string) []byte {
+	if s.meta.Native && s.nativeResp != nil && status == StatusCompleted {
+		return s.nativeResp
+	}
 	var details *incompleteDetails
 	if status == StatusCompleted {
 		status, details = s.final()
@@ -495,13 +520,15 @@ func (s *Stream) object(status string, details *incompleteDetails, e *respError)
 }
 
 // emit writes one event, numbered, unless it is at or before After.
-func (s *Stream) emit(typ string, v any) {
+func (s *Stream) emit(typ string, v any) { s.emitBody(typ, mustJSON(v)) }
+
+// emitBody is emit of an event's fields as a JSON object (type and sequence_number go first).
+func (s *Stream) emitBody(typ string, body []byte) {
 	seq := s.seq
 	s.seq++
 	if seq <= s.After {
 		return
 	}
-	body := mustJSON(v)
 	s.out = append(s.out, "event: "...)
 	s.out = append(s.out, typ...)
 	s.out = append(s.out, "\ndata: {\"type\":"...)
@@ -538,4 +565,47 @@ func (s *Stream) Conversation(e *Echo) []json.RawMessage {
 		m.Content = jsonString(text.String())
 	}
 	return append(out, mustJSON(m))
+}
+
+// nativeEvent relays one event of a native Responses backend: numbered by this stream, its
+// response object (if it carries one) under this response's id.
+func (s *Stream) nativeEvent(typ string, data []byte) error {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil || typ == "" {
+		return fmt.Errorf("responseswire: a Responses event: %w", errors.Join(err, errMalformed))
+	}
+	delete(fields, "type")
+	delete(fields, "sequence_number")
+	if raw, ok := fields["response"]; ok {
+		var resp map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &resp); err == nil {
+			resp["id"] = mustJSON(s.meta.ID)
+			fields["response"] = mustJSON(resp)
+			s.nativeResp = fields["response"]
+		}
+	}
+	switch typ {
+	case "response.completed", "response.incomplete", "response.failed":
+		s.nativeTerminal = true
+	}
+	s.emitBody(typ, mustJSON(fields))
+	return nil
+}
+
+// UpstreamID is the id a native Responses backend gave the response whose events are frames
+// ("" if none): a continuation of it (previous_response_id) is sent under that id.
+func UpstreamID(frames []byte) string {
+	for len(frames) > 0 {
+		frame, rest, _ := bytes.Cut(frames, []byte("\n\n"))
+		frames = rest
+		var ev struct {
+			Response struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(frameData(frame), &ev) == nil && ev.Response.ID != "" {
+			return ev.Response.ID
+		}
+	}
+	return ""
 }
