@@ -191,6 +191,10 @@ var errorTable = []struct {
 	{errBadPeriod, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")},
 	{errKeyNotPathText, badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")},
 
+	{errNoInput, badRequest("missing_required_parameter", "input", "you must provide an input parameter")},
+	{errBadInput, badRequest("invalid_type", "input",
+		"input must be a non-empty string, or a non-empty array of non-empty strings, of token ids, or of non-empty token-id arrays")},
+
 	{errNoResponse, notFound("no response with this id")},
 	{errPreviousResponse, badRequest("previous_response_not_found", "previous_response_id",
 		"previous_response_id names no stored, completed response of this API key")},
@@ -284,8 +288,13 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 }
 
 // isAnthropicRoute: errors on the Anthropic Messages routes use Anthropic's format, so the
-// Anthropic SDKs raise their usual exceptions.
+// Anthropic SDKs raise their usual exceptions; so do those of an Anthropic body on POST
+// /v1/jobs (jobAPI).
 func isAnthropicRoute(c *fiber.Ctx) bool {
+	if c.Method() == fiber.MethodPost && strings.TrimSuffix(c.Path(), "/") == "/v1/jobs" {
+		api, _ := jobAPI(c)
+		return api == apiAnthropic
+	}
 	return strings.HasPrefix(c.Path(), "/v1/messages")
 }
 

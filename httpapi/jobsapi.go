@@ -26,16 +26,19 @@ func (s *Server) routesJobs(r fiber.Router) {
 }
 
 // createJob is POST /v1/jobs: a chat completion request, always answered 202 (the same
-// intent as the identical POST /v1/chat/completions).
+// intent as the identical POST /v1/chat/completions); or, sent with an anthropic-version
+// header (which every Anthropic SDK sends), an Anthropic Messages request (the same intent
+// as the identical POST /v1/messages), whose events, result and errors are Anthropic's.
 func (s *Server) createJob(c *fiber.Ctx) error {
 	ctx, obs := s.startObservation(c, telemetry.RouteJobs, telemetry.APIJobs)
-	g, err := s.parseGeneration(c, apiOpenAI)
+	api, path := jobAPI(c)
+	g, err := s.parseGeneration(c, api)
 	if err != nil {
 		s.countError(&obs, nil, err)
 		return err
 	}
-	if g.Auto { // the same intent as the identical POST /v1/chat/completions
-		g.setAuto(http.MethodPost, "/v1/chat/completions")
+	if g.Auto { // the same intent as the identical POST to the API's own endpoint
+		g.setAuto(http.MethodPost, path)
 	}
 	g.observe(ctx, obs)
 	g.setAsync()
@@ -50,6 +53,15 @@ func (s *Server) createJob(c *fiber.Ctx) error {
 	}
 	s.countAnswer(c, &g.obs, adm)
 	return nil
+}
+
+// jobAPI is the wire format of a POST /v1/jobs body and the endpoint it shares intents with:
+// Anthropic Messages when the request says anthropic-version, else OpenAI chat completions.
+func jobAPI(c *fiber.Ctx) (api, path string) {
+	if c.Get("anthropic-version") != "" {
+		return apiAnthropic, "/v1/messages"
+	}
+	return apiOpenAI, "/v1/chat/completions"
 }
 
 // loadJob finds a job of the caller's tenant. A malformed, unknown or foreign id is the same 404.

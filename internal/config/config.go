@@ -211,6 +211,8 @@ type Backend struct {
 	// AnthropicVersion is sent as anthropic-version when the client sent none.
 	AnthropicVersion string  `yaml:"anthropic_version"`
 	Breaker          Breaker `yaml:"breaker"`
+	// Passthrough lists other paths this backend serves as they are (passthrough.go).
+	Passthrough []Passthrough `yaml:"passthrough"`
 }
 
 // Breaker configures a backend's circuit breaker.

@@ -423,6 +423,7 @@ func (v *validator) backends(bs []Backend) {
 			v.add(p+".type", "must be one of %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeMock, b.Type)
 		}
 		v.resilience(p, &b)
+		v.passthrough(p, &b)
 		if b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv) {
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")
 		}
