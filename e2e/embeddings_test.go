@@ -84,6 +84,16 @@ func TestEmbeddingsSDK(t *testing.T) {
 		if a.Usage.PromptTokens != 3 || a.Usage.TotalTokens != 3 || a.Model != "oncegate-mock" {
 			t.Errorf("usage/model = %+v %q", a.Usage, a.Model)
 		}
+		// Its job: completed, the stored body as the result; an embedding has no event stream.
+		id := r1.Header.Get("Oncegate-Job-Id")
+		auth := map[string]string{"Authorization": "Bearer x"}
+		jr := do(t, http.MethodGet, gw.URL+"/v1/jobs/"+id, "", auth)
+		var j job
+		if err := json.Unmarshal(jr.Body, &j); err != nil || j.Status != "completed" || !compactEqual(j.Result, []byte(a.RawJSON())) {
+			t.Errorf("GET /v1/jobs/%s: %d %s", id, jr.Status, jr.Body)
+		}
+		ev := do(t, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", auth)
+		expectError(t, ev, http.StatusNotFound, "not_found")
 	})
 
 	t.Run("batched input", func(t *testing.T) {

@@ -77,9 +77,7 @@ func (s *Server) parseEmbeddings(c *fiber.Ctx) (*generation, error) {
 	if !ok || len(backends) == 0 {
 		return nil, modelNotFound(model)
 	}
-	// MaxTokens 1: the budget's estimate of an embedding's output (it has none), instead of
-	// the default max_tokens of a generation.
-	g.Model, g.Backends, g.API, g.MaxTokens = model, backends, apiEmbeddings, 1
+	g.Model, g.Backends, g.API = model, backends, apiEmbeddings
 	if err := s.readIntent(c, g, rt); err != nil {
 		return nil, err
 	}
@@ -87,11 +85,12 @@ func (s *Server) parseEmbeddings(c *fiber.Ctx) (*generation, error) {
 	return g, nil
 }
 
-// nonStream keeps a request that has one JSON answer (embeddings, passthrough) off what only
-// generations have: background jobs (Prefer: respond-async) and the route's degraded chat
-// message (the route's 503 and its Retry-After stay).
+// nonStream keeps a request that has one answer and no generated output (embeddings,
+// passthrough) off what only generations have: background jobs (Prefer: respond-async), the
+// route's degraded chat message (the route's 503 and its Retry-After stay), and the budget's
+// estimate of a generation's output (MaxTokens 1 instead of the default max_tokens).
 func (g *generation) nonStream() {
-	g.Async, g.Stream = false, false
+	g.Async, g.Stream, g.MaxTokens = false, false, 1
 	if g.Degraded != nil {
 		g.Degraded.Message = ""
 	}

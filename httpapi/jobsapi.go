@@ -110,7 +110,9 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 					return err
 				}
 			}
-			v.Result = body
+			if json.Valid(body) { // a passthrough's answer may be audio or an image: GET /v1/jobs shows JSON only
+				v.Result = body
+			}
 		case len(res.Body) > 0:
 			v.Error = errorObject(res.Body)
 		}
@@ -210,6 +212,9 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	key, rec, err := s.loadJob(c)
 	if err != nil {
 		return err
+	}
+	if rec.API == apiEmbeddings || rec.API == apiPassthrough {
+		return errNoEvents
 	}
 	after := -1
 	if v := c.Get("Last-Event-ID"); v != "" {
