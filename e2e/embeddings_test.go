@@ -34,6 +34,37 @@ func mockVector(s string) []float32 {
 	return mockllm.Embedding("oncegate-mock", b, mockllm.EmbeddingDimensions)
 }
 
+// ledgerEntries is GET /v1/admin/ledger's answer.
+type ledgerEntries struct {
+	Data []struct {
+		Kind         string `json:"kind"`
+		Tenant       string `json:"tenant"`
+		Model        string `json:"model"`
+		InputTokens  int    `json:"input_tokens"`
+		OutputTokens int    `json:"output_tokens"`
+		CostMicros   int64  `json:"cost_micros"`
+		Estimated    bool   `json:"estimated"`
+	} `json:"data"`
+}
+
+// awaitCharges reads tenant's ledger through the admin API (admin key "admin-key") until it
+// holds an entry: a charge is written after the answer, before the job is acked.
+func awaitCharges(t testing.TB, base, tenant string) ledgerEntries {
+	t.Helper()
+	var entries ledgerEntries
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		r := do(t, http.MethodGet, base+"/v1/admin/ledger?tenant="+tenant, "", map[string]string{"Authorization": "Bearer admin-key"})
+		if r.Status != http.StatusOK {
+			t.Fatalf("admin ledger: %d %s", r.Status, r.Body)
+		}
+		if err := json.Unmarshal(r.Body, &entries); err != nil || len(entries.Data) == 0 {
+			return fmt.Errorf("no charge in the ledger yet: %s", r.Body)
+		}
+		return nil
+	})
+	return entries
+}
+
 // TestEmbeddingsSDK drives POST /v1/embeddings with the official OpenAI Go SDK: an identical
 // request is one backend execution (the auto key), replayed byte for byte; batches pass
 // through; X-Allow-Duplicate executes again; a key reused with another input is a 422; the
@@ -171,32 +202,9 @@ func TestEmbeddingsSDK(t *testing.T) {
 				first = got
 			}
 		}
-		admin := map[string]string{"Authorization": "Bearer admin-key"}
-		var entries struct {
-			Data []struct {
-				Kind         string `json:"kind"`
-				Model        string `json:"model"`
-				InputTokens  int    `json:"input_tokens"`
-				OutputTokens int    `json:"output_tokens"`
-				CostMicros   int64  `json:"cost_micros"`
-				Estimated    bool   `json:"estimated"`
-			} `json:"data"`
-		}
-		testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
-			r := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=billed", "", admin)
-			if r.Status != http.StatusOK {
-				t.Fatalf("admin ledger: %d %s", r.Status, r.Body)
-			}
-			if err := json.Unmarshal(r.Body, &entries); err != nil || len(entries.Data) == 0 {
-				return fmt.Errorf("no charge yet: %s", r.Body)
-			}
-			return nil
-		})
+		awaitCharges(t, gw.URL, "billed")
 		time.Sleep(200 * time.Millisecond) // a second charge, if there were one, would be written by now
-		r := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=billed", "", admin)
-		if err := json.Unmarshal(r.Body, &entries); err != nil {
-			t.Fatal(err)
-		}
+		entries := awaitCharges(t, gw.URL, "billed")
 		want := int(first.Usage.PromptTokens)
 		if len(entries.Data) != 1 {
 			t.Fatalf("entries = %+v, want one charge", entries.Data)
