@@ -7,7 +7,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/telemetry"
 )
 
@@ -22,8 +21,9 @@ import (
 // one short answer), and a route's degraded message (a chat answer) is not either: with no
 // healthy backend the request gets the 503.
 
-// Wire format of an embeddings request (kv.Record.API): the backend's path is /embeddings.
-const apiEmbeddings = backend.APIEmbeddings
+// Wire format of an embeddings request (kv.Record.API; the workers' backend.APIEmbeddings):
+// the backend's path is /embeddings.
+const apiEmbeddings = "embeddings"
 
 // Errors of the embeddings API.
 var (

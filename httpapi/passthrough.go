@@ -5,7 +5,6 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/telemetry"
 )
@@ -30,8 +29,8 @@ import (
 // under its path as the model name (ledger.prices can price it), from the usage the answer
 // reports or else an estimate of its input. A path no backend lists is not routed: 404.
 
-// Wire format of a passthrough request (kv.Record.API).
-const apiPassthrough = backend.APIPassthrough
+// Wire format of a passthrough request (kv.Record.API; the workers' backend.APIPassthrough).
+const apiPassthrough = "passthrough"
 
 // routesPassthrough registers every listed path.
 func (s *Server) routesPassthrough() {
