@@ -133,6 +133,12 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 // tenant, the body and its fingerprint (canonicalFingerprint), and the body's top-level
 // members.
 func (s *Server) readJSONRequest(c *fiber.Ctx) (*generation, bodyFields, error) {
+	return s.readJSONRequestWith(c, isTransportField)
+}
+
+// readJSONRequestWith is readJSONRequest with the fingerprint's transport fields (see
+// fingerprintOf).
+func (s *Server) readJSONRequestWith(c *fiber.Ctx, transport func(string) bool) (*generation, bodyFields, error) {
 	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
 		return nil, nil, errUnsupportedMediaType
 	}
@@ -141,7 +147,7 @@ func (s *Server) readJSONRequest(c *fiber.Ctx) (*generation, bodyFields, error) 
 		return nil, nil, err
 	}
 	g := &generation{Request: intent.Request{Tenant: tenant, Body: bytes.Clone(c.Body())}}
-	fp, fields, err := canonicalFingerprint(g.Body)
+	fp, fields, err := fingerprintOf(g.Body, transport)
 	if err != nil {
 		return nil, nil, invalidJSON(err)
 	}

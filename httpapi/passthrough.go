@@ -54,7 +54,9 @@ func (s *Server) passthrough(c *fiber.Ctx) error {
 // parsePassthrough authenticates, validates and copies a passthrough request, and applies
 // its path's policy. It changes no state.
 func (s *Server) parsePassthrough(c *fiber.Ctx) (*generation, error) {
-	g, fields, err := s.readJSONRequest(c)
+	// The body is opaque here: every field is the intent's ("stream" too, which a
+	// passthrough body sends to the backend as it is).
+	g, fields, err := s.readJSONRequestWith(c, func(string) bool { return false })
 	if err != nil {
 		return nil, err
 	}
