@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,6 +78,8 @@ func TestEmbeddingsSDK(t *testing.T) {
 		{ID: "emb", APIKeysSHA256: []string{sha("x")}}, // sdkClient's key
 		{ID: "billed", APIKeysSHA256: []string{sha("sk-billed")}},
 	}
+	cfg.Backends = append(cfg.Backends, config.Backend{Name: "embslow", Type: config.TypeMock, Models: []string{"oncegate-embed-slow"},
+		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{TTFT: config.Duration(300 * time.Millisecond), Tokens: 16}})
 	gw := gatewaykit.StartGateway(t, cfg)
 	mock := gw.Mock(t, "mock")
 	client := sdkClient(gw)
@@ -125,6 +128,36 @@ func TestEmbeddingsSDK(t *testing.T) {
 		}
 		ev := do(t, http.MethodGet, gw.URL+"/v1/jobs/"+id+"/events", "", auth)
 		expectError(t, ev, http.StatusNotFound, "not_found")
+	})
+
+	t.Run("concurrent copies share one execution", func(t *testing.T) {
+		// A slower embedding backend, so the copies arrive while the first is running.
+		slow := gw.Mock(t, "embslow")
+		before := slow.Stats().Requests
+		const copies = 8
+		body := `{"model":"oncegate-embed-slow","input":["one intent","many copies"]}`
+		hdr := map[string]string{"Authorization": "Bearer x", "Idempotency-Key": "emb-concurrent"}
+		results := make([]<-chan result, copies)
+		for i := range results {
+			results[i] = async(func() result { return send(http.MethodPost, gw.URL+"/v1/embeddings", body, hdr) })
+		}
+		outcomes := map[string]int{}
+		var first []byte
+		for i, ch := range results {
+			r := <-ch
+			if r.Err != nil || r.Status != http.StatusOK {
+				t.Fatalf("copy %d: %d %v %s", i, r.Status, r.Err, r.Body)
+			}
+			outcomes[r.Header.Get("Oncegate-Idempotency")]++
+			if first == nil {
+				first = r.Body
+			} else if !bytes.Equal(r.Body, first) {
+				t.Errorf("copy %d differs:\n%s\n%s", i, r.Body, first)
+			}
+		}
+		if n := slow.Stats().Requests - before; n != 1 || outcomes["created"] != 1 || outcomes["joined"] == 0 {
+			t.Errorf("backend executions = %d, outcomes %v; want 1 execution, 1 created and joined copies", n, outcomes)
+		}
 	})
 
 	t.Run("batched input", func(t *testing.T) {
