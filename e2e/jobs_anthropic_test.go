@@ -35,6 +35,19 @@ func (m anthropicMessage) text() string {
 	return b.String()
 }
 
+// isAnthropicInvalid reports whether b is an Anthropic invalid_request_error body with a
+// message.
+func isAnthropicInvalid(b []byte) bool {
+	var e struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(b, &e) == nil && e.Type == "error" && e.Error.Type == "invalid_request_error" && e.Error.Message != ""
+}
+
 // TestJobsAPIAnthropic: POST /v1/jobs with an anthropic-version header takes an Anthropic
 // Messages body: 202, then the job's result, events and errors in the Anthropic format, from
 // the mock's Messages API; it is the same intent as the identical POST /v1/messages. Without
@@ -149,15 +162,7 @@ func TestJobsAPIAnthropic(t *testing.T) {
 			{"not JSON", `{"model":`},
 		} {
 			r := do(t, http.MethodPost, gw.URL+"/v1/jobs", tc.body, anth)
-			var e struct {
-				Type  string `json:"type"`
-				Error struct {
-					Type    string `json:"type"`
-					Message string `json:"message"`
-				} `json:"error"`
-			}
-			if r.Status != http.StatusBadRequest || json.Unmarshal(r.Body, &e) != nil || e.Type != "error" ||
-				e.Error.Type != "invalid_request_error" || e.Error.Message == "" {
+			if r.Status != http.StatusBadRequest || !isAnthropicInvalid(r.Body) {
 				t.Errorf("%s: %d %s, want a 400 Anthropic error", tc.name, r.Status, r.Body)
 			}
 		}

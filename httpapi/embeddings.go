@@ -7,6 +7,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/telemetry"
 )
 
@@ -40,17 +41,19 @@ func (s *Server) embeddings(c *fiber.Ctx) error {
 		return err
 	}
 	g.observe(ctx, obs)
-	return s.admitAndDeliver(ctx, c, g)
+	return s.admitAndAnswer(ctx, c, g, s.deliver)
 }
 
-// admitAndDeliver admits a non-stream request and answers it (embeddings, passthrough).
-func (s *Server) admitAndDeliver(ctx context.Context, c *fiber.Ctx, g *generation) error {
+// admitAndAnswer admits a request that is answered in the handler (not by a live stream) and
+// answers it with respond (deliver, or respondAccepted for a job), counting the outcome.
+func (s *Server) admitAndAnswer(ctx context.Context, c *fiber.Ctx, g *generation,
+	respond func(*fiber.Ctx, *generation, *intent.Admission) error) error {
 	adm, err := s.admit(ctx, g)
 	if err != nil {
 		s.countError(&g.obs, nil, err)
 		return err
 	}
-	if err := s.deliver(c, g, adm); err != nil {
+	if err := respond(c, g, adm); err != nil {
 		s.countError(&g.obs, adm, err)
 		return err
 	}

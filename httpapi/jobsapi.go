@@ -42,17 +42,7 @@ func (s *Server) createJob(c *fiber.Ctx) error {
 	}
 	g.observe(ctx, obs)
 	g.setAsync()
-	adm, err := s.admit(ctx, g)
-	if err != nil {
-		s.countError(&g.obs, nil, err)
-		return err
-	}
-	if err := s.respondAccepted(c, g, adm); err != nil {
-		s.countError(&g.obs, adm, err)
-		return err
-	}
-	s.countAnswer(c, &g.obs, adm)
-	return nil
+	return s.admitAndAnswer(ctx, c, g, s.respondAccepted)
 }
 
 // jobAPI is the wire format of a POST /v1/jobs body and the endpoint it shares intents with:

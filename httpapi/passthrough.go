@@ -48,7 +48,7 @@ func (s *Server) passthrough(c *fiber.Ctx) error {
 		return err
 	}
 	g.observe(ctx, obs)
-	return s.admitAndDeliver(ctx, c, g)
+	return s.admitAndAnswer(ctx, c, g, s.deliver)
 }
 
 // parsePassthrough authenticates, validates and copies a passthrough request, and applies
