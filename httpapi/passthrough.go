@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"strings"
 
 	"github.com/gofiber/fiber/v2"
@@ -25,9 +26,9 @@ import (
 // X-Allow-Duplicate and a model route's dedup: false bypass as everywhere. Which backend: the
 // body's "model", when it names a routed model whose route has backends that list the path
 // (they are the fallback chain, and the first one's policy applies); otherwise the first
-// backend, in configuration order, that lists the path. A request without a model is billed
-// under its path as the model name (ledger.prices can price it), from the usage the answer
-// reports or else an estimate of its input. A path no backend lists is not routed: 404.
+// backend, in configuration order, that lists the path. A request without a routed model is
+// billed under its path as the model name (ledger.prices can price it), from the usage the
+// answer reports or else an estimate of its input. A path no backend lists is not routed: 404.
 
 // Wire format of a passthrough request (kv.Record.API; the workers' backend.APIPassthrough).
 const apiPassthrough = "passthrough"
@@ -66,10 +67,8 @@ func (s *Server) parsePassthrough(c *fiber.Ctx) (*generation, error) {
 	if !ok {
 		return nil, errUnknownURL
 	}
-	g.Model = model
-	if g.Model == "" {
-		g.Model = path
-	}
+	// The model it is charged under: a routed model, else the path (never any client text).
+	g.Model = cmp.Or(t.Route.Model, path)
 	g.Backends, g.API, g.Path = t.Backends, apiPassthrough, t.Path.BackendPath()
 	if v := c.Get(fiber.HeaderAccept); v != "" {
 		g.Header = map[string][]string{fiber.HeaderAccept: {strings.Clone(v)}}

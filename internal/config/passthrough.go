@@ -51,7 +51,7 @@ type PassthroughTarget struct {
 	Path     Passthrough // as the first backend lists it (its policy decides)
 	Backends []string    // ordered fallback chain
 	// Route is the model's route when the backends came from it (its dedup and degraded
-	// settings apply), else a route with dedup on.
+	// settings apply), else a route with dedup on and no model.
 	Route RouteTarget
 }
 
@@ -100,7 +100,7 @@ func (c *Config) ResolvePassthrough(path, model string) (PassthroughTarget, bool
 	}
 	for _, b := range c.Backends {
 		if p, ok := listed(b.Name); ok {
-			return PassthroughTarget{Path: p, Backends: []string{b.Name}, Route: RouteTarget{Model: model, Backends: []string{b.Name}, Dedup: true}}, true
+			return PassthroughTarget{Path: p, Backends: []string{b.Name}, Route: RouteTarget{Backends: []string{b.Name}, Dedup: true}}, true
 		}
 	}
 	return PassthroughTarget{}, false

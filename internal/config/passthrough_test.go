@@ -76,6 +76,10 @@ func TestResolvePassthrough(t *testing.T) {
 			if ok && !got.Route.Dedup {
 				t.Errorf("route dedup off: %+v", got.Route)
 			}
+			if routed := len(tc.backends) > 1 || tc.name == "routed model, one of its backends lists it" || tc.name == "backend's own model" || tc.name == "images default off"; ok &&
+				(got.Route.Model != "") != routed {
+				t.Errorf("route model %q (routed: %v)", got.Route.Model, routed)
+			}
 		})
 	}
 }
