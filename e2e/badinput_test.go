@@ -282,15 +282,8 @@ func TestAnthropicTokenLimit(t *testing.T) {
 			if c.status == http.StatusOK {
 				return
 			}
-			var e struct {
-				Type  string `json:"type"`
-				Error struct {
-					Type    string `json:"type"`
-					Message string `json:"message"`
-				} `json:"error"`
-			}
-			if err := json.Unmarshal(b, &e); err != nil || e.Type != "error" || e.Error.Type != "invalid_request_error" || e.Error.Message == "" {
-				t.Errorf("not an Anthropic invalid_request_error (%v): %s", err, b)
+			if !isAnthropicInvalid(b) {
+				t.Errorf("not an Anthropic invalid_request_error: %s", b)
 			}
 			if after := mock.Stats().Requests; after != before {
 				t.Errorf("backend executions went %d -> %d", before, after)

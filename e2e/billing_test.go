@@ -2,13 +2,10 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -38,28 +35,7 @@ func TestBilling(t *testing.T) {
 	}
 	// The charge is written after the answer, before the job is acked: poll for it.
 	admin := map[string]string{"Authorization": "Bearer admin-key"}
-	var entries struct {
-		Data []struct {
-			Kind         string `json:"kind"`
-			Tenant       string `json:"tenant"`
-			InputTokens  int    `json:"input_tokens"`
-			OutputTokens int    `json:"output_tokens"`
-			CostMicros   int64  `json:"cost_micros"`
-			Estimated    bool   `json:"estimated"`
-		} `json:"data"`
-	}
-	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
-		r := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=capped", "", admin)
-		b := r.Body
-		if r.Status != http.StatusOK {
-			t.Fatalf("admin ledger: %d %s", r.Status, b)
-		}
-		_ = json.Unmarshal(b, &entries)
-		if len(entries.Data) == 0 {
-			return fmt.Errorf("no charge in the ledger yet: %s", b)
-		}
-		return nil
-	})
+	entries := awaitCharges(t, gw.URL, "capped")
 	e := entries.Data[0]
 	if len(entries.Data) != 1 || e.Kind != "charge" || e.Tenant != "capped" || e.OutputTokens != 16 || e.Estimated ||
 		e.CostMicros != int64(e.InputTokens)*1+int64(e.OutputTokens)*2 {

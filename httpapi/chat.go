@@ -75,21 +75,13 @@ func (g *generation) observe(ctx context.Context, obs observation) {
 
 // parseGeneration authenticates, validates and copies the request. It changes no state.
 func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) {
-	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
-		return nil, errUnsupportedMediaType
-	}
-	tenant, err := s.authenticate(c)
+	g, fields, err := s.readJSONRequest(c)
 	if err != nil {
 		return nil, err
 	}
-	g := &generation{Request: intent.Request{Tenant: tenant, Body: bytes.Clone(c.Body())}}
-	fp, fields, err := canonicalFingerprint(g.Body)
+	model, err := fields.model()
 	if err != nil {
-		return nil, invalidJSON(err)
-	}
-	model, ok := fields.str("model")
-	if !ok || model == "" {
-		return nil, errNoModel
+		return nil, err
 	}
 	if !fields.nonEmptyArray("messages") {
 		return nil, errNoMessages
@@ -120,7 +112,7 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	if !ok || len(backends) == 0 {
 		return nil, modelNotFound(model)
 	}
-	g.Model, g.Backends, g.Fingerprint, g.API = model, backends, fp, api
+	g.Model, g.Backends, g.API = model, backends, api
 	if api == apiAnthropic {
 		for _, h := range []string{"anthropic-version", "anthropic-beta"} {
 			if v := c.Get(h); v != "" {
@@ -135,6 +127,32 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 		return nil, err
 	}
 	return g, nil
+}
+
+// readJSONRequest authenticates a request whose body is a JSON object and copies it: the
+// tenant, the body and its fingerprint (canonicalFingerprint), and the body's top-level
+// members.
+func (s *Server) readJSONRequest(c *fiber.Ctx) (*generation, bodyFields, error) {
+	return s.readJSONRequestWith(c, isTransportField)
+}
+
+// readJSONRequestWith is readJSONRequest with the fingerprint's transport fields (see
+// fingerprintOf).
+func (s *Server) readJSONRequestWith(c *fiber.Ctx, transport func(string) bool) (*generation, bodyFields, error) {
+	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
+		return nil, nil, errUnsupportedMediaType
+	}
+	tenant, err := s.authenticate(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	g := &generation{Request: intent.Request{Tenant: tenant, Body: bytes.Clone(c.Body())}}
+	fp, fields, err := fingerprintOf(g.Body, transport)
+	if err != nil {
+		return nil, nil, invalidJSON(err)
+	}
+	g.Fingerprint = fp
+	return g, fields, nil
 }
 
 // readIntent reads what every generation API says the same way: the route's degraded answer,

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -105,14 +106,11 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 	adm.Close()
 	switch first.Kind {
 	case jobs.KindResult:
-		switch {
-		case first.Status != http.StatusOK: // the backend's answer: sending it again gets the same
-			return forwardError(c, first.Status, first.Payload, retryNo, 0)
-		case g.Stream: // a stream copy of a non-stream execution (or a degraded message)
+		if first.Status == http.StatusOK && g.Stream { // a stream copy of a non-stream execution (or a degraded message)
 			return s.sendSynthesized(c, g, first.Payload)
 		}
-		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-		return c.Status(first.Status).Send(first.Payload)
+		// The answer, or the backend's refusal: sending it again gets the same.
+		return sendStored(c, first.Status, first.Meta.ContentType, first.Payload)
 	case jobs.KindError:
 		if first.Status != http.StatusOK { // failed after dispatch before output (released), or cancelled
 			// The gateway decided: an SDK must not re-send on its own, except where nothing ran
@@ -287,7 +285,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 	setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded})
 	w := wireOf(rec.API)
 	if rec.State == kv.Completed && res.Status != http.StatusOK {
-		return forwardError(c, res.Status, res.Body, retryNo, 0)
+		return sendStored(c, res.Status, res.ContentType, res.Body)
 	}
 	if rec.State == kv.Failed && (!res.Partial || !g.Stream) {
 		status := res.Status
@@ -308,8 +306,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 				return err
 			}
 		}
-		c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-		return c.Status(http.StatusOK).Send(body)
+		return sendStored(c, http.StatusOK, res.ContentType, body)
 	}
 	events, usage := res.Events, res.UsageEvent
 	if !rec.Stream {
@@ -333,4 +330,15 @@ func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *intent.Admiss
 	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.JobID)
 	status := jobStatus(adm.Rec)
 	return c.Status(http.StatusAccepted).JSON(fiber.Map{"id": adm.JobID, "object": "job", "status": status})
+}
+
+// sendStored answers with a non-stream outcome, stored or just announced: its status and body
+// under its Content-Type (JSON when it has none: every API but a passthrough answers JSON). A
+// status other than 200 is the backend's refusal, which a re-send would meet again.
+func sendStored(c *fiber.Ctx, status int, contentType string, body []byte) error {
+	if status != http.StatusOK {
+		setRetryHeaders(c, retryNo, 0)
+	}
+	c.Set(fiber.HeaderContentType, cmp.Or(contentType, fiber.MIMEApplicationJSON))
+	return c.Status(status).Send(body)
 }

@@ -96,6 +96,8 @@ var (
 	errToBeforeFrom     = errors.New("httpapi: to is not after from")
 	errBadPeriod        = errors.New("httpapi: invalid period")
 	errKeyNotPathText   = errors.New("httpapi: key is not URL path text")
+	// errNoEvents: the job is not a generation (embeddings, passthrough): it has no events.
+	errNoEvents = errors.New("httpapi: the job has no events")
 	// Errors carried in a record's or a stream's body (under the record's status, or a 200).
 	errExecutionFailed = errors.New("httpapi: the execution failed")
 	errJobCancelled    = errors.New("httpapi: the job was cancelled")
@@ -191,6 +193,11 @@ var errorTable = []struct {
 	{errBadPeriod, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")},
 	{errKeyNotPathText, badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")},
 
+	{errNoInput, badRequest("missing_required_parameter", "input", "you must provide an input parameter")},
+	{errBadInput, badRequest("invalid_type", "input",
+		"input must be a non-empty string, or a non-empty array of non-empty strings, of token ids, or of non-empty token-id arrays")},
+
+	{errNoEvents, notFound("this job is not a generation and has no events; GET /v1/jobs/{id} has its result")},
 	{errNoResponse, notFound("no response with this id")},
 	{errPreviousResponse, badRequest("previous_response_not_found", "previous_response_id",
 		"previous_response_id names no stored, completed response of this API key")},
@@ -284,8 +291,13 @@ func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
 }
 
 // isAnthropicRoute: errors on the Anthropic Messages routes use Anthropic's format, so the
-// Anthropic SDKs raise their usual exceptions.
+// Anthropic SDKs raise their usual exceptions; so do those of an Anthropic body on POST
+// /v1/jobs (jobAPI).
 func isAnthropicRoute(c *fiber.Ctx) bool {
+	if c.Method() == fiber.MethodPost && strings.TrimSuffix(c.Path(), "/") == "/v1/jobs" {
+		api, _ := jobAPI(c)
+		return api == apiAnthropic
+	}
 	return strings.HasPrefix(c.Path(), "/v1/messages")
 }
 

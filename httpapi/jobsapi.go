@@ -26,30 +26,32 @@ func (s *Server) routesJobs(r fiber.Router) {
 }
 
 // createJob is POST /v1/jobs: a chat completion request, always answered 202 (the same
-// intent as the identical POST /v1/chat/completions).
+// intent as the identical POST /v1/chat/completions); or, sent with an anthropic-version
+// header (which every Anthropic SDK sends), an Anthropic Messages request (the same intent
+// as the identical POST /v1/messages), whose events, result and errors are Anthropic's.
 func (s *Server) createJob(c *fiber.Ctx) error {
 	ctx, obs := s.startObservation(c, telemetry.RouteJobs, telemetry.APIJobs)
-	g, err := s.parseGeneration(c, apiOpenAI)
+	api, path := jobAPI(c)
+	g, err := s.parseGeneration(c, api)
 	if err != nil {
 		s.countError(&obs, nil, err)
 		return err
 	}
-	if g.Auto { // the same intent as the identical POST /v1/chat/completions
-		g.setAuto(http.MethodPost, "/v1/chat/completions")
+	if g.Auto { // the same intent as the identical POST to the API's own endpoint
+		g.setAuto(http.MethodPost, path)
 	}
 	g.observe(ctx, obs)
 	g.setAsync()
-	adm, err := s.admit(ctx, g)
-	if err != nil {
-		s.countError(&g.obs, nil, err)
-		return err
+	return s.admitAndAnswer(ctx, c, g, s.respondAccepted)
+}
+
+// jobAPI is the wire format of a POST /v1/jobs body and the endpoint it shares intents with:
+// Anthropic Messages when the request says anthropic-version, else OpenAI chat completions.
+func jobAPI(c *fiber.Ctx) (api, path string) {
+	if c.Get("anthropic-version") != "" {
+		return apiAnthropic, "/v1/messages"
 	}
-	if err := s.respondAccepted(c, g, adm); err != nil {
-		s.countError(&g.obs, adm, err)
-		return err
-	}
-	s.countAnswer(c, &g.obs, adm)
-	return nil
+	return apiOpenAI, "/v1/chat/completions"
 }
 
 // loadJob finds a job of the caller's tenant. A malformed, unknown or foreign id is the same 404.
@@ -98,7 +100,9 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 					return err
 				}
 			}
-			v.Result = body
+			if json.Valid(body) { // a passthrough's answer may be audio or an image: GET /v1/jobs shows JSON only
+				v.Result = body
+			}
 		case len(res.Body) > 0:
 			v.Error = errorObject(res.Body)
 		}
@@ -198,6 +202,9 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 	key, rec, err := s.loadJob(c)
 	if err != nil {
 		return err
+	}
+	if rec.API == apiEmbeddings || rec.API == apiPassthrough {
+		return errNoEvents
 	}
 	after := -1
 	if v := c.Get("Last-Event-ID"); v != "" {

@@ -140,6 +140,15 @@ func (f bodyFields) str(k string) (string, bool) {
 	return s, json.Unmarshal(raw, &s) == nil
 }
 
+// model is the required "model" field: a non-empty string, else errNoModel.
+func (f bodyFields) model() (string, error) {
+	m, ok := f.str("model")
+	if !ok || m == "" {
+		return "", errNoModel
+	}
+	return m, nil
+}
+
 // number is field k if it is a JSON number, as written.
 func (f bodyFields) number(k string) (json.Number, bool) {
 	raw := f[k]

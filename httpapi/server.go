@@ -36,6 +36,9 @@ type Router interface {
 	Resolve(model string) (config.RouteTarget, bool)
 	ModelNames() []string
 	Backend(name string) (config.Backend, bool)
+	// PassthroughPaths and ResolvePassthrough: the paths backends serve as they are (passthrough.go).
+	PassthroughPaths() []string
+	ResolvePassthrough(path, model string) (config.PassthroughTarget, bool)
 }
 
 // StatusReader returns each live worker's posted status.
@@ -152,6 +155,8 @@ func New(d Deps) *Server {
 	v1.Get("/status", s.statusPage)
 	v1.Post("/chat/completions", s.chatCompletions)
 	v1.Post("/messages", s.messages)
+	v1.Post("/embeddings", s.embeddings)
+	s.routesPassthrough()
 	s.routesResponses(v1)
 	s.routesJobs(v1)
 	s.routesAdmin(v1)

@@ -66,7 +66,7 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 	now := c.now()
 	return &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
 		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, EpochStarted: now,
-		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API,
+		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API, Path: req.Path,
 		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID,
 		Echo: req.Echo}
 }

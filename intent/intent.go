@@ -171,7 +171,8 @@ type Request struct {
 	// Async: the request is a background job (indexed as such; nobody follows it here).
 	Async    bool
 	Model    string
-	API      string // the wire format: "openai" or "anthropic"
+	API      string // the wire format: "openai", "anthropic", "embeddings" or "passthrough"
+	Path     string // a passthrough request's path below the backend's base URL
 	Backends []string
 	Degraded *kv.Degraded
 	Header   map[string][]string // passed through to the backend

@@ -58,7 +58,7 @@ func JobEncoded(key string, rec *kv.Record, rev uint64, data []byte) *jobs.Job {
 // message carries, decoded).
 func JobOf(key string, rec *kv.Record) *jobs.Job {
 	j := &jobs.Job{ID: rec.JobID, Key: key, Epoch: rec.Epoch, Tenant: rec.Tenant, Backends: rec.Backends,
-		Model: rec.Model, Stream: rec.Stream, API: rec.API, Body: rec.Request, Header: rec.Header, Deadline: rec.Deadline}
+		Model: rec.Model, Stream: rec.Stream, API: rec.API, Path: rec.Path, Body: rec.Request, Header: rec.Header, Deadline: rec.Deadline}
 	if d := rec.Degraded; d != nil {
 		j.DegradedMessage, j.DegradedRetryAfter = d.Message, d.RetryAfter
 		if j.DegradedMessage == "" && j.DegradedRetryAfter == 0 {

@@ -49,6 +49,7 @@ const (
 	hdrAttempts   = "Og-Attempts"
 	hdrDegraded   = "Og-Degraded"
 	hdrRetryAfter = "Og-Retry-After"
+	hdrType       = "Og-Content-Type"
 	// hdrWriter names the Publisher that wrote a chunk, so a retry whose first try landed
 	// recognises its own chunk (and never another writer's chunk of the same index).
 	hdrWriter = "Og-Writer"
@@ -62,6 +63,8 @@ type Meta struct {
 	Degraded bool
 	// RetryAfter (seconds) on a terminal error the client may retry later.
 	RetryAfter int
+	// ContentType of a result's payload when it is not JSON's (a passthrough answer).
+	ContentType string
 }
 
 // ErrFenced is returned by a Publisher whose epoch was taken over: its writes are refused.
@@ -123,6 +126,9 @@ func (c Chunk) msg(subject string) *nats.Msg {
 	if c.Meta.RetryAfter != 0 {
 		m.Header.Set(hdrRetryAfter, strconv.Itoa(c.Meta.RetryAfter))
 	}
+	if c.Meta.ContentType != "" {
+		m.Header.Set(hdrType, c.Meta.ContentType)
+	}
 	m.Data = c.Payload
 	return m
 }
@@ -142,6 +148,7 @@ func decodeChunk(h nats.Header, data []byte) (Chunk, error) {
 	c.Meta.Attempts, _ = strconv.Atoi(h.Get(hdrAttempts))
 	c.Meta.Degraded = h.Get(hdrDegraded) == "true"
 	c.Meta.RetryAfter, _ = strconv.Atoi(h.Get(hdrRetryAfter))
+	c.Meta.ContentType = h.Get(hdrType)
 	return c, nil
 }
 

@@ -67,8 +67,10 @@ type Job struct {
 	Tenant string
 	Model  string
 	Stream bool
-	// API is the request's wire format ("openai" or "anthropic").
+	// API is the request's wire format ("openai", "anthropic", "embeddings", "passthrough").
 	API string
+	// Path is a passthrough request's path below the backend's base URL.
+	Path string
 	// Backends is the route's fallback chain, in order.
 	Backends []string
 	// Degraded is the route's answer when no backend is healthy (nil: 503).

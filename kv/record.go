@@ -104,8 +104,11 @@ type Record struct {
 	RequestBytes int `json:"request_bytes,omitempty"`
 
 	Model string `json:"model"`
-	// API is the wire format of the request: "openai" or "anthropic".
+	// API is the wire format of the request: "openai", "anthropic", "embeddings" or
+	// "passthrough".
 	API string `json:"api,omitempty"`
+	// Path is a passthrough request's path below the backend's base URL.
+	Path string `json:"path,omitempty"`
 	// Backends is the route's fallback chain; Backend is the one that answered.
 	Backends []string  `json:"backends,omitempty"`
 	Backend  string    `json:"backend"`
@@ -142,6 +145,9 @@ type Result struct {
 	// Kept as bytes (base64 in the record), never as json.RawMessage: a replay must be byte
 	// for byte what the backend sent, and encoding/json compacts raw messages.
 	Body []byte `json:"body,omitempty"`
+	// ContentType is the Content-Type of a passthrough answer's Body (the other APIs answer
+	// JSON).
+	ContentType string `json:"content_type,omitempty"`
 	// Events are the SSE frames of a streamed execution (without the usage frame and [DONE]).
 	Events []byte `json:"events,omitempty"`
 	// UsageEvent is the usage-only SSE frame of a streamed execution, if the backend sent one.

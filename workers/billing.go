@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
 )
@@ -72,6 +73,8 @@ func (p *Pool) charge(ctx context.Context, key string, rec *kv.Record, rev uint6
 			out -= cu.CompletionTokens
 		}
 		in.InputTokens, in.OutputTokens, in.Estimated = u.PromptTokens, max(out, 0), true
+	case rec.API == backend.APIPassthrough: // no usage reported: the request's size, no output (an image is not tokens)
+		in.InputTokens, in.Estimated = inputEstimate, true
 	case len(res.Events) > 0: // a stream without usage: one content event per token
 		in.InputTokens, in.OutputTokens, in.Estimated = inputEstimate, rec.Tokens, true
 	default:

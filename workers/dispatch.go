@@ -118,7 +118,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 			// The client's deadline (ex.job.Deadline) does not bound an attempt: it is the client's,
 			// not the intent's, so an attempt runs to the backend's own timeout and its outcome is
 			// the one stored (see deadline.go).
-			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
+			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Path: ex.job.Path, Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
 				Header: ex.job.Header})
 			ex.pool.countAttempt(name, resp, err, attempt > 0)
 			if err != nil {
@@ -142,7 +142,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 						"the model backend did not answer in time; the request may have been processed, so it is not sent again")}, true
 				}
 			}
-			if resp.StatusCode == http.StatusOK || finalStatus(resp.StatusCode) {
+			if resp.StatusCode == http.StatusOK || finalStatus(resp.StatusCode) || ex.passthroughSuccess(resp.StatusCode) {
 				return &answer{resp: resp, cancel: cancel, backend: b, report: report}, nil, true
 			}
 			// 429, 5xx: refused (or failed) before any output.
@@ -219,7 +219,7 @@ func degradedAnswer(api, id, model, msg string) []byte {
 // api is the job's wire format.
 func (ex *execution) api() string {
 	switch ex.job.API {
-	case backend.APIAnthropic, backend.APIResponses:
+	case backend.APIAnthropic, backend.APIResponses, backend.APIEmbeddings, backend.APIPassthrough:
 		return ex.job.API
 	}
 	return backend.APIOpenAI

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -88,6 +89,10 @@ func (ex *execution) run(ctx context.Context) {
 	ex.pub.SetMeta(ex.meta())
 	ex.dispatched()
 
+	if ex.job.API == backend.APIPassthrough {
+		ex.finishPassthrough(ctx, ans)
+		return
+	}
 	if ans.resp.StatusCode != http.StatusOK {
 		// A 4xx that will fail the same way again is the outcome: stored and replayed.
 		body, _ := io.ReadAll(io.LimitReader(ans.resp.Body, maxBackendBody))
@@ -96,18 +101,10 @@ func (ex *execution) run(ctx context.Context) {
 		return
 	}
 	if !ex.job.Stream {
-		body, err := io.ReadAll(io.LimitReader(ans.resp.Body, maxBackendBody))
-		if err != nil {
-			ans.report(false)
-			if ctx.Err() != nil {
-				return
-			}
-			ex.ambiguous++
-			ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, ambiguous: true, body: ex.errorBody(http.StatusBadGateway, "backend_truncated",
-				"the model backend's response was cut off after it was generated; not sent again")})
+		body, ok := ex.readAnswer(ctx, ans)
+		if !ok {
 			return
 		}
-		ans.report(true)
 		res := &kv.Result{Status: http.StatusOK, Body: body, Usage: usageOf(ex.job.API, body)}
 		ex.finishCompleted(ctx, res, jobs.KindResult)
 		return
@@ -132,6 +129,25 @@ func (ex *execution) run(ctx context.Context) {
 		return
 	}
 	r.finish(ctx, ok)
+}
+
+// readAnswer reads a non-stream answer's body and reports the call to the breaker. A body cut
+// off after it was generated ends the execution (failed, ambiguous: never sent again), and ok
+// is false.
+func (ex *execution) readAnswer(ctx context.Context, ans *answer) (body []byte, ok bool) {
+	body, err := io.ReadAll(io.LimitReader(ans.resp.Body, maxBackendBody))
+	if err != nil {
+		ans.report(false)
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		ex.ambiguous++
+		ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, ambiguous: true, body: ex.errorBody(http.StatusBadGateway, "backend_truncated",
+			"the model backend's response was cut off after it was generated; not sent again")})
+		return nil, false
+	}
+	ans.report(true)
+	return body, true
 }
 
 // meta is what the client's response headers say about how the answer was obtained.

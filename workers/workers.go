@@ -468,7 +468,7 @@ func (p *Pool) announce(ctx context.Context, key string, rec *kv.Record, log zer
 		return true // nothing to announce: a cancellation writes its own terminal chunk
 	}
 	c := jobs.Chunk{Kind: jobs.KindError, Status: res.Status, Payload: res.Body,
-		Meta: jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded}}
+		Meta: jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded, ContentType: res.ContentType}}
 	switch {
 	case rec.Stream && (rec.State == kv.Completed && res.Status == http.StatusOK || res.Partial):
 		c.Kind, c.Payload = jobs.KindStored, nil

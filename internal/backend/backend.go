@@ -52,12 +52,20 @@ const (
 	// APIResponses is the OpenAI Responses API, sent as the client wrote it to a backend that
 	// speaks it (responses: native).
 	APIResponses = "responses"
+	// APIEmbeddings is OpenAI's POST /embeddings: the body as is, one JSON answer.
+	APIEmbeddings = "embeddings"
+	// APIPassthrough is a path a backend lists in its passthrough: POST to Call.Path, the
+	// body and its Content-Type as is, never streamed.
+	APIPassthrough = "passthrough"
 )
 
 // Call is one request to send.
 type Call struct {
-	// API is the request's wire format (APIOpenAI or APIAnthropic); it picks the path.
-	API    string
+	// API is the request's wire format (APIOpenAI, APIAnthropic, APIEmbeddings or
+	// APIPassthrough); it picks the path.
+	API string
+	// Path is a passthrough request's path below the base URL (e.g. "/images/generations").
+	Path   string
 	Body   []byte
 	Stream bool
 	// IdemKey is forwarded as Idempotency-Key (a hash of the gateway's record key, never
@@ -123,21 +131,9 @@ func (c *Client) Mock() *mockllm.Server { return c.mock }
 // whether the backend may have run the request. Timeouts: connect (dial and TLS), first byte
 // (see ErrResendSafe), and total (the backend's timeout, or the call's deadline if sooner).
 func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.CancelFunc, error) {
-	path, body := "/chat/completions", call.Body
-	switch call.API {
-	case APIResponses: // the gateway wrote the body (stream on, background off)
-		path = "/responses"
-	case APIAnthropic:
-		path = "/messages"
-		var err error
-		if body, err = PrepareAnthropicBody(body, call.Stream); err != nil {
-			return nil, nil, err
-		}
-	default:
-		var err error
-		if body, err = PrepareBody(body, call.Stream); err != nil {
-			return nil, nil, err
-		}
+	path, body, err := callPath(call)
+	if err != nil {
+		return nil, nil, err
 	}
 	deadline := time.Now().Add(c.cfg.Timeout.D())
 	if !call.Deadline.IsZero() && call.Deadline.Before(deadline) {
@@ -200,10 +196,14 @@ func (c *Client) setHeaders(req *http.Request, call *Call) {
 			req.Header.Add(k, v)
 		}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if call.Stream {
+	if call.API != APIPassthrough || req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	switch {
+	case call.API == APIPassthrough: // the client's Accept, if it was passed through
+	case call.Stream:
 		req.Header.Set("Accept", "text/event-stream")
-	} else {
+	default:
 		req.Header.Set("Accept", "application/json")
 	}
 	if call.IdemKey != "" && (c.cfg.Type == config.TypeOncegate || c.cfg.HonorsIdempotencyKey) {
@@ -221,6 +221,27 @@ func (c *Client) setHeaders(req *http.Request, call *Call) {
 	if c.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.apiKey)
 	}
+}
+
+// callPath is the path and the body a call sends: the chat APIs get their stream fields set
+// for the execution's mode; embeddings and passthrough bodies go as they are.
+func callPath(call *Call) (string, []byte, error) {
+	switch call.API {
+	case APIAnthropic:
+		body, err := PrepareAnthropicBody(call.Body, call.Stream)
+		return "/messages", body, err
+	case APIEmbeddings:
+		return "/embeddings", call.Body, nil
+	case APIResponses: // the gateway wrote the body (stream on, background off)
+		return "/responses", call.Body, nil
+	case APIPassthrough:
+		if !strings.HasPrefix(call.Path, "/") {
+			return "", nil, fmt.Errorf("backend: passthrough path %q is not absolute", call.Path)
+		}
+		return call.Path, call.Body, nil
+	}
+	body, err := PrepareBody(call.Body, call.Stream)
+	return "/chat/completions", body, err
 }
 
 // watchFirstByte decides what a written request without a first byte becomes: re-sendable

@@ -215,6 +215,8 @@ type Backend struct {
 	// that serves /v1/responses itself).
 	Responses string  `yaml:"responses"`
 	Breaker   Breaker `yaml:"breaker"`
+	// Passthrough lists other paths this backend serves as they are (passthrough.go).
+	Passthrough []Passthrough `yaml:"passthrough"`
 }
 
 // Breaker configures a backend's circuit breaker.

@@ -430,6 +430,7 @@ func (v *validator) backends(bs []Backend) {
 			v.add(p+".responses", "%q needs a backend of type %s or %s", ResponsesNative, TypeOpenAI, TypeOncegate)
 		}
 		v.resilience(p, &b)
+		v.passthrough(p, &b)
 		if b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv) {
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")
 		}

@@ -20,6 +20,8 @@
 // # Routes
 //
 //	POST /v1/chat/completions   chat completion (JSON or SSE when "stream": true)
+//	POST /v1/messages           Anthropic Messages (anthropic.go)
+//	POST /v1/embeddings         embeddings, deterministic vectors (embeddings.go)
 //	GET  /v1/models             OpenAI model list
 //	GET  /v1/models/{model}     one model object
 //	GET  /stats                 Stats as JSON
@@ -155,7 +157,7 @@ type Options struct {
 
 // Stats are the Server's counters.
 type Stats struct {
-	Requests  int64 `json:"requests"`  // chat completion requests received (any outcome) = backend executions
+	Requests  int64 `json:"requests"`  // chat, messages and embeddings requests received (any outcome) = backend executions
 	Completed int64 `json:"completed"` // successful chat completion responses fully written
 	InFlight  int64 `json:"in_flight"` // chat completion requests being handled now
 	Faults    int64 `json:"faults"`    // injected faults
@@ -232,6 +234,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.serveMessages(w, r)
+	case path == "/v1/embeddings":
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, http.MethodPost)
+			return
+		}
+		s.serveEmbeddings(w, r)
 	case path == "/v1/models":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			methodNotAllowed(w, r, http.MethodGet)

@@ -40,17 +40,19 @@ type Route uint8
 
 // Routes.
 const (
-	RouteChat      Route = iota // POST /v1/chat/completions
-	RouteMessages               // POST /v1/messages
-	RouteJobs                   // POST /v1/jobs, job lists, cancels
-	RouteJobEvents              // GET /v1/jobs/{id}/events
-	RouteJobGet                 // GET /v1/jobs/{id}
-	RouteResponses              // POST /v1/responses, and a response's retrieve and cancel
+	RouteChat        Route = iota // POST /v1/chat/completions
+	RouteMessages                 // POST /v1/messages
+	RouteJobs                     // POST /v1/jobs, job lists, cancels
+	RouteJobEvents                // GET /v1/jobs/{id}/events
+	RouteJobGet                   // GET /v1/jobs/{id}
+	RouteResponses                // POST /v1/responses, and a response's retrieve and cancel
+	RouteEmbeddings               // POST /v1/embeddings
+	RoutePassthrough              // POST to a path a backend lists in its passthrough
 	RouteOther
 	numRoutes
 )
 
-var routeNames = [numRoutes]string{"chat", "messages", "jobs", "job_events", "job_get", "responses", "other"}
+var routeNames = [numRoutes]string{"chat", "messages", "jobs", "job_events", "job_get", "responses", "embeddings", "passthrough", "other"}
 
 // String is the route's label value.
 func (r Route) String() string { return routeNames[min(r, RouteOther)] }
