@@ -2,6 +2,8 @@ package dashboard
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -56,7 +58,10 @@ func NewPublisher(open func(context.Context) (jetstream.KeyValue, error), src So
 // dashboards at once rather than when it expires).
 func (p *Publisher) Run(ctx context.Context) {
 	var kv jetstream.KeyValue
-	key := nodeKey(p.src.Node)
+	// One key per publisher, not per name: two gateways in one process (tests) share a name.
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
+	key := nodeKey(p.src.Node) + "_" + hex.EncodeToString(suffix[:])
 	t := time.NewTicker(PostEvery)
 	defer t.Stop()
 	for {
