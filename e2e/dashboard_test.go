@@ -259,6 +259,9 @@ func TestDashboardShowsTheLiveExecution(t *testing.T) {
 // the first round's counters.
 func screenshot(t *testing.T, ctx context.Context, gw *gatewaykit.Gateway) {
 	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#transcript-close"))); err != nil {
+		t.Fatal(err)
+	}
 	creator, copies := joinFive(t, gw.URL, slowStream("dashboard screenshot", 40), "dash-shot", nil)
 	other := startStream(t, gw.URL, slowStream("another intent", 40), nil)
 	waitJS(t, ctx, 10*time.Second, "two live executions", `document.querySelectorAll("#executions tr[data-job]").length === 2`)
