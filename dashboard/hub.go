@@ -137,9 +137,9 @@ func (h *Hub) send() {
 		h.mu.Unlock()
 		return
 	}
-	raw := make([][]byte, 0, len(h.latest))
-	for _, b := range h.latest {
-		raw = append(raw, b)
+	raw := make(map[string][]byte, len(h.latest))
+	for k, b := range h.latest {
+		raw[k] = b
 	}
 	scopes := map[Scope]bool{}
 	for s := range h.subs {
@@ -149,11 +149,14 @@ func (h *Hub) send() {
 
 	now := h.now()
 	snaps := make([]Snapshot, 0, len(raw))
-	for _, b := range raw {
+	var stale []string // a process that died without removing its snapshot (the TTL drops no watched key)
+	for k, b := range raw {
 		var s Snapshot
-		if err := json.Unmarshal(b, &s); err == nil {
-			snaps = append(snaps, s)
+		if err := json.Unmarshal(b, &s); err != nil || now.Sub(s.At) > 2*SnapshotTTL {
+			stale = append(stale, k)
+			continue
 		}
+		snaps = append(snaps, s)
 	}
 	views := map[Scope][]byte{}
 	for sc := range scopes {
@@ -164,6 +167,11 @@ func (h *Hub) send() {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	for _, k := range stale {
+		if bytes.Equal(h.latest[k], raw[k]) {
+			delete(h.latest, k)
+		}
+	}
 	for s := range h.subs {
 		b := views[s.scope]
 		if b == nil {
