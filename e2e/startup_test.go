@@ -3,15 +3,11 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
-	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
@@ -48,31 +44,9 @@ func TestReadyzFollowsWorkers(t *testing.T) {
 	}
 	notReady("before any worker")
 
-	wcfg := gatewaykit.Config(t)
-	wcfg.Role = "worker"
-	wcfg.NATS.URL = api.NATSURL()
-	if err := wcfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	stopWorker := startWorker(t, api.NATSURL())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	worker, err := gateway.Start(ctx, wcfg, zerolog.New(io.Discard), func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stopWorker := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := worker.Stop(sctx); err != nil {
-			t.Errorf("worker stop: %v", err)
-		}
-	}
-	defer stopWorker()
 
 	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if code, body := readyz(); code != http.StatusOK {

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/httpapi"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
@@ -60,9 +61,14 @@ type Gateway struct {
 	workersDone chan struct{}
 	// tally runs the API's tally flusher (which flushes once more when stopped); queue samples
 	// the JOBS queue's head for admission.max_queue_wait (nil without a bound).
-	tally    *loop
-	queue    *loop
-	backends map[string]*backend.Client
+	tally *loop
+	queue *loop
+	// dashHub feeds this API's dashboards, dashPub posts this process's snapshot (dashboard.go).
+	dashHub, dashPub *loop
+	dashTally        *dashboard.Tally
+	pool             *workers.Pool
+	intents          *intent.Core
+	backends         map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
 
@@ -231,6 +237,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		}
 		return len(conns) > 0
 	})
+	g.startDashboardPublisher(ctx, setupJS)
 	g.serveMetrics()
 	return nil
 }
@@ -359,6 +366,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Ledger: led, Metrics: g.metrics, Tracer: g.tracer,
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
+	g.pool = pool
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
 	reconciled := make(chan struct{})
@@ -408,7 +416,8 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
 			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D()}})
-	g.api = httpapi.New(httpapi.Deps{NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
+	g.intents = intents
+	g.api = httpapi.New(httpapi.Deps{Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer})
 	g.apiErr = make(chan error, 1)
@@ -497,6 +506,8 @@ func (g *Gateway) Stop(ctx context.Context) error {
 		g.hub.Close()
 	}
 	g.tally.stop() // after the last response counted, before NATS closes
+	g.dashPub.stop()
+	g.dashHub.stop()
 	g.queue.stop()
 	if g.stopWorkers != nil {
 		g.stopWorkers()

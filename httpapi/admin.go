@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
-	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -30,19 +29,20 @@ func (s *Server) authenticateAdmin(c *fiber.Ctx) error {
 	if len(s.adminKeys) == 0 || s.ledger == nil {
 		return errAdminDisabled
 	}
-	key := c.Get("x-api-key")
-	if auth := c.Get(fiber.HeaderAuthorization); key == "" && len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-		key = strings.TrimSpace(auth[7:])
+	if !s.isAdminKey(requestKey(c)) {
+		return errAdminKeyRequired
 	}
+	return nil
+}
+
+// isAdminKey reports whether key is one of admin.api_keys_sha256's.
+func (s *Server) isAdminKey(key string) bool {
 	sum := sha256.Sum256([]byte(key))
 	ok := 0
 	for _, h := range s.adminKeys {
 		ok |= subtle.ConstantTimeCompare(sum[:], h)
 	}
-	if key == "" || ok != 1 {
-		return errAdminKeyRequired
-	}
-	return nil
+	return key != "" && ok == 1
 }
 
 // adminLedger is GET /v1/admin/ledger?tenant=&from=&to=: the entries, as JSON lines.

@@ -98,6 +98,11 @@ var (
 	errKeyNotPathText   = errors.New("httpapi: key is not URL path text")
 	// errNoEvents: the job is not a generation (embeddings, passthrough): it has no events.
 	errNoEvents = errors.New("httpapi: the job has no events")
+	// errDashboardLoopback: no tenants are configured and the dashboard is not public, so only a
+	// loopback client may open it.
+	errDashboardLoopback = errors.New("httpapi: the dashboard is served to loopback clients only")
+	// errDashboardOff: this process has no dashboard hub.
+	errDashboardOff = errors.New("httpapi: the dashboard is not configured")
 	// Errors carried in a record's or a stream's body (under the record's status, or a 200).
 	errExecutionFailed = errors.New("httpapi: the execution failed")
 	errJobCancelled    = errors.New("httpapi: the job was cancelled")
@@ -160,6 +165,9 @@ var errorTable = []struct {
 	{errInvalidAPIKey, invalid(http.StatusUnauthorized, "invalid_api_key", "", "invalid API key")},
 	{errAdminKeyRequired, invalid(http.StatusUnauthorized, "invalid_api_key", "", "an admin API key is required")},
 	{errAdminDisabled, notFound("unknown URL")},
+	{errDashboardLoopback, invalid(http.StatusForbidden, "dashboard_loopback_only", "",
+		"without tenants the dashboard is served to loopback clients only; start with --dashboard-public to open it")},
+	{errDashboardOff, invalid(http.StatusNotFound, "unknown_url", "", "unknown URL")},
 	{errKeyInUse, apiError{Status: http.StatusConflict, Type: typeInvalid, Code: "idempotency_key_in_use",
 		Message: "a request with this Idempotency-Key is still in progress; retry shortly", Retry: retryYes, RetryAfter: 1}},
 	// The deadline is this client's, not the intent's outcome: nothing is stored, the execution

@@ -60,6 +60,11 @@ func (s *Server) loadJob(c *fiber.Ctx) (key string, rec *kv.Record, err error) {
 	if err != nil {
 		return "", nil, err
 	}
+	return s.loadTenantJob(c, tenant)
+}
+
+// loadTenantJob finds a job of tenant (already authenticated).
+func (s *Server) loadTenantJob(c *fiber.Ctx, tenant string) (key string, rec *kv.Record, err error) {
 	key, rec, _, err = s.intents.FindJob(c.UserContext(), tenant, c.Params("id"))
 	return key, rec, err
 }
@@ -199,7 +204,17 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 // live; every event has an id (its index), and Last-Event-ID or ?starting_after=N resumes
 // right after N. A finished job whose events were all delivered answers 204.
 func (s *Server) jobEvents(c *fiber.Ctx) error {
-	key, rec, err := s.loadJob(c)
+	tenant, err := s.authenticate(c)
+	if err != nil {
+		return err
+	}
+	return s.tenantJobEvents(c, tenant)
+}
+
+// tenantJobEvents is GET /v1/jobs/{id}/events for tenant (already authenticated; the
+// dashboard's transcript too).
+func (s *Server) tenantJobEvents(c *fiber.Ctx, tenant string) error {
+	key, rec, err := s.loadTenantJob(c, tenant)
 	if err != nil {
 		return err
 	}

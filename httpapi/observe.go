@@ -76,6 +76,7 @@ type ending struct {
 func (s *Server) finish(o *observation, e ending) {
 	dur := time.Since(o.start)
 	s.metrics.Request(o.route, o.api, e.outcome, e.status, dur, e.ttft)
+	s.dashTally.Request(o.tenant, e.outcome)
 	o.span.SetAttributes(attribute.String("oncegate.outcome", e.outcome.String()), attribute.Int("http.response.status_code", e.status))
 	if e.adm != nil {
 		o.span.SetAttributes(attribute.String("oncegate.job_id", e.adm.JobID))
@@ -183,6 +184,7 @@ func (s *Server) countAnswer(c *fiber.Ctx, o *observation, adm *intent.Admission
 			added += end.Sub(o.firstChunk)
 		}
 		s.metrics.AddedLatency(o.api, added)
+		s.dashTally.Added(o.tenant, added)
 	}
 	adm.Avoided(c.UserContext())
 }
@@ -202,6 +204,7 @@ func (s *Server) countStream(ctx context.Context, o *observation, adm *intent.Ad
 	s.finish(o, ending{outcome: out, status: fiber.StatusOK, ttft: se.ttft, bytes: se.bytes, backend: se.backend, attempts: se.attempts, adm: adm})
 	if adm.Outcome == intent.Created && !o.firstChunk.IsZero() && !se.firstWrite.IsZero() {
 		s.metrics.AddedLatency(o.api, o.admitted+se.firstWrite.Sub(o.firstChunk))
+		s.dashTally.Added(o.tenant, o.admitted+se.firstWrite.Sub(o.firstChunk))
 	}
 	adm.Avoided(ctx)
 }

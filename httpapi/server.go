@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/telemetry"
@@ -72,6 +73,8 @@ type Deps struct {
 	Metrics *telemetry.Metrics
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// Dashboard serves /dashboard (dashboard.go); zero: no dashboard.
+	Dashboard DashboardDeps
 }
 
 // Server holds the Fiber app.
@@ -98,6 +101,9 @@ type Server struct {
 	metrics      *telemetry.Metrics
 	// metricsHandler serves the registry (fasthttp-adapted once).
 	metricsHandler fiber.Handler
+	// dash feeds /dashboard's streams; dashTally counts outcomes per tenant for it.
+	dash      DashboardDeps
+	dashTally *dashboard.Tally
 }
 
 type tenantKeys struct {
@@ -112,7 +118,7 @@ const anonymousTenant = "anonymous"
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
 		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, metrics: d.Metrics, tracer: d.Tracer,
-		accessSample: d.HTTP.AccessLogSample}
+		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -160,6 +166,7 @@ func New(d Deps) *Server {
 	s.routesResponses(v1)
 	s.routesJobs(v1)
 	s.routesAdmin(v1)
+	s.routesDashboard()
 	return s
 }
 
@@ -169,6 +176,9 @@ func (s *Server) App() *fiber.App { return s.app }
 // Shutdown stops accepting and waits for in-flight responses, streams included, to finish
 // (bounded by ctx).
 func (s *Server) Shutdown(ctx context.Context) error {
+	if s.dash.Hub != nil {
+		s.dash.Hub.Close() // open dashboards end now: the shutdown waits for every stream
+	}
 	return s.app.ShutdownWithContext(ctx)
 }
 
@@ -220,6 +230,20 @@ func (s *Server) authenticate(c *fiber.Ctx) (string, error) {
 	if len(s.tenants) == 0 {
 		return anonymousTenant, nil
 	}
+	key := requestKey(c)
+	if key == "" {
+		return "", errMissingAPIKey
+	}
+	found, ok := s.tenantOf(key)
+	if !ok {
+		return "", errInvalidAPIKey
+	}
+	return found, nil
+}
+
+// requestKey is the request's API key: x-api-key, else Authorization: Bearer ("" if none).
+// It is Fiber's memory: valid during the handler only.
+func requestKey(c *fiber.Ctx) string {
 	key := c.Get("x-api-key")
 	if key == "" {
 		auth := c.Get(fiber.HeaderAuthorization)
@@ -227,9 +251,11 @@ func (s *Server) authenticate(c *fiber.Ctx) (string, error) {
 			key = strings.TrimSpace(auth[7:])
 		}
 	}
-	if key == "" {
-		return "", errMissingAPIKey
-	}
+	return key
+}
+
+// tenantOf is the tenant whose API key key is.
+func (s *Server) tenantOf(key string) (string, bool) {
 	sum := sha256.Sum256([]byte(key))
 	found := ""
 	for _, t := range s.tenants {
@@ -240,8 +266,5 @@ func (s *Server) authenticate(c *fiber.Ctx) (string, error) {
 			}
 		}
 	}
-	if found == "" {
-		return "", errInvalidAPIKey
-	}
-	return found, nil
+	return found, found != ""
 }

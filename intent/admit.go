@@ -144,7 +144,7 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 func (c *Core) admission(outcome Outcome, key string, rec *kv.Record, fl *jobs.Follower) *Admission {
 	a := &Admission{Outcome: outcome, Key: key, Rec: rec, JobID: rec.JobID, core: c, fl: fl}
 	if fl != nil && c.followers != nil {
-		a.leave = c.followed(key)
+		a.leave = c.followed(key, rec, outcome == Joined)
 	}
 	return a
 }

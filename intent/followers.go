@@ -1,6 +1,10 @@
 package intent
 
-import "sync"
+import (
+	"sync"
+
+	"github.com/oncegate/oncegate/kv"
+)
 
 // followers counts the copies that follow each live execution on this node, for
 // oncegate_followers_per_execution: an admission with a feed (created, joined, bypassed)
@@ -12,25 +16,37 @@ type followers struct {
 	m  map[string]*followCount
 }
 
-type followCount struct{ live, total int }
+type followCount struct {
+	live, total int
+	// joined counts the live copies that joined (the dashboard's followers); jobID and
+	// tenant name the execution.
+	joined        int
+	jobID, tenant string
+}
 
 func newFollowers() *followers { return &followers{m: map[string]*followCount{}} }
 
-// followed adds a copy of key's execution; leave (call once) removes it.
-func (c *Core) followed(key string) (leave func()) {
+// followed adds a copy of key's execution (rec's job); leave (call once) removes it.
+func (c *Core) followed(key string, rec *kv.Record, joined bool) (leave func()) {
 	f := c.followers
 	f.mu.Lock()
 	fc := f.m[key]
 	if fc == nil {
-		fc = &followCount{}
+		fc = &followCount{jobID: rec.JobID, tenant: rec.Tenant}
 		f.m[key] = fc
 	}
 	fc.live++
 	fc.total++
+	if joined {
+		fc.joined++
+	}
 	f.mu.Unlock()
 	return func() {
 		f.mu.Lock()
 		fc.live--
+		if joined {
+			fc.joined--
+		}
 		ended := fc.live == 0
 		if ended {
 			delete(f.m, key)

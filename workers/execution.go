@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/jobs"
@@ -213,6 +214,7 @@ func (ex *execution) settle(announced bool) {
 func (ex *execution) finishFailed(ctx context.Context, f *failure) {
 	ex.degraded = f.degraded
 	ex.pub.SetMeta(ex.meta())
+	ex.pool.noteEvent(dashboard.EventFailed, ex.job.ID, ex.job.Tenant, ex.job.Model, failureReason(f))
 	res := &kv.Result{Status: f.status, Body: f.body, Retryable: !f.ambiguous && ex.ambiguous == 0}
 	if err := ex.writeFinal(ctx, kv.Failed, res); err != nil {
 		ex.abandon(err)
@@ -369,6 +371,10 @@ func (ex *execution) done() kv.Execution {
 // dispatched marks the record dispatched (the first attempt was sent); the next renewal or
 // the outcome writes it.
 func (ex *execution) dispatched() {
+	ex.progress.mu.Lock()
+	sent := ex.progress.cur.Sent
+	ex.progress.mu.Unlock()
+	ex.pool.noteAnswered(ex.backend, sent)
 	ex.mu.Lock()
 	if ex.rec != nil {
 		ex.rec = ex.rec.Dispatched()

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/resilience"
 	"github.com/oncegate/oncegate/internal/telemetry"
@@ -101,6 +102,8 @@ type Pool struct {
 	// unavailable) is never taken over by the same pool.
 	runningMu sync.Mutex
 	running   map[string]int
+	// inflight is the dashboard's view of this pool (inflight.go).
+	inflight inflight
 	// testHookBeforeCharge, when set (tests), is called after a COMPLETED outcome was stored
 	// and announced; true makes the worker stop there as if it died.
 	testHookBeforeCharge func() bool
@@ -331,6 +334,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		p.opts.Metrics.Takeover()
+		p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "lease expired: the job was redelivered")
 		// The epoch changed: build the context again rather than add a second "epoch" field.
 		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
 		log.Warn().Int("previous_epoch", wire.Epoch).Msg("took over execution after lease expiry")
@@ -346,6 +350,8 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	ex := &execution{pool: p, job: job, msg: m, rec: rec, rev: rev, log: log}
 	p.setRunning(job.Key, true)
 	defer p.setRunning(job.Key, false)
+	p.trackStart(ex)
+	defer p.trackEnd(ex)
 	ex.run(ctx)
 }
 
@@ -449,6 +455,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 			continue // another taker won, or the record moved on
 		}
 		p.opts.Metrics.Takeover()
+		p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "lease expired with no job left: re-driven by the sweep")
 		if err := jobs.Submit(ctx, p.js, job); err != nil {
 			return n, err
 		}

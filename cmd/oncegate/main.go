@@ -21,7 +21,7 @@ func main() {
 
 const usage = `usage:
   oncegate [serve] [--listen ADDR] [--data-dir DIR] [--config FILE] [--role all|api|worker]
-                   [--nats-url URL[,URL...]] [--nats-listen ADDR] [--metrics-listen ADDR]
+                   [--nats-url URL[,URL...]] [--nats-listen ADDR] [--metrics-listen ADDR] [--dashboard-public]
                    [--nats-cluster NAME --nats-cluster-listen ADDR --nats-routes URL,URL,... [--nats-server-name NAME]]
   oncegate mock [--listen ADDR] [--ttft DUR] [--inter-token DUR] [--tokens N]
   oncegate config check FILE

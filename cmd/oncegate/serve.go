@@ -32,6 +32,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	serverName := fs.String("nats-server-name", "", "this node's name in the cluster (default HOSTNAME-PORT of --nats-cluster-listen)")
 	metricsListen := fs.String("metrics-listen", "", "also serve /metrics, unauthenticated, on this host:port (any role)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback ADDR (profiling)")
+	dashboardPublic := fs.Bool("dashboard-public", false, "serve /dashboard to any client when no tenants are configured (default: loopback only)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -54,6 +55,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	override(*clusterListen, &cfg.NATS.Cluster.Listen)
 	override(*serverName, &cfg.NATS.Cluster.ServerName)
 	override(*metricsListen, &cfg.Metrics.Listen)
+	if *dashboardPublic {
+		cfg.Dashboard.Public = true
+	}
 	if *natsRoutes != "" {
 		cfg.NATS.Cluster.Routes = strings.Split(*natsRoutes, ",")
 	}

@@ -36,10 +36,12 @@ var floors = map[string]int{
 	"internal/testkit":          0,
 	"internal/testkit/freeport": 0,
 	"internal/tracing":          0,
-	// 1: the stores.
-	"kv":     1,
-	"jobs":   1,
-	"ledger": 1,
+	// 1: the stores, and the dashboard's snapshots of every process (its bucket and their
+	// aggregation; intent, workers and httpapi feed it or read it).
+	"kv":        1,
+	"jobs":      1,
+	"ledger":    1,
+	"dashboard": 1,
 	// 2: the exactly-once core.
 	"intent": 2,
 	// 3: the two faces of the core.
@@ -64,12 +66,13 @@ var testOnly = map[string]bool{
 // keepOut lists what a package must not depend on besides the floor rule: the core and the
 // stores know nothing of HTTP or providers.
 var keepOut = map[string][]string{
-	"intent":  {"github.com/gofiber/fiber/v2", module + "/internal/backend"},
-	"kv":      {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
-	"jobs":    {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
-	"ledger":  {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
-	"workers": {"github.com/gofiber/fiber/v2"},
-	"httpapi": {module + "/internal/backend"},
+	"intent":    {"github.com/gofiber/fiber/v2", module + "/internal/backend"},
+	"kv":        {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"jobs":      {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"ledger":    {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"workers":   {"github.com/gofiber/fiber/v2"},
+	"dashboard": {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"httpapi":   {module + "/internal/backend"},
 }
 
 // testKit may be imported by test files only (and by the kit itself).

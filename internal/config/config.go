@@ -76,6 +76,14 @@ type Config struct {
 	Admin       Admin       `yaml:"admin"`
 	Tracing     Tracing     `yaml:"tracing"`
 	Metrics     Metrics     `yaml:"metrics"`
+	Dashboard   Dashboard   `yaml:"dashboard"`
+}
+
+// Dashboard configures the built-in dashboard (GET /dashboard). With tenants configured it
+// needs an admin key (every tenant) or a tenant's key (that tenant's rows); without tenants it
+// is served to loopback clients only, unless Public.
+type Dashboard struct {
+	Public bool `yaml:"public"` // --dashboard-public
 }
 
 // Tracing configures W3C trace propagation's optional span export. Propagation is always on:

@@ -1,0 +1,46 @@
+package gateway
+
+import (
+	"context"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/dashboard"
+	"github.com/oncegate/oncegate/httpapi"
+)
+
+// newDashboard is the API's side of the dashboard: the hub that watches every process's
+// snapshot for this node's open dashboards, and the tally of outcomes per tenant the API
+// counts into. The hub runs until Stop.
+func (g *Gateway) newDashboard(ctx context.Context, js jetstream.JetStream) httpapi.DashboardDeps {
+	var tenants []string
+	for _, t := range g.cfg.Tenants {
+		tenants = append(tenants, t.ID)
+	}
+	hub := dashboard.NewHub(g.openDashboard(js), g.log.With().Str("component", "dashboard").Logger())
+	g.dashTally = dashboard.NewTally(tenants)
+	g.dashHub = startLoop(ctx, hub.Run)
+	return httpapi.DashboardDeps{Hub: hub, Tally: g.dashTally, Public: g.cfg.Dashboard.Public}
+}
+
+// startDashboardPublisher posts this process's part of the cluster (its workers' executions,
+// the copies following executions on its API, its counters) every dashboard.PostEvery, for
+// every node's dashboard, until Stop.
+func (g *Gateway) startDashboardPublisher(ctx context.Context, js jetstream.JetStream) {
+	src := dashboard.Sources{Node: processID(), Roles: g.cfg.Role, Tally: g.dashTally, Metrics: g.metrics}
+	if g.ns != nil {
+		src.Server = g.ns.Name()
+	}
+	if g.pool != nil {
+		src.Executions, src.Backends, src.Events = g.pool.Running, g.pool.DashboardBackends, g.pool.Events
+	}
+	if g.intents != nil {
+		src.Follows = g.intents.Following
+	}
+	pub := dashboard.NewPublisher(g.openDashboard(js), src, g.log.With().Str("component", "dashboard").Logger())
+	g.dashPub = startLoop(ctx, pub.Run)
+}
+
+func (g *Gateway) openDashboard(js jetstream.JetStream) func(context.Context) (jetstream.KeyValue, error) {
+	return func(ctx context.Context) (jetstream.KeyValue, error) { return dashboard.Open(ctx, js, g.res.replicas) }
+}
