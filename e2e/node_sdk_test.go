@@ -59,13 +59,18 @@ type nodeResults struct {
 		Error, Code, Param string
 		Status             int
 	}
+	Embeddings struct {
+		Count, Dims, Prompt int
+		Same                bool
+	}
 }
 
 // TestNodeSDKResponses drives the Responses API with the official OpenAI Node SDK (npm openai,
 // unchanged): create, stream, background then retrieve until completed, a stream cut and
 // resumed with retrieve(id, {stream, starting_after}) and with the SDK's responses.stream()
 // helper (which rebuilds the whole response), cancel, previous_response_id, and a 400 the
-// SDK raises as its BadRequestError. Each intent executes once at the mock.
+// SDK raises as its BadRequestError, and embeddings.create twice (one execution). Each intent
+// executes once at the mock.
 func TestNodeSDKResponses(t *testing.T) {
 	node := requireNodeSDK(t)
 	gw := gatewaykit.StartGateway(t, nil)
@@ -121,9 +126,12 @@ func TestNodeSDKResponses(t *testing.T) {
 	if got.BadRequest.Error != "BadRequestError" || got.BadRequest.Status != 400 || got.BadRequest.Code != "unsupported_parameter" {
 		t.Errorf("bad request: %+v", got.BadRequest)
 	}
-	// create, stream, background, resume, previous: one execution each; the cancelled one ran
-	// at most once; the 400 none.
-	if n := mock.Stats().Requests - before; n < 5 || n > 6 {
-		t.Errorf("backend executions = %d, want 5 (6 if the cancelled one had started)", n)
+	if e := got.Embeddings; e.Count != 2 || !e.Same || e.Dims == 0 || e.Prompt == 0 {
+		t.Errorf("embeddings: %+v, want 2 vectors, the same both times", e)
+	}
+	// create, stream, background, resume, previous, embeddings: one execution each (the second
+	// embeddings call is a replay); the cancelled one ran at most once; the 400 none.
+	if n := mock.Stats().Requests - before; n < 6 || n > 7 {
+		t.Errorf("backend executions = %d, want 6 (7 if the cancelled one had started)", n)
 	}
 }

@@ -283,6 +283,19 @@ func TestResponses(t *testing.T) {
 		if n := mock.Stats().Requests - before; n != 1 {
 			t.Errorf("backend executions = %d, want 1", n)
 		}
+		// A response sent with store: false is not kept to be continued.
+		unstored := responsesParams("responses not stored")
+		unstored.Store = openai.Bool(false)
+		gone, err := client.Responses.New(ctx, unstored)
+		if err != nil {
+			t.Fatalf("store false: %v", err)
+		}
+		p.PreviousResponseID = openai.String(gone.ID)
+		_, err = client.Responses.New(ctx, p)
+		var notStored *openai.Error
+		if !errors.As(err, &notStored) || notStored.StatusCode != http.StatusBadRequest || notStored.Code != "previous_response_not_found" {
+			t.Errorf("continuing a store: false response: %v", err)
+		}
 		p.PreviousResponseID = openai.String("resp_01JZZZZZZZZZZZZZZZZZZZZZZZ")
 		_, err = client.Responses.New(ctx, p)
 		var apiErr *openai.Error

@@ -66,4 +66,9 @@ try {
   out.badRequest = { error: e.constructor.name, status: e.status, code: e.code, param: e.param };
 }
 
+// Embeddings: the same batch twice is one backend call, the same vectors.
+const emb1 = await client.embeddings.create({ model, input: [`node embed ${tag}`, 'second'] });
+const emb2 = await client.embeddings.create({ model, input: [`node embed ${tag}`, 'second'] });
+out.embeddings = { count: emb1.data.length, same: JSON.stringify(emb1.data) === JSON.stringify(emb2.data), dims: emb1.data[0].embedding.length, prompt: emb1.usage.prompt_tokens };
+
 console.log(JSON.stringify(out));
