@@ -10,7 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // Appends are committed in groups, one tenant's chain at a time.
@@ -183,17 +186,24 @@ func (l *Ledger) commit(ctx context.Context, c *chain, group []*pending) {
 		if len(todo) == 0 {
 			return
 		}
+		// A publish that fails as an election makes it fail (a timeout, no responders, no
+		// leader) is sent again within jsretry's window, the same entries under the same
+		// expected head: one that was stored after all is refused as a stale head (or as a
+		// duplicate id), and the chain is re-read below, so a retry never stores an entry twice.
 		var err error
 		if oneByOne || len(todo) == 1 {
-			if err = l.publishOne(ctx, c, todo[0]); err == nil {
+			if err = jsretry.Within(ctx, func(ctx context.Context) error { return l.publishOne(ctx, c, todo[0]) }); err == nil {
 				todo = todo[1:]
 			}
-		} else if err = l.publishBatch(ctx, c, todo); err == nil {
+		} else if err = jsretry.Within(ctx, func(ctx context.Context) error { return l.publishBatch(ctx, c, todo) }); err == nil {
 			todo = nil
 		}
 		var apiErr *jetstream.APIError
 		switch {
 		case err == nil:
+		case errors.Is(err, jsretry.ErrUnavailable): // the window passed without a leader
+			failAll(todo, err)
+			return
 		case wrongLast(err):
 			if serr := c.sync(ctx, l); serr != nil {
 				failAll(todo, serr)

@@ -303,3 +303,34 @@ func waitQueued(t *testing.T, c *chain, n int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestBatchRidesOutElection: LEDGER (R3) loses its leader and its quorum while a group of
+// charges is committing as one atomic batch. The batch is sent again, the same entries under
+// the same expected head, until a leader is elected: every charge succeeds, each id is stored
+// once, the chain verifies. Before, the first "no response from stream" failed every charge of
+// the group (and the charge sweep had to write them later).
+func TestBatchRidesOutElection(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl := testkit.RunCluster(t, 3)
+	_, js := cl.Connect(t)
+	if err := EnsureReplicated(ctx, js, 3); err != nil {
+		t.Fatal(err)
+	}
+	l := New(js, nil, "USD")
+	warm := chargeAll(ctx, t, []*Ledger{l}, "acme", "w", 4) // the chain is loaded, batches are on
+	leader, other, survivor := cl.LoseQuorum(StreamName)
+	tries := cl.Watch(survivor, Subject("acme"))
+	done := make(chan []Entry, 1)
+	go func() { done <- chargeAll(ctx, t, []*Ledger{l}, "acme", "e", 32) }()
+	for seen := 0; seen < 2; seen++ { // sent at least once while no leader could store it
+		testkit.RequireChanRead(t, tries, 20*time.Second)
+	}
+	cl.Restart(other)
+	cl.Restart(leader)
+	got := testkit.RequireChanRead(t, done, 60*time.Second)
+	checkChain(ctx, t, l, "acme", 36, append(warm, got...))
+	if l.batches.Load() == 0 {
+		t.Fatal("no atomic batch was committed")
+	}
+}
