@@ -187,15 +187,21 @@ func (l *Ledger) commit(ctx context.Context, c *chain, group []*pending) {
 			return
 		}
 		// A publish that fails as an election makes it fail (a timeout, no responders, no
-		// leader) is sent again within jsretry's window, the same entries under the same
+		// leader) is sent again, the same entries under the same
 		// expected head: one that was stored after all is refused as a stale head (or as a
 		// duplicate id), and the chain is re-read below, so a retry never stores an entry twice.
+		// It is retried for as long as the group's latest deadline allows, jsretry's window at
+		// least.
+		until := time.Now().Add(jsretry.Window)
+		if d, ok := ctx.Deadline(); ok && d.After(until) {
+			until = d
+		}
 		var err error
 		if oneByOne || len(todo) == 1 {
-			if err = jsretry.Within(ctx, func(ctx context.Context) error { return l.publishOne(ctx, c, todo[0]) }); err == nil {
+			if err = jsretry.Do(ctx, until, func(ctx context.Context) error { return l.publishOne(ctx, c, todo[0]) }); err == nil {
 				todo = todo[1:]
 			}
-		} else if err = jsretry.Within(ctx, func(ctx context.Context) error { return l.publishBatch(ctx, c, todo) }); err == nil {
+		} else if err = jsretry.Do(ctx, until, func(ctx context.Context) error { return l.publishBatch(ctx, c, todo) }); err == nil {
 			todo = nil
 		}
 		var apiErr *jetstream.APIError
