@@ -66,9 +66,11 @@ type Gateway struct {
 	// dashHub feeds this API's dashboards, dashPub posts this process's snapshot (dashboard.go).
 	dashHub, dashPub *loop
 	dashTally        *dashboard.Tally
-	pool             *workers.Pool
-	intents          *intent.Core
-	backends         map[string]*backend.Client
+	// quorum runs each side's kv.Store.WatchQuorum (a lease is taken over only from a steady bucket).
+	quorum   []*loop
+	pool     *workers.Pool
+	intents  *intent.Core
+	backends map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
 
@@ -338,6 +340,7 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return nil, err
 	}
+	g.quorum = append(g.quorum, startLoop(ctx, store.WatchQuorum))
 	return &side{nc: nc, js: js, store: store, board: board}, nil
 }
 
@@ -516,6 +519,9 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	if g.stopRes != nil {
 		g.stopRes()
 		<-g.resDone
+	}
+	for _, l := range g.quorum {
+		l.stop()
 	}
 	for _, nc := range g.conns {
 		if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
