@@ -312,6 +312,22 @@ func embeddedStartError(cfg *config.Config, err error) error {
 	return err
 }
 
+// leaveIsolatedServer moves nc to another of its servers: the one it uses leads the records
+// but has not heard from a quorum (kv.Store.WatchQuorum), so nothing this side writes commits.
+func (g *Gateway) leaveIsolatedServer(nc *nats.Conn, name string) {
+	server := nc.ConnectedServerName()
+	if len(nc.Servers()) < 2 {
+		g.log.Warn().Str("connection", name).Str("server", server).
+			Msg("the records' leader has lost its quorum; this connection knows no other server to move to")
+		return
+	}
+	g.log.Warn().Str("connection", name).Str("server", server).
+		Msg("the records' leader has lost its quorum; reconnecting to another server")
+	if err := nc.ForceReconnect(); err != nil {
+		g.log.Warn().Err(err).Str("connection", name).Msg("reconnect to another server")
+	}
+}
+
 // side is one role's own connection and the JetStream handles on it.
 type side struct {
 	nc    *nats.Conn
@@ -340,7 +356,9 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return nil, err
 	}
-	g.quorum = append(g.quorum, startLoop(ctx, store.WatchQuorum))
+	g.quorum = append(g.quorum, startLoop(ctx, func(ctx context.Context) {
+		store.WatchQuorum(ctx, func() { g.leaveIsolatedServer(nc, name) })
+	}))
 	return &side{nc: nc, js: js, store: store, board: board}, nil
 }
 

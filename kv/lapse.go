@@ -53,6 +53,8 @@ type leaderClock struct {
 	// the last read did not); watched says a WatchQuorum keeps the run going.
 	steady  time.Time
 	watched bool
+	// cut says the last read was answered by a leader that has not heard from a quorum.
+	cut bool
 }
 
 // Abandoned reports whether rec's owner has had a fair chance to renew its lease and did not:
@@ -73,16 +75,45 @@ func (s *Store) Abandoned(ctx context.Context, rec *Record, now time.Time, grace
 	return !s.leader.watched || (!s.leader.steady.IsZero() && now.Sub(s.leader.steady) >= grace)
 }
 
+// isolatedAfter is how long the bucket's leader must keep answering without a quorum before
+// WatchQuorum calls isolated; isolatedEvery is the least time between two calls.
+const (
+	isolatedAfter = time.Second
+	isolatedEvery = 5 * time.Second
+)
+
 // WatchQuorum reads the bucket's leader every watchEvery until ctx ends, so Abandoned knows
 // how long the bucket has been steady (the gateway runs one per store it opens).
-func (s *Store) WatchQuorum(ctx context.Context) {
+//
+// A leader that answers but has not heard from a quorum for isolatedAfter is, as this
+// connection sees it, cut off from the other servers, and so most likely is the server this
+// connection uses (a leader elsewhere that lost its routes would not answer at all): then
+// isolated, if not nil, is called (at most every isolatedEvery), and the gateway moves the
+// connection to another server. Its renewals then reach the majority's new leader instead of
+// failing until the partition heals while a taker on the majority side waits out the lease.
+// A server cut off while it leads nothing of the bucket is not seen: its requests time out,
+// as during any election, and moving every connection in every election would cost more.
+func (s *Store) WatchQuorum(ctx context.Context, isolated func()) {
 	s.leader.mu.Lock()
 	s.leader.watched = true
 	s.leader.mu.Unlock()
 	t := time.NewTicker(watchEvery)
 	defer t.Stop()
+	var cutSince, calledAt time.Time
 	for {
 		s.readLeader(ctx)
+		s.leader.mu.Lock()
+		cut := s.leader.cut
+		s.leader.mu.Unlock()
+		switch now := time.Now(); {
+		case !cut:
+			cutSince = time.Time{}
+		case cutSince.IsZero():
+			cutSince = now
+		case isolated != nil && now.Sub(cutSince) >= isolatedAfter && now.Sub(calledAt) >= isolatedEvery:
+			calledAt = now
+			isolated()
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -121,6 +152,7 @@ func (s *Store) readLeader(ctx context.Context) (time.Time, bool) {
 	if cl != nil && cl.LeaderSince != nil {
 		s.leader.since = *cl.LeaderSince
 	}
+	s.leader.cut = err == nil && !quorate(cl)
 	switch {
 	case err != nil || !quorate(cl):
 		s.leader.steady = time.Time{}

@@ -3,6 +3,7 @@ package kv_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,10 +105,11 @@ func TestAbandonedWaitsOutALostQuorum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var isolated atomic.Int32 // how often the watch said its leader is cut off
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		watched.WatchQuorum(ctx)
+		watched.WatchQuorum(ctx, func() { isolated.Add(1) })
 	}()
 	defer func() { cancel(); <-done }()
 
@@ -149,6 +151,12 @@ func TestAbandonedWaitsOutALostQuorum(t *testing.T) {
 	if !unwatched.Abandoned(ctx, rec, time.Now(), grace) {
 		t.Fatal("a store without a watch calls the lease not abandoned: the election time alone would do, and this test shows nothing")
 	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if isolated.Load() == 0 {
+			return fmt.Errorf("the watch has not called its leader cut off")
+		}
+		return nil
+	})
 
 	for i := range c.Size() {
 		if i != leader {
