@@ -330,7 +330,10 @@ func (s *Store) Landed(ctx context.Context, key string, rec *Record, rev uint64)
 // landed is one try of Landed: the stored bytes of a record written after rev are ours only
 // if they are exactly data (a record names its owner, epoch and times, so no other writer
 // writes the same bytes). A read at rev or before comes from a replica behind its leader,
-// which said the record is past rev: read again.
+// which said the record is past rev: the leader is asked. A replica can stay behind for
+// seconds: row 3b saw the server just healed from a partition answer a worker's direct gets
+// with the old revision for a whole retry window while the lease ran out and a taker, whose
+// reads came from elsewhere, took the execution over.
 func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64) (uint64, error) {
 	e, err := s.kv.Get(ctx, key)
 	switch {
@@ -339,11 +342,63 @@ func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64)
 	case err != nil:
 		return 0, err
 	case e.Revision() <= rev:
-		return 0, jsretry.Again(fmt.Errorf("a replica still at revision %d", e.Revision()))
+		stored, srev, err := s.leaderLast(ctx, key)
+		switch {
+		case errors.Is(err, errGone):
+			return 0, ErrConflict
+		case err != nil:
+			return 0, jsretry.Again(fmt.Errorf("a replica still at revision %d, the leader unread: %w", e.Revision(), err))
+		case srev <= rev:
+			return 0, jsretry.Again(fmt.Errorf("the leader still at revision %d", srev))
+		case bytes.Equal(stored, data):
+			return srev, nil
+		}
+		return 0, ErrConflict
 	case bytes.Equal(e.Value(), data):
 		return e.Revision(), nil
 	}
 	return 0, ErrConflict
+}
+
+// errGone: the key has no record (never written, deleted, or expired).
+var errGone = errors.New("no record")
+
+// leaderLast reads key's last message from the bucket stream's leader, which a message get
+// of the stream API (unlike a direct get, answered by any replica) always is.
+func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, error) {
+	req, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{subjectPrefix + key})
+	if err != nil {
+		return nil, 0, err
+	}
+	m, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+BucketStream, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq     uint64 `json:"seq"`
+			Headers []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("kv: leader read of %s: %w", key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, errGone
+	case resp.Error != nil:
+		return nil, 0, resp.Error
+	case resp.Message == nil:
+		return nil, 0, fmt.Errorf("kv: leader read of %s: no message in the answer", key)
+	case bytes.Contains(resp.Message.Headers, []byte("KV-Operation")) || bytes.Contains(resp.Message.Headers, []byte("Nats-Marker-Reason")):
+		// a delete or purge, or the marker of an expiry
+		return nil, 0, errGone
+	}
+	return resp.Message.Data, resp.Message.Seq, nil
 }
 
 var errWrongLast = errors.New("wrong last sequence")
