@@ -55,6 +55,12 @@ var (
 	// a reconnect) for the whole retry window; a write that returns it may or may not have
 	// been applied (Landed tells). It is jsretry.ErrUnavailable.
 	ErrUnavailable = jsretry.ErrUnavailable
+	// ErrNotLanded is returned by Landed when the stream's leader still holds the record at
+	// the write's base revision: the write was not applied, and the record did not move on.
+	// It may still be pending on a server that led the stream when it was sent (a partition
+	// healed before an election), so the writer may write again expecting the same revision
+	// (at most one of the two can land) but must keep checking the first.
+	ErrNotLanded = errors.New("kv: write not applied; the record is still at its revision")
 )
 
 // BucketConfig sizes the bucket.
@@ -288,6 +294,11 @@ func (s *Store) UpdateBefore(ctx context.Context, key string, rec *Record, rev u
 		case err == nil:
 		case errors.Is(err, errWrongLast) && unsure:
 			r, err = s.landed(ctx, key, data, rev)
+			if errors.Is(err, ErrNotLanded) {
+				// Refused by a server that still holds our earlier try pending: write again
+				// (each try expects rev, so only one can land).
+				return jsretry.Again(err)
+			}
 		case errors.Is(err, errWrongLast):
 			return ErrConflict
 		default:
@@ -309,7 +320,8 @@ func (s *Store) UpdateBefore(ctx context.Context, key string, rec *Record, rev u
 
 // Landed says whether rec, written over the record at rev by an Update that returned
 // ErrUnavailable, was applied after all: its revision if the record holds exactly rec now,
-// ErrConflict if the record moved on without it, ErrUnavailable if that cannot be read.
+// ErrConflict if the record moved on without it, ErrNotLanded if the leader still holds it
+// at rev, ErrUnavailable if that cannot be read.
 func (s *Store) Landed(ctx context.Context, key string, rec *Record, rev uint64) (uint64, error) {
 	data, err := Encode(rec)
 	if err != nil {
@@ -321,6 +333,9 @@ func (s *Store) Landed(ctx context.Context, key string, rec *Record, rev uint64)
 		nrev, err = s.landed(ctx, key, data, rev)
 		return err
 	})
+	if errors.Is(err, ErrNotLanded) {
+		return 0, err
+	}
 	if err != nil {
 		return 0, fmt.Errorf("kv: landed %s after %d: %w", key, rev, err)
 	}
@@ -348,7 +363,9 @@ func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64)
 			return 0, ErrConflict
 		case err != nil:
 			return 0, jsretry.Again(fmt.Errorf("a replica still at revision %d, the leader unread: %w", e.Revision(), err))
-		case srev <= rev:
+		case srev == rev:
+			return 0, ErrNotLanded
+		case srev < rev:
 			return 0, jsretry.Again(fmt.Errorf("the leader still at revision %d", srev))
 		case bytes.Equal(stored, data):
 			return srev, nil

@@ -342,6 +342,19 @@ func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Tim
 	rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
 	if errors.Is(err, kv.ErrConflict) && ex.unsure != nil {
 		lrev, lerr := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure, ex.rev)
+		if errors.Is(lerr, kv.ErrNotLanded) {
+			// The leader still has the record at ex.rev: the conflict came from a server that
+			// holds the earlier write pending. Neither is ours to give up on yet: try next
+			// again, and keep ex.unsure to check until one of them lands.
+			rev, err = ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
+			switch {
+			case err == nil:
+				ex.rec, ex.rev, ex.unsure = next, rev, nil
+			case errors.Is(err, kv.ErrConflict):
+				err = fmt.Errorf("%w: %w", kv.ErrUnavailable, lerr) // undecided, not fenced
+			}
+			return err
+		}
 		if lerr != nil {
 			if errors.Is(lerr, kv.ErrConflict) {
 				ex.unsure = nil
