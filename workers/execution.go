@@ -339,40 +339,55 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 // write's conflict may be against our own record: it is checked (kv.Landed) before
 // concluding we were fenced.
 func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Time) error {
-	rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
-	if errors.Is(err, kv.ErrConflict) && ex.unsure != nil {
-		lrev, lerr := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure, ex.rev)
-		if errors.Is(lerr, kv.ErrNotLanded) {
-			// The leader still has the record at ex.rev: the conflict came from a server that
-			// holds the earlier write pending. Neither is ours to give up on yet: try next
-			// again, and keep ex.unsure to check until one of them lands.
-			rev, err = ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
+	for {
+		rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
+		if !errors.Is(err, kv.ErrConflict) || ex.unsure == nil {
 			switch {
 			case err == nil:
 				ex.rec, ex.rev, ex.unsure = next, rev, nil
-			case errors.Is(err, kv.ErrConflict):
-				err = fmt.Errorf("%w: %w", kv.ErrUnavailable, lerr) // undecided, not fenced
+			case errors.Is(err, kv.ErrUnavailable):
+				ex.unsure = next
 			}
 			return err
 		}
-		if lerr != nil {
-			if errors.Is(lerr, kv.ErrConflict) {
-				ex.unsure = nil
-				return err
+		lrev, lerr := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure, ex.rev)
+		switch {
+		case errors.Is(lerr, kv.ErrNotLanded):
+			// The leader still has the record at ex.rev: the conflict came from a server that
+			// holds the earlier write pending (a partition healed). Neither write is lost yet:
+			// keep ex.unsure and try next again until until.
+			if err := pause(ctx, notLandedPause, until); err != nil {
+				return fmt.Errorf("%w: %w", kv.ErrUnavailable, lerr) // undecided, not fenced
 			}
+			continue
+		case errors.Is(lerr, kv.ErrConflict):
+			ex.unsure = nil
+			return err
+		case lerr != nil:
 			return lerr // undecided: nothing learned, ex.unsure stays
 		}
 		ex.log.Info().Msg("an earlier record write whose answer was lost had landed")
 		ex.rec, ex.rev, ex.unsure = ex.unsure, lrev, nil
-		rev, err = ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
 	}
-	switch {
-	case err == nil:
-		ex.rec, ex.rev, ex.unsure = next, rev, nil
-	case errors.Is(err, kv.ErrUnavailable):
-		ex.unsure = next
+}
+
+// notLandedPause is the wait before writing again over a record whose leader says an earlier
+// write did not land while another server still refuses against it.
+const notLandedPause = 100 * time.Millisecond
+
+// pause waits d, or fails at once if ctx ends first or d would pass until.
+func pause(ctx context.Context, d time.Duration, until time.Time) error {
+	if time.Until(until) < d {
+		return context.DeadlineExceeded
 	}
-	return err
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // done is what this execution did, as its outcome stores it.
