@@ -428,12 +428,11 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 			return
 		}
 		next := ex.rec.Renewed(ex.pool.opts.Now(), ex.pool.opts.Lease, ex.pool.opts.ID, ex.pub.Next(), int(ex.tokens.Load()))
-		// Retried until the next renewal at most (it tries again), never past the lease.
-		until := ex.leaseLeft()
-		if tick := time.Now().Add(ex.pool.opts.RenewEvery); tick.Before(until) {
-			until = tick
-		}
-		err := ex.update(ctx, next, until)
+		// Retried for what is left of the lease (at least one jsretry.PerTry), not only until
+		// the next tick: right after an election the new leader can take longer than a tick to
+		// answer, and in row 3b renewals cut at 500 ms kept timing out while a taker, whose
+		// write had seconds, took the execution over. The ticker drops the ticks missed.
+		err := ex.update(ctx, next, ex.leaseLeft())
 		if err == nil {
 			ex.mu.Unlock()
 			continue
