@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,9 +41,11 @@ type execution struct {
 	mu  sync.Mutex // guards rec, rev and unsure: the renewer and the main flow both write the record
 	rec *kv.Record
 	rev uint64
-	// unsure is the last record written over rev that failed unavailable: it may have landed
-	// (see update).
-	unsure *kv.Record
+	// unsure are the records written over rev that failed unavailable, oldest first: any of
+	// them may have landed (see update). Not only the last: in row 3b a renewal that timed
+	// out on an isolated leader landed after the heal, after a later one had replaced it here,
+	// and the execution took its own record for a taker's and stopped.
+	unsure []*kv.Record
 	// tokens counts output events published (≈ tokens), for progress in the record.
 	tokens atomic.Int64
 	// progress is what the status API reads while the execution runs (progress.go).
@@ -341,21 +344,21 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Time) error {
 	for {
 		rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
-		if !errors.Is(err, kv.ErrConflict) || ex.unsure == nil {
+		if !errors.Is(err, kv.ErrConflict) || len(ex.unsure) == 0 {
 			switch {
 			case err == nil:
 				ex.rec, ex.rev, ex.unsure = next, rev, nil
 			case errors.Is(err, kv.ErrUnavailable):
-				ex.unsure = next
+				ex.unsure = append(ex.unsure, next)
 			}
 			return err
 		}
-		lrev, lerr := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure, ex.rev)
+		landed, lrev, lerr := ex.landed(ctx)
 		switch {
 		case errors.Is(lerr, kv.ErrNotLanded):
 			// The leader still has the record at ex.rev: the conflict came from a server that
-			// holds the earlier write pending (a partition healed). Neither write is lost yet:
-			// keep ex.unsure and try next again until until.
+			// holds an earlier write pending (a partition healed). None is lost yet: keep them
+			// and try next again until until.
 			if err := pause(ctx, notLandedPause, until); err != nil {
 				return fmt.Errorf("%w: %w", kv.ErrUnavailable, lerr) // undecided, not fenced
 			}
@@ -367,8 +370,31 @@ func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Tim
 			return lerr // undecided: nothing learned, ex.unsure stays
 		}
 		ex.log.Info().Msg("an earlier record write whose answer was lost had landed")
-		ex.rec, ex.rev, ex.unsure = ex.unsure, lrev, nil
+		ex.rec, ex.rev, ex.unsure = landed, lrev, nil
 	}
+}
+
+// landed asks kv.Landed about each of ex.unsure, newest first: the one the record holds
+// (with its revision), ErrNotLanded if the leader still holds ex.rev, ErrConflict if the
+// record moved on without any of them, or the first undecided failure.
+func (ex *execution) landed(ctx context.Context) (*kv.Record, uint64, error) {
+	var undecided error
+	for i := len(ex.unsure) - 1; i >= 0; i-- {
+		rev, err := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure[i], ex.rev)
+		switch {
+		case err == nil:
+			return ex.unsure[i], rev, nil
+		case errors.Is(err, kv.ErrNotLanded):
+			return nil, 0, err // the record did not move: the same for every one of them
+		case errors.Is(err, kv.ErrConflict):
+		default:
+			undecided = cmp.Or(undecided, err)
+		}
+	}
+	if undecided != nil {
+		return nil, 0, undecided
+	}
+	return nil, 0, kv.ErrConflict
 }
 
 // notLandedPause is the wait before writing again over a record whose leader says an earlier
