@@ -46,6 +46,7 @@ var (
 	chaosSeed   = flag.Uint64("chaos.seed", 1, "seed of every random choice of the fault suite")
 	chaosTrials = flag.Int("chaos.trials", 0, "fault injections per row (default 3, or 100 with -chaos.long)")
 	chaosLong   = flag.Bool("chaos.long", false, "long fault suite: more trials, and print the table")
+	chaosWarn   = flag.Bool("chaos.warnings", false, "print the gateway processes' warnings after each trial of a NATS row, not only their errors")
 )
 
 // The harness's timing. The lease is short so a takeover happens within seconds; the mock
@@ -778,6 +779,9 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 	}
 	s.maxExec = max(s.maxExec, completed)
 	s.reexecuted += max(0, completed-1)
+	if completed > 1 {
+		t.Logf("intent %q (job %s): %d completed executions, %d takeovers", sp.key, st["job_id"], completed, takeovers)
+	}
 	s.aborted += aborted
 	allowed := 1
 	if amb == takeoverOK {

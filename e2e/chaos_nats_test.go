@@ -127,7 +127,7 @@ func (c *chaosEnv) natsFaultRow(t *testing.T, s *rowStats, row string, inject fu
 			row, trial, what, healed.Sub(at).Round(time.Millisecond), w.window.Round(time.Millisecond), w.gap.Round(time.Millisecond),
 			w.failed, w.exchanges, strings.Join(w.errs, ", "), takeoverCount(t, c, append(specs, probes...)))
 		if lines := c.newErrorLines(); lines != "" {
-			t.Logf("row %s trial %d: the gateway processes logged errors:\n%s", row, trial, lines)
+			t.Logf("row %s trial %d: the gateway processes logged errors (and with -chaos.warnings, warnings):\n%s", row, trial, lines)
 		}
 		c.checkTrial(s, specs, func() {}, takeoverOK, &jobIDs)
 		for _, sp := range probes {
@@ -152,7 +152,7 @@ func (c *chaosEnv) newErrorLines() string {
 		from := min(c.logSeen[n.p], len(log))
 		c.logSeen[n.p] = len(log)
 		for _, line := range strings.Split(log[from:], "\n") {
-			if strings.Contains(line, `"level":"error"`) {
+			if strings.Contains(line, `"level":"error"`) || (*chaosWarn && strings.Contains(line, `"level":"warn"`)) {
 				fmt.Fprintf(&b, "  %s: %s\n", n.name, line)
 			}
 		}

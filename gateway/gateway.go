@@ -66,9 +66,11 @@ type Gateway struct {
 	// dashHub feeds this API's dashboards, dashPub posts this process's snapshot (dashboard.go).
 	dashHub, dashPub *loop
 	dashTally        *dashboard.Tally
-	pool             *workers.Pool
-	intents          *intent.Core
-	backends         map[string]*backend.Client
+	// quorum runs each side's kv.Store.WatchQuorum (a lease is taken over only from a steady bucket).
+	quorum   []*loop
+	pool     *workers.Pool
+	intents  *intent.Core
+	backends map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
 
@@ -310,6 +312,22 @@ func embeddedStartError(cfg *config.Config, err error) error {
 	return err
 }
 
+// leaveIsolatedServer moves nc to another of its servers: the one it uses leads the records
+// but has not heard from a quorum (kv.Store.WatchQuorum), so nothing this side writes commits.
+func (g *Gateway) leaveIsolatedServer(nc *nats.Conn, name string) {
+	server := nc.ConnectedServerName()
+	if len(nc.Servers()) < 2 {
+		g.log.Warn().Str("connection", name).Str("server", server).
+			Msg("the records' leader has lost its quorum; this connection knows no other server to move to")
+		return
+	}
+	g.log.Warn().Str("connection", name).Str("server", server).
+		Msg("the records' leader has lost its quorum; reconnecting to another server")
+	if err := nc.ForceReconnect(); err != nil {
+		g.log.Warn().Err(err).Str("connection", name).Msg("reconnect to another server")
+	}
+}
+
 // side is one role's own connection and the JetStream handles on it.
 type side struct {
 	nc    *nats.Conn
@@ -338,6 +356,9 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return nil, err
 	}
+	g.quorum = append(g.quorum, startLoop(ctx, func(ctx context.Context) {
+		store.WatchQuorum(ctx, func() { g.leaveIsolatedServer(nc, name) })
+	}))
 	return &side{nc: nc, js: js, store: store, board: board}, nil
 }
 
@@ -516,6 +537,9 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	if g.stopRes != nil {
 		g.stopRes()
 		<-g.resDone
+	}
+	for _, l := range g.quorum {
+		l.stop()
 	}
 	for _, nc := range g.conns {
 		if err := nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -324,4 +325,58 @@ func TestPublishRidesOutNoQuorum(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFailedDeleteIsRetried: a feed that ends while the cluster has no meta leader cannot
+// delete its ordered consumer; the hub tries again until it can, instead of leaving it to the
+// server's inactive threshold (which a partition was seen to defeat: consumers with a 5 s
+// threshold still on CHUNKS 14 minutes later). The threshold here is 10 minutes, so only the
+// hub's retry can remove the consumer within the test.
+func TestFailedDeleteIsRetried(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	nc, js := c.Connect(t)
+	_, admin := c.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, admin, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	var logs testkit.SyncBuffer
+	node := jobs.NewHub(nc, js, zerolog.New(&logs), jobs.HubOptions{InactiveThreshold: 10 * time.Minute})
+	defer node.Close()
+	fl, err := node.Join(ctx, newJob("undeleted").Subject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitConsumers(t, admin, 1)
+
+	leader, other, _ := c.LoseQuorum(jobs.ChunksStream)
+	fl.Close() // the last follower leaves: the feed ends and its delete fails (no meta leader)
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if node.Active() != 0 {
+			return fmt.Errorf("the hub still follows %d executions", node.Active())
+		}
+		return nil
+	})
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if !strings.Contains(logs.String(), "consumer failed; retrying") {
+			return fmt.Errorf("no failed delete logged yet")
+		}
+		return nil
+	})
+	c.Restart(leader)
+	c.Restart(other)
+	c.WaitFormed()
+	testkit.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		n, err := chunkConsumers(ctx, admin)
+		if err != nil {
+			return err
+		}
+		if n != 0 {
+			return fmt.Errorf("CHUNKS still has %d consumers after the cluster came back", n)
+		}
+		return nil
+	})
 }

@@ -55,6 +55,12 @@ var (
 	// a reconnect) for the whole retry window; a write that returns it may or may not have
 	// been applied (Landed tells). It is jsretry.ErrUnavailable.
 	ErrUnavailable = jsretry.ErrUnavailable
+	// ErrNotLanded is returned by Landed when the stream's leader still holds the record at
+	// the write's base revision: the write was not applied, and the record did not move on.
+	// It may still be pending on a server that led the stream when it was sent (a partition
+	// healed before an election), so the writer may write again expecting the same revision
+	// (at most one of the two can land) but must keep checking the first.
+	ErrNotLanded = errors.New("kv: write not applied; the record is still at its revision")
 )
 
 // BucketConfig sizes the bucket.
@@ -246,12 +252,28 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
 	return rec, rev, nil
 }
 
-// get is one try of Get.
+// get is one try of Get. A miss is asked again of the stream's leader: a direct get is
+// answered by any replica, and one that was cut off from the others answers from its old
+// state until it has caught up. Row 3b's status read of an intent, right after a trial's
+// heal, answered "no record" once (probably that; not proven). A stale record is the
+// caller's to handle (see Get); a missing one is a wrong answer (a 404 for an intent that
+// exists). Misses are rare: admission claims first.
 func (s *Store) get(ctx context.Context, key string) (*Record, uint64, error) {
 	e, err := s.kv.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			return nil, 0, ErrNotFound
+			data, rev, lerr := s.leaderLast(ctx, key)
+			switch {
+			case errors.Is(lerr, errGone):
+				return nil, 0, ErrNotFound
+			case lerr != nil:
+				return nil, 0, lerr
+			}
+			rec, err := Decode(data)
+			if err != nil {
+				return nil, 0, err
+			}
+			return rec, rev, nil
 		}
 		return nil, 0, err
 	}
@@ -288,6 +310,11 @@ func (s *Store) UpdateBefore(ctx context.Context, key string, rec *Record, rev u
 		case err == nil:
 		case errors.Is(err, errWrongLast) && unsure:
 			r, err = s.landed(ctx, key, data, rev)
+			if errors.Is(err, ErrNotLanded) {
+				// Refused by a server that still holds our earlier try pending: write again
+				// (each try expects rev, so only one can land).
+				return jsretry.Again(err)
+			}
 		case errors.Is(err, errWrongLast):
 			return ErrConflict
 		default:
@@ -309,7 +336,8 @@ func (s *Store) UpdateBefore(ctx context.Context, key string, rec *Record, rev u
 
 // Landed says whether rec, written over the record at rev by an Update that returned
 // ErrUnavailable, was applied after all: its revision if the record holds exactly rec now,
-// ErrConflict if the record moved on without it, ErrUnavailable if that cannot be read.
+// ErrConflict if the record moved on without it, ErrNotLanded if the leader still holds it
+// at rev, ErrUnavailable if that cannot be read.
 func (s *Store) Landed(ctx context.Context, key string, rec *Record, rev uint64) (uint64, error) {
 	data, err := Encode(rec)
 	if err != nil {
@@ -321,6 +349,9 @@ func (s *Store) Landed(ctx context.Context, key string, rec *Record, rev uint64)
 		nrev, err = s.landed(ctx, key, data, rev)
 		return err
 	})
+	if errors.Is(err, ErrNotLanded) {
+		return 0, err
+	}
 	if err != nil {
 		return 0, fmt.Errorf("kv: landed %s after %d: %w", key, rev, err)
 	}
@@ -330,7 +361,10 @@ func (s *Store) Landed(ctx context.Context, key string, rec *Record, rev uint64)
 // landed is one try of Landed: the stored bytes of a record written after rev are ours only
 // if they are exactly data (a record names its owner, epoch and times, so no other writer
 // writes the same bytes). A read at rev or before comes from a replica behind its leader,
-// which said the record is past rev: read again.
+// which said the record is past rev: the leader is asked. A replica can stay behind for
+// seconds: row 3b saw the server just healed from a partition answer a worker's direct gets
+// with the old revision for a whole retry window while the lease ran out and a taker, whose
+// reads came from elsewhere, took the execution over.
 func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64) (uint64, error) {
 	e, err := s.kv.Get(ctx, key)
 	switch {
@@ -339,11 +373,65 @@ func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64)
 	case err != nil:
 		return 0, err
 	case e.Revision() <= rev:
-		return 0, jsretry.Again(fmt.Errorf("a replica still at revision %d", e.Revision()))
+		stored, srev, err := s.leaderLast(ctx, key)
+		switch {
+		case errors.Is(err, errGone):
+			return 0, ErrConflict
+		case err != nil:
+			return 0, jsretry.Again(fmt.Errorf("a replica still at revision %d, the leader unread: %w", e.Revision(), err))
+		case srev == rev:
+			return 0, ErrNotLanded
+		case srev < rev:
+			return 0, jsretry.Again(fmt.Errorf("the leader still at revision %d", srev))
+		case bytes.Equal(stored, data):
+			return srev, nil
+		}
+		return 0, ErrConflict
 	case bytes.Equal(e.Value(), data):
 		return e.Revision(), nil
 	}
 	return 0, ErrConflict
+}
+
+// errGone: the key has no record (never written, deleted, or expired).
+var errGone = errors.New("no record")
+
+// leaderLast reads key's last message from the bucket stream's leader, which a message get
+// of the stream API (unlike a direct get, answered by any replica) always is.
+func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, error) {
+	req, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{subjectPrefix + key})
+	if err != nil {
+		return nil, 0, err
+	}
+	m, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+BucketStream, req)
+	if err != nil {
+		return nil, 0, err
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq     uint64 `json:"seq"`
+			Headers []byte `json:"hdrs"`
+			Data    []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("kv: leader read of %s: %w", key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, 0, errGone
+	case resp.Error != nil:
+		return nil, 0, resp.Error
+	case resp.Message == nil:
+		return nil, 0, fmt.Errorf("kv: leader read of %s: no message in the answer", key)
+	case bytes.Contains(resp.Message.Headers, []byte("KV-Operation")) || bytes.Contains(resp.Message.Headers, []byte("Nats-Marker-Reason")):
+		// a delete or purge, or the marker of an expiry
+		return nil, 0, errGone
+	}
+	return resp.Message.Data, resp.Message.Seq, nil
 }
 
 var errWrongLast = errors.New("wrong last sequence")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A lease that ran out while the bucket had no leader says nothing about its owner: every
@@ -13,6 +15,13 @@ import (
 // counts as abandoned only once its lease ran out AND the bucket has had the same leader for
 // a whole grace period (a lease): time in which a live owner's renewal lands.
 
+// A leader that stays elected can still lose its quorum: isolated from the other servers
+// (the fault suite's row 3b), it answers reads but commits nothing, so every renewal fails
+// while its election time stays old. A watch (WatchQuorum) therefore reads the leader every
+// watchEvery and keeps when the bucket last became steady: answered by a leader that has
+// heard from a quorum of its replicas lately, with no failed or missing read since. With a
+// watch running, a record also needs the bucket steady for a whole grace period.
+
 // leaderRefresh is how long a read of the bucket's leader election time is reused. An outage
 // shorter than this cannot make a lease of seconds lapse; a longer one fails the reads it
 // spans, which are never reused.
@@ -21,24 +30,96 @@ const leaderRefresh = 500 * time.Millisecond
 // leaderReadTimeout bounds that read (callers hold no deadline of their own, e.g. the sweep).
 const leaderReadTimeout = 2 * time.Second
 
-// leaderClock caches when the bucket's current leader was elected.
+// watchEvery is how often WatchQuorum reads the leader; watchGap is the longest time between
+// two reads that still counts as watched without a break (a read may take leaderReadTimeout).
+const (
+	watchEvery = 250 * time.Millisecond
+	watchGap   = watchEvery + leaderReadTimeout
+)
+
+// replicaHeard is how recently the leader must have heard from a replica for it to count
+// towards a quorum: raft heartbeats go out every second, so a live replica is heard within
+// about one; the server itself waits 10 s before it calls a silent replica not current.
+const replicaHeard = 1500 * time.Millisecond
+
+// leaderClock caches when the bucket's current leader was elected and how long it has been
+// steady.
 type leaderClock struct {
 	mu     sync.Mutex
 	readAt time.Time // when since was read (or failed to be); zero: never
 	since  time.Time // the leader's election; zero: not known (a single server, an old one)
 	ok     bool      // whether the read at readAt succeeded
+	// steady is when the current run of reads that found a leader with a quorum began (zero:
+	// the last read did not); watched says a WatchQuorum keeps the run going.
+	steady  time.Time
+	watched bool
+	// cut says the last read was answered by a leader that has not heard from a quorum.
+	cut bool
 }
 
 // Abandoned reports whether rec's owner has had a fair chance to renew its lease and did not:
-// the lease ran out at now, and the bucket's leader was elected at least grace before now.
-// When the leader cannot be read (the bucket is itself unavailable) it says false: nobody
-// can tell, and a takeover would fail to write anyway.
+// the lease ran out at now, the bucket's leader was elected at least grace before now and,
+// while a WatchQuorum runs, the bucket has been steady for grace. When the leader cannot be
+// read (the bucket is itself unavailable) it says false: nobody can tell, and a takeover
+// would fail to write anyway.
 func (s *Store) Abandoned(ctx context.Context, rec *Record, now time.Time, grace time.Duration) bool {
 	if !rec.LeaseExpired(now) {
 		return false
 	}
 	since, ok := s.leaderSince(ctx)
-	return ok && (since.IsZero() || now.Sub(since) >= grace)
+	if !ok || (!since.IsZero() && now.Sub(since) < grace) {
+		return false
+	}
+	s.leader.mu.Lock()
+	defer s.leader.mu.Unlock()
+	return !s.leader.watched || (!s.leader.steady.IsZero() && now.Sub(s.leader.steady) >= grace)
+}
+
+// isolatedAfter is how long the bucket's leader must keep answering without a quorum before
+// WatchQuorum calls isolated; isolatedEvery is the least time between two calls.
+const (
+	isolatedAfter = time.Second
+	isolatedEvery = 5 * time.Second
+)
+
+// WatchQuorum reads the bucket's leader every watchEvery until ctx ends, so Abandoned knows
+// how long the bucket has been steady (the gateway runs one per store it opens).
+//
+// A leader that answers but has not heard from a quorum for isolatedAfter is, as this
+// connection sees it, cut off from the other servers, and so most likely is the server this
+// connection uses (a leader elsewhere that lost its routes would not answer at all): then
+// isolated, if not nil, is called (at most every isolatedEvery), and the gateway moves the
+// connection to another server. Its renewals then reach the majority's new leader instead of
+// failing until the partition heals while a taker on the majority side waits out the lease.
+// A server cut off while it leads nothing of the bucket is not seen: its requests time out,
+// as during any election, and moving every connection in every election would cost more.
+func (s *Store) WatchQuorum(ctx context.Context, isolated func()) {
+	s.leader.mu.Lock()
+	s.leader.watched = true
+	s.leader.mu.Unlock()
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	var cutSince, calledAt time.Time
+	for {
+		s.readLeader(ctx)
+		s.leader.mu.Lock()
+		cut := s.leader.cut
+		s.leader.mu.Unlock()
+		switch now := time.Now(); {
+		case !cut:
+			cutSince = time.Time{}
+		case cutSince.IsZero():
+			cutSince = now
+		case isolated != nil && now.Sub(cutSince) >= isolatedAfter && now.Sub(calledAt) >= isolatedEvery:
+			calledAt = now
+			isolated()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // leaderSince is when the bucket's stream leader was elected (zero when the server does not
@@ -46,18 +127,55 @@ func (s *Store) Abandoned(ctx context.Context, rec *Record, now time.Time, grace
 // reused too: a sweep asks for every expired record, and each try waits for its timeout.
 func (s *Store) leaderSince(ctx context.Context) (time.Time, bool) {
 	s.leader.mu.Lock()
-	defer s.leader.mu.Unlock()
 	if !s.leader.readAt.IsZero() && time.Since(s.leader.readAt) < leaderRefresh {
+		defer s.leader.mu.Unlock()
 		return s.leader.since, s.leader.ok
 	}
+	s.leader.mu.Unlock()
+	return s.readLeader(ctx)
+}
+
+// readLeader reads the bucket's stream info from its leader and records what it says.
+func (s *Store) readLeader(ctx context.Context) (time.Time, bool) {
+	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, leaderReadTimeout)
 	defer cancel()
 	st, err := s.js.Stream(rctx, BucketStream)
-	s.leader.readAt, s.leader.since, s.leader.ok = time.Now(), time.Time{}, err == nil
+	var cl *jetstream.ClusterInfo
 	if err == nil {
-		if cl := st.CachedInfo().Cluster; cl != nil && cl.LeaderSince != nil {
-			s.leader.since = *cl.LeaderSince
-		}
+		cl = st.CachedInfo().Cluster
+	}
+	s.leader.mu.Lock()
+	defer s.leader.mu.Unlock()
+	prev := s.leader.readAt
+	s.leader.readAt, s.leader.since, s.leader.ok = time.Now(), time.Time{}, err == nil
+	if cl != nil && cl.LeaderSince != nil {
+		s.leader.since = *cl.LeaderSince
+	}
+	s.leader.cut = err == nil && !quorate(cl)
+	switch {
+	case err != nil || !quorate(cl):
+		s.leader.steady = time.Time{}
+	case s.leader.steady.IsZero() || start.Sub(prev) > watchGap:
+		s.leader.steady = start // a run starts with this read, not at the last one
 	}
 	return s.leader.since, s.leader.ok
+}
+
+// quorate reports whether a stream's cluster info shows a leader that has heard from a quorum
+// of its group (itself included) within replicaHeard. No cluster info is one server.
+func quorate(cl *jetstream.ClusterInfo) bool {
+	if cl == nil || len(cl.Replicas) == 0 {
+		return cl == nil || cl.Leader != ""
+	}
+	if cl.Leader == "" {
+		return false
+	}
+	heard := 1 // the leader
+	for _, r := range cl.Replicas {
+		if !r.Offline && r.Active <= replicaHeard {
+			heard++
+		}
+	}
+	return heard > (len(cl.Replicas)+1)/2
 }

@@ -3,8 +3,12 @@ package kv_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/kv"
@@ -66,4 +70,103 @@ func TestAbandonedOnOneServer(t *testing.T) {
 	if st.Abandoned(context.Background(), rec, now, 10*time.Second) {
 		t.Fatal("a running lease counted as abandoned")
 	}
+}
+
+// TestAbandonedWaitsOutALostQuorum: a leader that loses its replicas stays elected for
+// seconds (the server steps down after 10 s without a quorum) and commits nothing, so a
+// lease lapses although its owner is alive; its election time says nothing. With a
+// WatchQuorum running, the store sees that the leader has not heard from a quorum and calls
+// no lease abandoned until the bucket has been steady again for a grace period. A store
+// without a watch, read through the same leader at the same moment, still says abandoned:
+// the hole the watch closes (the fault suite's row 3b).
+func TestAbandonedWaitsOutALostQuorum(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	_, js := c.Connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := kv.Open(ctx, js, kv.BucketConfig{TTL: time.Hour, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	leader := c.StreamLeader(kv.BucketStream)
+	// Both stores talk to the leader's server only, as a client of an isolated server does.
+	nc, err := nats.Connect(c.URLs()[leader])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ljs, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watched, err := kv.Open(ctx, ljs, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unwatched, err := kv.Open(ctx, ljs, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var isolated atomic.Int32 // how often the watch said its leader is cut off
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		watched.WatchQuorum(ctx, func() { isolated.Add(1) })
+	}()
+	defer func() { cancel(); <-done }()
+
+	const grace = time.Second
+	rec := pending("o1")
+	rec.LeaseUntil = time.Now().Add(-time.Second)
+	testkit.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		if !watched.Abandoned(ctx, rec, time.Now(), grace) {
+			return fmt.Errorf("an expired lease on a steady bucket: not abandoned")
+		}
+		return nil
+	})
+	info, err := ljs.Stream(ctx, kv.BucketStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elected := *info.CachedInfo().Cluster.LeaderSince
+
+	for i := range c.Size() {
+		if i != leader {
+			c.Stop(i)
+		}
+	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if watched.Abandoned(ctx, rec, time.Now(), grace) {
+			return fmt.Errorf("the leader lost its quorum: still abandoned")
+		}
+		return nil
+	})
+	// The same leader still answers, elected when it was: only the quorum tells.
+	info, err = ljs.Stream(ctx, kv.BucketStream)
+	if err != nil {
+		t.Fatalf("the leader without its quorum no longer answers: %v", err)
+	}
+	if cl := info.CachedInfo().Cluster; cl.Leader != c.Server(leader).Name() || !cl.LeaderSince.Equal(elected) {
+		t.Fatalf("the leader changed (%s since %v, was %s since %v): the test no longer shows a lost quorum under one leader",
+			cl.Leader, cl.LeaderSince, c.Server(leader).Name(), elected)
+	}
+	if !unwatched.Abandoned(ctx, rec, time.Now(), grace) {
+		t.Fatal("a store without a watch calls the lease not abandoned: the election time alone would do, and this test shows nothing")
+	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if isolated.Load() == 0 {
+			return fmt.Errorf("the watch has not called its leader cut off")
+		}
+		return nil
+	})
+
+	for i := range c.Size() {
+		if i != leader {
+			c.Restart(i)
+		}
+	}
+	testkit.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if !watched.Abandoned(ctx, rec, time.Now(), grace) {
+			return fmt.Errorf("the quorum is back: not abandoned yet")
+		}
+		return nil
+	})
 }

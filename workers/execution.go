@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,9 +41,11 @@ type execution struct {
 	mu  sync.Mutex // guards rec, rev and unsure: the renewer and the main flow both write the record
 	rec *kv.Record
 	rev uint64
-	// unsure is the last record written over rev that failed unavailable: it may have landed
-	// (see update).
-	unsure *kv.Record
+	// unsure are the records written over rev that failed unavailable, oldest first: any of
+	// them may have landed (see update). Not only the last: in row 3b a renewal that timed
+	// out on an isolated leader landed after the heal, after a later one had replaced it here,
+	// and the execution took its own record for a taker's and stopped.
+	unsure []*kv.Record
 	// tokens counts output events published (≈ tokens), for progress in the record.
 	tokens atomic.Int64
 	// progress is what the status API reads while the execution runs (progress.go).
@@ -339,27 +342,78 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 // write's conflict may be against our own record: it is checked (kv.Landed) before
 // concluding we were fenced.
 func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Time) error {
-	rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
-	if errors.Is(err, kv.ErrConflict) && ex.unsure != nil {
-		lrev, lerr := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure, ex.rev)
-		if lerr != nil {
-			if errors.Is(lerr, kv.ErrConflict) {
-				ex.unsure = nil
-				return err
+	for {
+		rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
+		if !errors.Is(err, kv.ErrConflict) || len(ex.unsure) == 0 {
+			switch {
+			case err == nil:
+				ex.rec, ex.rev, ex.unsure = next, rev, nil
+			case errors.Is(err, kv.ErrUnavailable):
+				ex.unsure = append(ex.unsure, next)
 			}
+			return err
+		}
+		landed, lrev, lerr := ex.landed(ctx)
+		switch {
+		case errors.Is(lerr, kv.ErrNotLanded):
+			// The leader still has the record at ex.rev: the conflict came from a server that
+			// holds an earlier write pending (a partition healed). None is lost yet: keep them
+			// and try next again until until.
+			if err := pause(ctx, notLandedPause, until); err != nil {
+				return fmt.Errorf("%w: %w", kv.ErrUnavailable, lerr) // undecided, not fenced
+			}
+			continue
+		case errors.Is(lerr, kv.ErrConflict):
+			ex.unsure = nil
+			return err
+		case lerr != nil:
 			return lerr // undecided: nothing learned, ex.unsure stays
 		}
 		ex.log.Info().Msg("an earlier record write whose answer was lost had landed")
-		ex.rec, ex.rev, ex.unsure = ex.unsure, lrev, nil
-		rev, err = ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
+		ex.rec, ex.rev, ex.unsure = landed, lrev, nil
 	}
-	switch {
-	case err == nil:
-		ex.rec, ex.rev, ex.unsure = next, rev, nil
-	case errors.Is(err, kv.ErrUnavailable):
-		ex.unsure = next
+}
+
+// landed asks kv.Landed about each of ex.unsure, newest first: the one the record holds
+// (with its revision), ErrNotLanded if the leader still holds ex.rev, ErrConflict if the
+// record moved on without any of them, or the first undecided failure.
+func (ex *execution) landed(ctx context.Context) (*kv.Record, uint64, error) {
+	var undecided error
+	for i := len(ex.unsure) - 1; i >= 0; i-- {
+		rev, err := ex.pool.store.Landed(ctx, ex.job.Key, ex.unsure[i], ex.rev)
+		switch {
+		case err == nil:
+			return ex.unsure[i], rev, nil
+		case errors.Is(err, kv.ErrNotLanded):
+			return nil, 0, err // the record did not move: the same for every one of them
+		case errors.Is(err, kv.ErrConflict):
+		default:
+			undecided = cmp.Or(undecided, err)
+		}
 	}
-	return err
+	if undecided != nil {
+		return nil, 0, undecided
+	}
+	return nil, 0, kv.ErrConflict
+}
+
+// notLandedPause is the wait before writing again over a record whose leader says an earlier
+// write did not land while another server still refuses against it.
+const notLandedPause = 100 * time.Millisecond
+
+// pause waits d, or fails at once if ctx ends first or d would pass until.
+func pause(ctx context.Context, d time.Duration, until time.Time) error {
+	if time.Until(until) < d {
+		return context.DeadlineExceeded
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 // done is what this execution did, as its outcome stores it.
@@ -400,12 +454,11 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 			return
 		}
 		next := ex.rec.Renewed(ex.pool.opts.Now(), ex.pool.opts.Lease, ex.pool.opts.ID, ex.pub.Next(), int(ex.tokens.Load()))
-		// Retried until the next renewal at most (it tries again), never past the lease.
-		until := ex.leaseLeft()
-		if tick := time.Now().Add(ex.pool.opts.RenewEvery); tick.Before(until) {
-			until = tick
-		}
-		err := ex.update(ctx, next, until)
+		// Retried for what is left of the lease (at least one jsretry.PerTry), not only until
+		// the next tick: right after an election the new leader can take longer than a tick to
+		// answer, and in row 3b renewals cut at 500 ms kept timing out while a taker, whose
+		// write had seconds, took the execution over. The ticker drops the ticks missed.
+		err := ex.update(ctx, next, ex.leaseLeft())
 		if err == nil {
 			ex.mu.Unlock()
 			continue

@@ -46,7 +46,7 @@ func TestLostRenewalAnswerIsNotAFence(t *testing.T) {
 		if _, err := store.Update(ctx, "landed", renewed, ex.rev); err != nil { // its answer "lost"
 			t.Fatal(err)
 		}
-		ex.unsure = renewed
+		ex.unsure = []*kv.Record{renewed}
 		if err := ex.update(ctx, rec.Completed(time.Now(), res, done), time.Now().Add(5*time.Second)); err != nil {
 			t.Fatalf("write after a landed renewal: %v, want it stored", err)
 		}
@@ -56,9 +56,27 @@ func TestLostRenewalAnswerIsNotAFence(t *testing.T) {
 				got.State, rev, ex.rev, ex.unsure != nil, err)
 		}
 	})
+	t.Run("an older renewal landed", func(t *testing.T) {
+		// Two renewals over the same revision failed unavailable; the first landed later
+		// (pending on a server cut off from the others, committed after the heal).
+		ex, rec := newExecution("older")
+		first := rec.Renewed(time.Now(), 10*time.Second, "w1", 1, 1)
+		second := rec.Renewed(time.Now().Add(time.Second), 10*time.Second, "w1", 2, 2)
+		if _, err := store.Update(ctx, "older", first, ex.rev); err != nil {
+			t.Fatal(err)
+		}
+		ex.unsure = []*kv.Record{first, second}
+		if err := ex.update(ctx, rec.Completed(time.Now(), res, done), time.Now().Add(5*time.Second)); err != nil {
+			t.Fatalf("write after an older renewal landed: %v, want it stored (the record is ours)", err)
+		}
+		got, _, err := store.Get(ctx, "older")
+		if err != nil || got.State != kv.Completed {
+			t.Fatalf("record %v, err %v; want COMPLETED", got.State, err)
+		}
+	})
 	t.Run("another writer's record fences", func(t *testing.T) {
 		ex, rec := newExecution("fenced")
-		ex.unsure = rec.Renewed(time.Now(), 10*time.Second, "w1", 0, 0) // never landed
+		ex.unsure = []*kv.Record{rec.Renewed(time.Now(), 10*time.Second, "w1", 0, 0)} // never landed
 		taken := rec.TakenOver(time.Now(), 10*time.Second, nil)
 		if _, err := store.Update(ctx, "fenced", taken, ex.rev); err != nil {
 			t.Fatal(err)

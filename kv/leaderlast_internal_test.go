@@ -1,0 +1,72 @@
+package kv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+)
+
+// TestLeaderLast: the leader's read of a key is the record a direct get returns, at the
+// same revision, read through a follower's connection on a 3-node cluster; a key never
+// written or deleted is gone.
+func TestLeaderLast(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	_, admin := c.Connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := Open(ctx, admin, BucketConfig{TTL: time.Hour, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	leader := c.StreamLeader(BucketStream)
+	follower := (leader + 1) % c.Size()
+	nc, err := nats.Connect(c.URLs()[follower])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(ctx, js, BucketConfig{TTL: time.Hour, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &Record{State: Pending, Tenant: "t", JobID: "J", Epoch: 1, Fingerprint: "fp", Owner: "o"}
+	rev, err := st.Claim(ctx, "k1", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := *rec
+	next.Owner = "o2"
+	if rev, err = st.Update(ctx, "k1", &next, rev); err != nil {
+		t.Fatal(err)
+	}
+	want, err := Encode(&next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, srev, err := st.leaderLast(ctx, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if srev != rev || !bytes.Equal(data, want) {
+		t.Fatalf("leader read: revision %d, %q; want revision %d, %q", srev, data, rev, want)
+	}
+	if _, _, err := st.leaderLast(ctx, "never"); !errors.Is(err, errGone) {
+		t.Fatalf("a key never written: %v, want errGone", err)
+	}
+	if err := st.kv.Delete(ctx, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.leaderLast(ctx, "k1"); !errors.Is(err, errGone) {
+		t.Fatalf("a deleted key: %v, want errGone", err)
+	}
+}
