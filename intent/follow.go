@@ -162,7 +162,7 @@ var decoyRecord = func() []byte {
 // (of decoyKey, which answers not found) and a decode with the tenant and id checks. The
 // outcome is ignored: the caller answers ErrNoJob.
 func (c *Core) decoyLookup(ctx context.Context, tenant, id string) {
-	_, _, _ = c.store.Get(ctx, decoyKey)
+	_ = c.store.Peek(ctx, decoyKey) // one read, as a foreign id's; Get would also ask the leader on its miss
 	if rec, err := kv.Decode(decoyRecord); err == nil {
 		// Never a match: the decoy's job id is no ULID (O is not in its alphabet).
 		_ = rec.Tenant != tenant || rec.JobID != id
