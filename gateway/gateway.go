@@ -615,8 +615,10 @@ func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
 	// job that charges again says since when the earlier charge could exist (ChargeInput.After),
 	// which is then looked up in the stream. Reconcile keeps its summary for the idempotency
 	// TTL plus a day: the charges of one intent come while its record exists.
+	// ledger.secret (validated: at least ledger.MinSecretLen bytes) keys the chain.
 	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log), ledger.WithMetrics(g.metrics),
-		ledger.WithDedupHorizon(dedupHorizon), ledger.WithReconcileHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour))
+		ledger.WithDedupHorizon(dedupHorizon), ledger.WithReconcileHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour),
+		ledger.WithSecret([]byte(g.cfg.Ledger.Secret)))
 }
 
 func prices(l config.Ledger) ledger.Prices {

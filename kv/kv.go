@@ -252,6 +252,14 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
 	return rec, rev, nil
 }
 
+// Peek reads key's record once from whichever replica answers, without Get's retries or its
+// leader check on a miss: for work that must cost what one record read costs (intent's
+// equal-time 404s), never for a decision. Its answer is discarded by design.
+func (s *Store) Peek(ctx context.Context, key string) error {
+	_, err := s.kv.Get(ctx, key)
+	return err
+}
+
 // get is one try of Get. A miss is asked again of the stream's leader: a direct get is
 // answered by any replica, and one that was cut off from the others answers from its old
 // state until it has caught up. Row 3b's status read of an intent, right after a trial's

@@ -327,7 +327,7 @@ func (l *Ledger) appended(c *chain, p *pending) {
 func (l *Ledger) publishOne(ctx context.Context, c *chain, p *pending) error {
 	e := &p.e
 	e.PrevHash = c.lastHash
-	e.Hash = HashOf(e)
+	e.Hash = l.hashOf(e)
 	msg := &nats.Msg{Subject: c.subject, Data: encodeStored(e)}
 	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.ID), jetstream.WithExpectStream(StreamName),
 		jetstream.WithExpectLastSequencePerSubject(c.lastSeq))
@@ -363,7 +363,7 @@ func (l *Ledger) publishBatch(ctx context.Context, c *chain, ps []*pending) erro
 	for i, p := range ps {
 		e := &p.e
 		e.PrevHash = prevHash
-		e.Hash = HashOf(e)
+		e.Hash = l.hashOf(e)
 		prevHash = e.Hash
 		h := nats.Header{}
 		h.Set(jetstream.MsgIDHeader, e.ID)

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -14,8 +15,33 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// wireVersion is the version of the canonical and stored entry encoding.
-const wireVersion = 1
+// wireVersion is the version of the canonical and stored encoding of an unkeyed entry (its
+// hash is SHA-256), keyedVersion that of a keyed entry (its hash is an HMAC-SHA-256 under the
+// ledger's secret, and starts with KeyedPrefix). The version is in the bytes the hash covers.
+const (
+	wireVersion  = 1
+	keyedVersion = 2
+)
+
+// KeyedPrefix starts the Hash of a keyed entry: "hmac:" and 64 hex digits. An unkeyed entry's
+// Hash is the 64 hex digits alone. The prefix is part of the next entry's PrevHash, so the
+// scheme of every entry but a chain's last is covered by its successor's hash.
+const KeyedPrefix = "hmac:"
+
+// MinSecretLen is the shortest secret WithSecret and VerifyOptions accept: 32 bytes, the
+// size of the HMAC-SHA-256 output.
+const MinSecretLen = 32
+
+// Keyed reports whether e's hash is keyed (an HMAC under the ledger's secret).
+func Keyed(e *Entry) bool { return strings.HasPrefix(e.Hash, KeyedPrefix) }
+
+// CheckSecret returns an ErrInvalid when secret is too short to key the chain.
+func CheckSecret(secret []byte) error {
+	if len(secret) < MinSecretLen {
+		return fmt.Errorf("%w: the ledger secret is %d bytes, want at least %d", ErrInvalid, len(secret), MinSecretLen)
+	}
+	return nil
+}
 
 // canonical is the hashed form of an entry: every field but Hash and Seq, in a fixed order,
 // nothing omitted, the time in UTC RFC 3339 with nanoseconds.
@@ -49,25 +75,28 @@ type stored struct {
 	Hash string `json:"hash"`
 }
 
-func canonicalOf(e *Entry) canonical {
-	return canonical{V: wireVersion, ID: e.ID, Kind: e.Kind, Tenant: e.Tenant, KeyHash: e.KeyHash, JobID: e.JobID,
+func canonicalOf(e *Entry, v int) canonical {
+	return canonical{V: v, ID: e.ID, Kind: e.Kind, Tenant: e.Tenant, KeyHash: e.KeyHash, JobID: e.JobID,
 		Epoch: e.Epoch, Attempt: e.Attempt, Model: e.Model, Backend: e.Backend, InputTokens: e.InputTokens,
 		OutputTokens: e.OutputTokens, Estimated: e.Estimated, Completed: e.Completed, CostMicros: e.CostMicros,
 		Currency: e.Currency, Refers: e.Refers, Reason: e.Reason, Time: e.Time.UTC().Format(time.RFC3339Nano),
 		Fence: e.Fence, PrevHash: e.PrevHash}
 }
 
-// CanonicalBytes are the bytes an entry's hash covers: its JSON without Hash and Seq, fields in
-// a fixed order, the time in UTC RFC 3339 with nanoseconds.
-func CanonicalBytes(e *Entry) []byte {
-	b, err := json.Marshal(canonicalOf(e))
+// CanonicalBytes are the bytes an unkeyed entry's hash covers: its JSON without Hash and Seq,
+// fields in a fixed order, the time in UTC RFC 3339 with nanoseconds, "v" 1. A keyed entry's
+// HMAC covers the same with "v" 2.
+func CanonicalBytes(e *Entry) []byte { return canonicalBytes(e, wireVersion) }
+
+func canonicalBytes(e *Entry, v int) []byte {
+	b, err := json.Marshal(canonicalOf(e, v))
 	if err != nil { // strings, ints and bools always marshal
 		panic(fmt.Sprintf("ledger: canonical bytes: %v", err))
 	}
 	return b
 }
 
-// HashOf computes an entry's hash: hex(SHA-256(PrevHash || CanonicalBytes)).
+// HashOf computes an unkeyed entry's hash: hex(SHA-256(PrevHash || CanonicalBytes)).
 func HashOf(e *Entry) string {
 	h := sha256.New()
 	h.Write([]byte(e.PrevHash))
@@ -75,8 +104,29 @@ func HashOf(e *Entry) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
+// KeyedHashOf computes a keyed entry's hash: KeyedPrefix + hex(HMAC-SHA-256(secret, PrevHash
+// || canonical bytes with "v" 2)).
+func KeyedHashOf(secret []byte, e *Entry) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(e.PrevHash))
+	m.Write(canonicalBytes(e, keyedVersion))
+	return KeyedPrefix + hex.EncodeToString(m.Sum(nil))
+}
+
+// hashOf is e's hash under the ledger's scheme: keyed when it has a secret.
+func (l *Ledger) hashOf(e *Entry) string {
+	if l.secret != nil {
+		return KeyedHashOf(l.secret, e)
+	}
+	return HashOf(e)
+}
+
 func encodeStored(e *Entry) []byte {
-	b, err := json.Marshal(stored{canonical: canonicalOf(e), Hash: e.Hash})
+	v := wireVersion
+	if Keyed(e) {
+		v = keyedVersion
+	}
+	b, err := json.Marshal(stored{canonical: canonicalOf(e, v), Hash: e.Hash})
 	if err != nil {
 		panic(fmt.Sprintf("ledger: encode entry: %v", err))
 	}
@@ -92,8 +142,11 @@ func decodeStored(data []byte, seq uint64) (Entry, error) {
 			return Entry{}, fmt.Errorf("%w: seq %d: %v", ErrCorrupt, seq, err)
 		}
 	}
-	if s.V != wireVersion {
+	if s.V != wireVersion && s.V != keyedVersion {
 		return Entry{}, fmt.Errorf("%w: seq %d: version %d", ErrCorrupt, seq, s.V)
+	}
+	if keyed := strings.HasPrefix(s.Hash, KeyedPrefix); keyed != (s.V == keyedVersion) {
+		return Entry{}, fmt.Errorf("%w: seq %d: version %d with a hash of the other scheme", ErrCorrupt, seq, s.V)
 	}
 	t, err := time.Parse(time.RFC3339Nano, s.Time)
 	if err != nil {
@@ -307,11 +360,12 @@ func wrongLast(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// ChainError says where and why Verify found the chain broken. It matches ErrChainBroken.
+// ChainError says where and why Check found the chain broken. It matches ErrChainBroken.
 type ChainError struct {
 	Index  int    // position in the verified slice
 	Seq    uint64 // the entry's stream sequence, if known
 	ID     string
+	Tenant string
 	Reason string
 }
 
@@ -322,61 +376,6 @@ func (e *ChainError) Error() string {
 // Unwrap makes a ChainError match ErrChainBroken.
 func (e *ChainError) Unwrap() error { return ErrChainBroken }
 
-// Verify checks a complete export (every entry of each tenant it contains, in stream order):
-// each entry's hash, that each entry's prev_hash is the hash of the previous entry of its
-// tenant (the first entry of a tenant has none), that ids are unique, and that sequences, when
-// present, increase. It returns the first problem as a *ChainError.
-//
-// An altered entry fails its hash; a removed, inserted or reordered entry breaks the link of
-// the entry after it. A hash chain cannot show that entries were cut from the end of a tenant's
-// chain: compare the export's last hash per tenant with the live stream for that (`oncegate
-// ledger verify` without a file verifies the stream itself).
-func Verify(entries []Entry) error {
-	v := newVerifier()
-	for i := range entries {
-		if err := v.add(i, &entries[i]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// verifier checks entries one at a time (an export that does not fit in memory).
-type verifier struct {
-	heads   map[string]string
-	ids     map[idDigest]struct{}
-	lastSeq uint64
-}
-
-func newVerifier() *verifier {
-	return &verifier{heads: map[string]string{}, ids: map[idDigest]struct{}{}}
-}
-
-func (v *verifier) add(i int, e *Entry) error {
-	fail := func(reason string, args ...any) error {
-		return &ChainError{Index: i, Seq: e.Seq, ID: e.ID, Reason: fmt.Sprintf(reason, args...)}
-	}
-	if e.Seq != 0 {
-		if e.Seq <= v.lastSeq {
-			return fail("sequence %d after %d: entries reordered or repeated", e.Seq, v.lastSeq)
-		}
-		v.lastSeq = e.Seq
-	}
-	if got := HashOf(e); got != e.Hash {
-		return fail("hash mismatch: the entry was altered (stored %.12s…, computed %.12s…)", e.Hash, got)
-	}
-	head, seen := v.heads[e.Tenant]
-	if e.PrevHash != head {
-		if !seen {
-			return fail("prev_hash %.12s… but this is the tenant's first entry: earlier entries were removed", e.PrevHash)
-		}
-		return fail("prev_hash %.12s… is not the hash of the tenant's previous entry (%.12s…): an entry was removed, inserted or reordered", e.PrevHash, head)
-	}
-	d := digest(e.ID)
-	if _, dup := v.ids[d]; dup {
-		return fail("id repeated")
-	}
-	v.ids[d] = struct{}{}
-	v.heads[e.Tenant] = e.Hash
-	return nil
-}
+// Verify is Check without a secret or an anchor: it returns the first finding, else an
+// ErrUnchecked if keyed entries were not checked, else nil.
+func Verify(entries []Entry) error { return Check(entries, VerifyOptions{}).Err() }

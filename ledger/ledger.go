@@ -30,7 +30,10 @@
 //
 // Every entry carries Hash = hex(SHA-256(PrevHash || canonical bytes)), where PrevHash is the
 // Hash of the previous entry of the same tenant ("" for the first) and the canonical bytes are
-// the entry's JSON without Hash and Seq (see CanonicalBytes). An append publishes with
+// the entry's JSON without Hash and Seq (see CanonicalBytes). With a secret (WithSecret) the
+// chain is keyed: Hash = "hmac:" + hex(HMAC-SHA-256(secret, PrevHash || canonical bytes)), the
+// canonical bytes saying "v" 2; unkeyed entries written before still verify (see Check, and
+// Heads for anchoring each tenant's head outside the ledger). An append publishes with
 // Nats-Msg-Id = the entry id and WithExpectLastSequencePerSubject(the tenant's last sequence);
 // on a conflict it re-reads the tenant's new entries, recomputes PrevHash and tries again, so
 // a tenant's chain never forks, across goroutines, connections and processes. Before each
@@ -71,6 +74,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -133,9 +137,16 @@ var (
 	ErrFenced = errors.New("ledger: fenced")
 	// ErrContended is returned when an append lost the race for its tenant's chain too often.
 	ErrContended = errors.New("ledger: chain contended")
-	// ErrChainBroken is returned by Verify (as a *ChainError) when an entry was altered,
-	// removed, inserted or reordered.
+	// ErrChainBroken is returned by Verify and Report.Err (as a *ChainError) when an entry was
+	// altered, removed, inserted or reordered, or its chain recomputed without the secret.
 	ErrChainBroken = errors.New("ledger: chain broken")
+	// ErrUnchecked is returned by Verify and Report.Err when nothing else was found but keyed
+	// entries (or a heads file's MAC) could not be checked: no secret was given.
+	ErrUnchecked = errors.New("ledger: keyed entries not checked without the secret")
+	// ErrAnchor is returned by Report.Err (as an *AnchorError) when the ledger does not match
+	// its anchored heads: a tenant's chain was cut or rewritten, a tenant removed, or the heads
+	// file altered.
+	ErrAnchor = errors.New("ledger: chain does not match its anchor")
 	// ErrCorrupt is returned when a stored message or an export line is not a ledger entry.
 	ErrCorrupt = errors.New("ledger: corrupt entry")
 	// ErrStreamConfig is returned by EnsureStream when an existing LEDGER stream cannot be
@@ -274,11 +285,30 @@ func WithLogger(log zerolog.Logger) Option {
 // so with ChargeInput.After, and is then looked up in the stream from that time: the horizon
 // can be minutes. Reversals stay idempotent at any age: Reverse and Reconcile look older
 // entries up.
+func WithDedupHorizon(d time.Duration) Option { return func(l *Ledger) { l.horizon = d } }
+
 // WithMetrics counts the entries this ledger appends (oncegate_spend_micros_total,
 // oncegate_ledger_reversals_total) and the duplicate executions Reconcile finds.
 func WithMetrics(m *telemetry.Metrics) Option { return func(l *Ledger) { l.metrics = m } }
 
-func WithDedupHorizon(d time.Duration) Option { return func(l *Ledger) { l.horizon = d } }
+// WithSecret keys the chain: every entry this ledger appends is hashed with KeyedHashOf under
+// secret (at least MinSecretLen bytes; CheckSecret; a shorter one panics in New), so nobody
+// without the secret can recompute the chain after an edit. Entries appended before, unkeyed,
+// still verify; a chain may mix both, unkeyed entries first. Keep the secret configured once it
+// is: an unkeyed entry after a keyed one is what a recomputation without the key looks like,
+// and Check reports it. Nil or empty: unkeyed (SHA-256).
+func WithSecret(secret []byte) Option {
+	return func(l *Ledger) {
+		if len(secret) == 0 {
+			l.secret = nil
+			return
+		}
+		if err := CheckSecret(secret); err != nil {
+			panic(err.Error())
+		}
+		l.secret = bytes.Clone(secret)
+	}
+}
 
 // WithReconcileHorizon bounds Reconcile's in-memory summary (default 0: every intent read):
 // an intent charged once is forgotten once its charge is older than d. Set it to at least the
@@ -316,6 +346,8 @@ type Ledger struct {
 	unpriced map[string]bool
 	// metrics counts the entries appended (spend, reversals) and the duplicates found; nil: none.
 	metrics *telemetry.Metrics
+	// secret keys the chain (WithSecret); nil: unkeyed.
+	secret []byte
 }
 
 // maxUnpricedWarnings bounds the models an unpriced-model warning is given for (model names

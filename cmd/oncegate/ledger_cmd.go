@@ -16,14 +16,23 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/ledger"
 )
 
 const ledgerUsage = `usage:
-  oncegate ledger verify [FILE|-] [--format csv|jsonl]
+  oncegate ledger verify [FILE|-|live] [--format csv|jsonl] [--heads FILE] [--require-keyed]
       verify an export (the format follows the file name, else --format; default jsonl);
-      without FILE, verify the live LEDGER stream (needs --nats-url or --data-dir)
+      without FILE (or with "live"), verify the live LEDGER stream (needs --nats-url or
+      --data-dir). Each entry's hash (keyed entries' with the ledger secret) and its link to
+      the previous entry of its tenant; with --heads, that every anchored tenant is still there
+      with its anchored entries (entries appended since are fine); with --require-keyed, that
+      every entry is keyed. One line per finding
+  oncegate ledger head [--out FILE]
+      export each tenant's head (tenant, seq and hash of its last entry, count of entries,
+      time) as JSON, with an HMAC over it when the ledger secret is set: keep it away from the
+      ledger, and give it to verify --heads later. Refused when the chain does not verify
   oncegate ledger export [--format csv|jsonl] [--tenant T] [--from RFC3339] [--to RFC3339]
       write every entry (with hash and prev_hash) to stdout; verify needs an export of all entries
   oncegate ledger bill [--tenant T] [--from RFC3339] [--to RFC3339] [--json]
@@ -41,13 +50,26 @@ const ledgerUsage = `usage:
     --data-dir DIR   start the embedded NATS server read-write on the gateway's data directory;
                      the gateway must NOT be running on DIR at the same time (stop it first, or
                      use --nats-url against its --nats-listen address)
+  The ledger secret (verify, head) is ONCEGATE_LEDGER_SECRET, else ledger.secret of
+  --config FILE.
 
-  Exit status: 0 done, 1 failed, 2 bad usage, 3 reconcile found unexplained provider usage.
+  Exit status: 0 done, 1 failed (verify: a finding), 2 bad usage, 3 reconcile found
+  unexplained provider usage, 4 verify found nothing but could not check keyed entries or
+  the heads' MAC without the ledger secret.
 `
 
 // exitUnexplained is the exit status of `ledger reconcile --provider-usage` when a provider
 // line matches no intent: the report is printed as usual, and cron can alert on the status.
 const exitUnexplained = 3
+
+// exitUnchecked is the exit status of `ledger verify` when it found nothing wrong but keyed
+// entries, or the heads file's MAC, could not be checked without the ledger secret.
+const exitUnchecked = 4
+
+// exitError is an error already reported to the user, with the exit status to return.
+type exitError struct{ code int }
+
+func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 // errUnexplained is returned by ledgerReconcile, after its report, when provider usage lines
 // match no intent.
@@ -77,6 +99,10 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	dryRun := fs.Bool("dry-run", false, "reconcile: report what would be reversed, append nothing")
 	usagePath := fs.String("provider-usage", "", "reconcile: a provider usage export to match")
 	usageFormat := fs.String("usage-format", "", "format of --provider-usage: csv or jsonl (default: from the file name)")
+	headsPath := fs.String("heads", "", "verify: the heads file (written by ledger head) to check the ledger against")
+	requireKeyed := fs.Bool("require-keyed", false, "verify: every entry must be keyed (a ledger keyed from its first entry)")
+	outPath := fs.String("out", "", "head: write the heads to FILE (default stdout)")
+	configPath := fs.String("config", "", "verify, head: the gateway's config file, for ledger.secret")
 	// Flags may come before or after the positional argument (verify FILE --format csv).
 	var rest []string
 	for {
@@ -106,17 +132,46 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		fmt.Fprintf(stderr, "oncegate ledger %s: unexpected argument %q\n", sub, rest[wantArgs])
 		return 2
 	}
+	var secret []byte
+	if sub == "verify" || sub == "head" {
+		var err error
+		if secret, err = ledgerSecret(*configPath, getenv); err != nil {
+			fmt.Fprintf(stderr, "oncegate ledger %s: %v\n", sub, err)
+			return 2
+		}
+	}
 	switch sub {
 	case "verify":
-		if len(rest) == 1 {
-			return ledgerVerifyFile(rest[0], *format, stdout, stderr)
+		opts := ledger.VerifyOptions{Secret: secret, RequireKeyed: *requireKeyed}
+		if *headsPath != "" {
+			h, err := readHeadsFile(*headsPath)
+			if err != nil {
+				fmt.Fprintf(stderr, "oncegate ledger verify: %v\n", err)
+				return 1
+			}
+			opts.Heads = h
+		}
+		v := verifyRun{opts: opts, headsName: *headsPath, stdout: stdout, stderr: stderr}
+		if len(rest) == 1 && rest[0] != "live" {
+			return v.file(rest[0], *format)
 		}
 		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Ledger) error {
 			es, err := l.Entries(ctx, "", time.Time{}, time.Time{})
 			if err != nil {
 				return err
 			}
-			return reportVerify("LEDGER stream", es, stdout)
+			if code := v.report("LEDGER stream", es); code != 0 {
+				return &exitError{code}
+			}
+			return nil
+		})
+	case "head":
+		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Ledger) error {
+			es, err := l.Entries(ctx, "", time.Time{}, time.Time{})
+			if err != nil {
+				return err
+			}
+			return ledgerHead(es, secret, *outPath, stdout, stderr)
 		})
 	case "export":
 		f := *format
@@ -180,13 +235,56 @@ func formatOf(path, explicit string) string {
 	return ledger.FormatJSONL
 }
 
-func ledgerVerifyFile(path, format string, stdout, stderr io.Writer) int {
+// ledgerSecret is the ledger secret: ONCEGATE_LEDGER_SECRET, else ledger.secret of the config
+// file at path (which applies the environment too); nil when neither is set.
+func ledgerSecret(path string, getenv func(string) string) ([]byte, error) {
+	var s string
+	if getenv != nil {
+		s = getenv(config.EnvLedgerSecret)
+	}
+	if s == "" && path != "" {
+		cfg, err := config.LoadWith(path, getenv)
+		if err != nil {
+			return nil, err
+		}
+		s = cfg.Ledger.Secret
+	}
+	if s == "" {
+		return nil, nil
+	}
+	if err := ledger.CheckSecret([]byte(s)); err != nil {
+		return nil, fmt.Errorf("%s: %w", config.EnvLedgerSecret, err)
+	}
+	return []byte(s), nil
+}
+
+func readHeadsFile(path string) (*ledger.Heads, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h, err := ledger.ReadHeads(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return h, nil
+}
+
+// verifyRun is one `ledger verify`: its options and where it reports.
+type verifyRun struct {
+	opts           ledger.VerifyOptions
+	headsName      string
+	stdout, stderr io.Writer
+}
+
+func (v *verifyRun) file(path, format string) int {
 	var r io.Reader = os.Stdin
 	name := "stdin"
 	if path != "-" {
 		f, err := os.Open(path)
 		if err != nil {
-			fmt.Fprintf(stderr, "oncegate ledger verify: %v\n", err)
+			fmt.Fprintf(v.stderr, "oncegate ledger verify: %v\n", err)
 			return 1
 		}
 		defer f.Close()
@@ -194,47 +292,112 @@ func ledgerVerifyFile(path, format string, stdout, stderr io.Writer) int {
 	}
 	es, err := ledger.ReadExport(r, formatOf(path, format))
 	if err != nil {
-		fmt.Fprintf(stderr, "oncegate ledger verify: %s: %v\n", name, err)
+		fmt.Fprintf(v.stderr, "oncegate ledger verify: %s: %v\n", name, err)
 		return 1
 	}
-	if err := reportVerify(name, es, stdout); err != nil {
-		fmt.Fprintf(stderr, "oncegate ledger verify: %s: %v\n", name, err)
-		return 1
-	}
-	return 0
+	return v.report(name, es)
 }
 
-// reportVerify verifies es and prints each tenant's head: compare them with the live stream
-// to detect entries cut from the end of a chain, which no hash chain shows by itself.
-func reportVerify(name string, es []ledger.Entry, w io.Writer) error {
-	if err := ledger.Verify(es); err != nil {
-		return err
-	}
-	type head struct {
-		n    int
-		hash string
-		seq  uint64
-	}
-	heads := map[string]*head{}
-	var order []string
-	for _, e := range es {
-		h := heads[e.Tenant]
-		if h == nil {
-			h = &head{}
-			heads[e.Tenant] = h
-			order = append(order, e.Tenant)
+// report checks es and prints one line per finding on stderr (exit 1); else what was
+// proved and each tenant's head on stdout, and, if keyed entries or the heads' MAC could not
+// be checked without the secret, a line saying so on stderr (exit exitUnchecked).
+func (v *verifyRun) report(name string, es []ledger.Entry) int {
+	r := ledger.Check(es, v.opts)
+	if len(r.Findings) > 0 {
+		for _, f := range r.Findings {
+			fmt.Fprintf(v.stderr, "oncegate ledger verify: %s: %v\n", name, f)
 		}
-		h.n++
-		h.hash, h.seq = e.Hash, e.Seq
+		fmt.Fprintf(v.stderr, "oncegate ledger verify: %s: %d findings\n", name, len(r.Findings))
+		return 1
 	}
-	fmt.Fprintf(w, "%s: chain intact: %d entries, %d tenants\n", name, len(es), len(order))
+	w := v.stdout
+	if r.Unchecked > 0 {
+		fmt.Fprintf(w, "%s: chain links intact, %d keyed entries not checked: %d entries, %d tenants\n", name, r.Unchecked, len(es), len(r.Heads))
+	} else {
+		fmt.Fprintf(w, "%s: chain intact: %d entries, %d tenants\n", name, len(es), len(r.Heads))
+	}
+	if r.Keyed > 0 && r.Unchecked == 0 {
+		fmt.Fprintf(w, "%s: %d keyed entries checked with the ledger secret, %d unkeyed\n", name, r.Keyed, r.Unkeyed)
+	}
+	if h := v.opts.Heads; h != nil {
+		mac := map[string]string{ledger.MACValid: "its MAC checked", ledger.MACAbsent: "no MAC (written without a secret)",
+			ledger.MACUnchecked: "its MAC NOT checked"}[r.HeadsMAC]
+		fmt.Fprintf(w, "%s: matches the heads in %s (%s, %s): %d tenants anchored, %d entries appended since\n",
+			name, v.headsName, h.Created.Format(time.RFC3339), mac, r.Anchored, r.After)
+	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "tenant\tentries\tlast seq\thead hash")
-	for _, t := range order {
-		h := heads[t]
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", t, h.n, h.seq, h.hash)
+	for _, h := range r.Heads {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", h.Tenant, h.Count, h.Seq, h.Hash)
 	}
-	return tw.Flush()
+	_ = tw.Flush()
+	code := 0
+	if r.Unchecked > 0 {
+		fmt.Fprintf(v.stderr, "oncegate ledger verify: %s: cannot check %d keyed entries without the ledger secret (set %s, or --config FILE with ledger.secret): their links were checked, their contents were not\n",
+			name, r.Unchecked, config.EnvLedgerSecret)
+		code = exitUnchecked
+	}
+	if r.HeadsMAC == ledger.MACUnchecked {
+		fmt.Fprintf(v.stderr, "oncegate ledger verify: %s: cannot check the MAC of %s without the ledger secret: the heads were used as they are\n",
+			name, v.headsName)
+		code = exitUnchecked
+	}
+	return code
+}
+
+// ledgerHead anchors es: it writes each tenant's head to out (stdout when empty), with a MAC
+// when secret is set. A chain that does not verify is not anchored.
+func ledgerHead(es []ledger.Entry, secret []byte, out string, stdout, stderr io.Writer) error {
+	r := ledger.Check(es, ledger.VerifyOptions{Secret: secret})
+	if len(r.Findings) > 0 {
+		for _, f := range r.Findings {
+			fmt.Fprintf(stderr, "oncegate ledger head: %v\n", f)
+		}
+		return fmt.Errorf("the chain does not verify (%d findings): not anchored", len(r.Findings))
+	}
+	if r.Unchecked > 0 {
+		fmt.Fprintf(stderr, "oncegate ledger head: %d keyed entries not checked without the ledger secret (set %s); the heads are unsigned\n",
+			r.Unchecked, config.EnvLedgerSecret)
+	}
+	h := ledger.NewHeads(r.Heads, time.Now(), secret)
+	signed := "unsigned (no ledger secret)"
+	if h.MAC != "" {
+		signed = "with an HMAC"
+	}
+	if out == "" {
+		if err := ledger.WriteHeads(stdout, h); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "oncegate ledger head: %d tenants, %d entries, %s\n", len(h.Heads), len(es), signed)
+		return nil
+	}
+	if err := writeFileAtomic(out, func(w io.Writer) error { return ledger.WriteHeads(w, h) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: heads of %d tenants, %d entries, %s\n", out, len(h.Heads), len(es), signed)
+	return nil
+}
+
+// writeFileAtomic writes path through a temporary file in its directory, renamed into place
+// once complete and synced: a crash never leaves a half-written heads file.
+func writeFileAtomic(path string, write func(io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // after the rename, nothing
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
 
 func ledgerReconcile(ctx context.Context, l *ledger.Ledger, dryRun bool, usagePath, usageFormat string, asJSON bool, w io.Writer) error {
@@ -441,6 +604,10 @@ func (lc *ledgerConn) run(ctx context.Context, sub string, stderr io.Writer, fn 
 		}
 	}
 	if err := fn(ctx, ledger.New(js, nil, "", ledger.WithLogger(newLogger(stderr, "warn")))); err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			return ee.code
+		}
 		if errors.Is(err, errUnexplained) {
 			fmt.Fprintf(stderr, "oncegate ledger %s: %v\n", sub, err)
 			return exitUnexplained

@@ -351,7 +351,15 @@ type Ledger struct {
 	// TallyEvery is how often an API process flushes its count of executions avoided (joins
 	// and replays) to OG_TALLY, for the bills; a crash loses at most one interval's counts.
 	TallyEvery Duration `yaml:"tally_every"`
+	// Secret keys the ledger's hash chain (HMAC-SHA-256) and signs the heads `oncegate ledger
+	// head` exports: nobody without it can recompute the chain after an edit. At least 32
+	// bytes; empty = unkeyed (SHA-256). Overridden by ONCEGATE_LEDGER_SECRET. Once set, keep it:
+	// `ledger verify` reports unkeyed entries after keyed ones.
+	Secret string `yaml:"secret,omitempty"`
 }
+
+// MinLedgerSecret is the shortest ledger.secret accepted, in bytes (ledger.MinSecretLen).
+const MinLedgerSecret = 32
 
 // Price of a model per million tokens, in micro-units.
 type Price struct {

@@ -60,7 +60,7 @@ func TestLoadEmptyPathIsDefault(t *testing.T) {
 	}
 
 	// The exported Load reads the real environment: neutralize it.
-	for _, k := range []string{EnvListen, EnvDataDir, EnvNATSURL, EnvLogLevel, EnvRole, EnvOpenAIBaseURL, EnvOpenAIAPIKey} {
+	for _, k := range []string{EnvListen, EnvDataDir, EnvNATSURL, EnvLogLevel, EnvRole, EnvLedgerSecret, EnvOpenAIBaseURL, EnvOpenAIAPIKey} {
 		t.Setenv(k, "")
 	}
 	got, err = Load("")
@@ -364,14 +364,16 @@ func TestApplyEnv(t *testing.T) {
 		{
 			name: "all ONCEGATE overrides",
 			env: map[string]string{
-				"ONCEGATE_LISTEN":    "0.0.0.0:9000",
-				"ONCEGATE_DATA_DIR":  "/srv/oncegate",
-				"ONCEGATE_NATS_URL":  "nats://n:4222",
-				"ONCEGATE_LOG_LEVEL": "debug",
-				"ONCEGATE_ROLE":      "worker",
+				"ONCEGATE_LISTEN":        "0.0.0.0:9000",
+				"ONCEGATE_DATA_DIR":      "/srv/oncegate",
+				"ONCEGATE_NATS_URL":      "nats://n:4222",
+				"ONCEGATE_LOG_LEVEL":     "debug",
+				"ONCEGATE_ROLE":          "worker",
+				"ONCEGATE_LEDGER_SECRET": strings.Repeat("s", 32),
 			},
 			expect: func(c *Config) {
 				c.Listen, c.DataDir, c.NATS.URL, c.LogLevel, c.Role = "0.0.0.0:9000", "/srv/oncegate", "nats://n:4222", "debug", "worker"
+				c.Ledger.Secret = strings.Repeat("s", 32)
 			},
 		},
 		{

@@ -13,6 +13,8 @@ const (
 	EnvNATSURL  = "ONCEGATE_NATS_URL"
 	EnvLogLevel = "ONCEGATE_LOG_LEVEL"
 	EnvRole     = "ONCEGATE_ROLE"
+	// EnvLedgerSecret overrides ledger.secret (keeping the secret out of the file).
+	EnvLedgerSecret = "ONCEGATE_LEDGER_SECRET"
 
 	// EnvTenants adds tenants: "acme=<sha256 hex>,<sha256 hex>;globex=<sha256 hex>". A tenant
 	// already in the file gets the keys added.
@@ -26,8 +28,8 @@ const (
 // nothing. getenv is usually os.Getenv (nil means os.Getenv).
 //
 //   - ONCEGATE_LISTEN, ONCEGATE_DATA_DIR, ONCEGATE_NATS_URL,
-//     ONCEGATE_LOG_LEVEL and ONCEGATE_ROLE override listen, data_dir,
-//     nats.url, log_level and role.
+//     ONCEGATE_LOG_LEVEL, ONCEGATE_ROLE and ONCEGATE_LEDGER_SECRET override listen,
+//     data_dir, nats.url, log_level, role and ledger.secret.
 //   - If OPENAI_BASE_URL and OPENAI_API_KEY are both set and no backend of
 //     type openai exists, a backend named "openai" is appended that serves
 //     every model ("*") at $OPENAI_BASE_URL with the key from
@@ -47,6 +49,7 @@ func (c *Config) ApplyEnv(getenv func(string) string) {
 		{EnvNATSURL, &c.NATS.URL},
 		{EnvLogLevel, &c.LogLevel},
 		{EnvRole, &c.Role},
+		{EnvLedgerSecret, &c.Ledger.Secret},
 	} {
 		if v := getenv(o.env); v != "" {
 			*o.dst = v

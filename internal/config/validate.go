@@ -653,6 +653,10 @@ func (v *validator) ledger(l *Ledger) {
 	if l.DefaultMaxTokens < 1 {
 		v.add("ledger.default_max_tokens", "must be >= 1, got %d", l.DefaultMaxTokens)
 	}
+	if n := len(l.Secret); n > 0 && n < MinLedgerSecret {
+		// The length only: a secret is never echoed.
+		v.add("ledger.secret", "must be at least %d bytes (e.g. `openssl rand -hex 32`), got %d bytes", MinLedgerSecret, n)
+	}
 	for m, p := range l.Prices {
 		if p.InputPerMillion < 0 || p.OutputPerMillion < 0 {
 			v.add("ledger.prices."+m, "prices must be >= 0 micro-units per million tokens")
