@@ -395,7 +395,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		defer close(reconciled)
 		g.reconcileLoop(wctx, led)
 	}()
-	go func() {
+	go func() { // #nosec G118 -- the workers' context is deliberately cut from the caller's (it outlives Start); the status removal after they stop uses Background, bounded to 2 s
 		defer close(g.workersDone)
 		defer func() { <-reconciled }()
 		if err := pool.Run(wctx); err != nil {

@@ -248,7 +248,7 @@ func (s *retryStorm) op(ctx context.Context, r *runner, t *target, seq int64, tl
 			tl.addIntent(true, time.Since(start), false)
 			return true
 		}
-		if n >= s.cfg.Retries || !shouldRetry(&o, a.stream) || !clock.Sleep(ctx, retryDelay(o.hints, n, rand.Float64())) ||
+		if n >= s.cfg.Retries || !shouldRetry(&o, a.stream) || !clock.Sleep(ctx, retryDelay(o.hints, n, rand.Float64())) || // #nosec G404 -- the bench client's retry jitter, not a secret
 			!t.reserve(1) {
 			tl.addIntent(false, time.Since(start), false)
 			return true

@@ -21,7 +21,7 @@ const (
 	EnvTenants = "ONCEGATE_TENANTS"
 
 	EnvOpenAIBaseURL = "OPENAI_BASE_URL"
-	EnvOpenAIAPIKey  = "OPENAI_API_KEY"
+	EnvOpenAIAPIKey  = "OPENAI_API_KEY" // #nosec G101 -- the name of the variable that holds the key, not a key
 )
 
 // ApplyEnv applies environment overrides; an unset or empty variable changes

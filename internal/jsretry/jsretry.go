@@ -116,7 +116,7 @@ func Do(ctx context.Context, until time.Time, try func(ctx context.Context) erro
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
-		pause := rand.N(wait) + time.Millisecond
+		pause := rand.N(wait) + time.Millisecond // #nosec G404 -- retry jitter, not a secret
 		wait = min(2*wait, backoffCap)
 		if time.Until(until) < pause+10*time.Millisecond {
 			return fmt.Errorf("%w: %w", ErrUnavailable, err)

@@ -73,7 +73,7 @@ func lockDir(dir, name string) (*dirLock, error) {
 		return nil, fmt.Errorf("%w %s: %w", ErrStoreDir, dir, err)
 	}
 	path := filepath.Join(dir, LockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrStoreDir, dir, err)
 	}

@@ -31,7 +31,7 @@ func Backoff(attempt int, base, cap time.Duration) time.Duration {
 	if d <= 0 {
 		return 0
 	}
-	return time.Duration(rand.Int64N(int64(d) + 1))
+	return time.Duration(rand.Int64N(int64(d) + 1)) // #nosec G404 -- backoff jitter, not a secret
 }
 
 // RetryAfter reads a server's requested delay: retry-after-ms (milliseconds) first, then
