@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -188,20 +185,7 @@ func TestLedgerVerifyHeads(t *testing.T) {
 func TestLedgerHeadLive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ns, err := natsrv.Start(ctx, natsrv.Options{StoreDir: t.TempDir(), Listen: "127.0.0.1:-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := ns.Connect("seed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, js := listeningNATS(t, ctx)
 	if err := ledger.EnsureStream(ctx, js); err != nil {
 		t.Fatal(err)
 	}

@@ -116,20 +116,7 @@ func seedLedger(t *testing.T, js jetstream.JetStream) {
 func TestLedgerAgainstNATS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ns, err := natsrv.Start(ctx, natsrv.Options{StoreDir: t.TempDir(), Listen: "127.0.0.1:-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := ns.Connect("seed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns, js := listeningNATS(t, ctx)
 	seedLedger(t, js)
 	url := ns.ClientURL()
 
@@ -294,4 +281,25 @@ func TestPrintBillGolden(t *testing.T) {
 	var out bytes.Buffer
 	printBill(&out, b)
 	testkit.Golden(t, filepath.Join("testdata", "bill.txt"), out.Bytes())
+}
+
+// listeningNATS starts an embedded server listening on loopback (as a gateway with
+// --nats-listen) in a temp dir, and a JetStream context on it; both end with the test.
+func listeningNATS(t *testing.T, ctx context.Context) (*natsrv.Server, jetstream.JetStream) {
+	t.Helper()
+	ns, err := natsrv.Start(ctx, natsrv.Options{StoreDir: t.TempDir(), Listen: "127.0.0.1:-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := ns.Connect("seed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns, js
 }
