@@ -88,9 +88,10 @@ func TestClaimRetriesUntilTheBucketIsBack(t *testing.T) {
 		claimed <- written{rev, err}
 	}()
 	waitTries(t, tries, 2)
-	if _, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Recreate(t, func() error {
+		_, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour})
+		return err
+	})
 	cw := testkit.RequireChanRead(t, claimed, 15*time.Second)
 	if cw.err != nil {
 		t.Fatalf("claim: %v, want it applied once the bucket is back", cw.err)
@@ -118,9 +119,10 @@ func TestIndexJobRetriesUntilTheStoreIsBack(t *testing.T) {
 	indexed := make(chan error, 1)
 	go func() { indexed <- st.IndexJob(ctx, "job-1", "key-1", true) }()
 	waitTries(t, tries, 2)
-	if _, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Recreate(t, func() error {
+		_, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour})
+		return err
+	})
 	if err := testkit.RequireChanRead(t, indexed, 15*time.Second); err != nil {
 		t.Fatalf("index job: %v, want it written once the store is back", err)
 	}

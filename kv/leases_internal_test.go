@@ -91,9 +91,10 @@ func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
 	if err := srv.JS.DeleteKeyValue(ctx, Bucket); err != nil {
 		t.Fatal(err)
 	}
-	if st, err = Open(ctx, srv.JS, BucketConfig{TTL: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Recreate(t, func() (err error) {
+		st, err = Open(ctx, srv.JS, BucketConfig{TTL: time.Hour})
+		return err
+	})
 	w.s, revs = st, map[string]uint64{}
 	put("e", Pending, now.Add(-time.Minute))
 	check("after the bucket was recreated", []string{"e"}, 1)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -390,9 +391,7 @@ func TestAnchorLive(t *testing.T) {
 		if err := srv.JS.DeleteStream(ctx, ledger.StreamName); err != nil {
 			t.Fatal(err)
 		}
-		if err := ledger.EnsureStream(ctx, srv.JS); err != nil {
-			t.Fatal(err)
-		}
+		testkit.Recreate(t, func() error { return ledger.EnsureStream(ctx, srv.JS) })
 		for _, m := range msgs {
 			if _, err := srv.JS.Publish(ctx, m.subject, m.data); err != nil {
 				t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/openaiwire"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -54,9 +55,7 @@ func TestLostFeedKeepsTheAnswer(t *testing.T) {
 	if err := r.srv.JS.DeleteStream(ctx, jobs.ChunksStream); err != nil {
 		t.Fatal(err)
 	}
-	if err := jobs.EnsureStreams(ctx, r.srv.JS, jobs.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Recreate(t, func() error { return jobs.EnsureStreams(ctx, r.srv.JS, jobs.StreamConfig{}) })
 
 	got := waitFinished(t, ctx, r.store, key, rec)
 	if got.State != kv.Completed || got.Result.Partial {

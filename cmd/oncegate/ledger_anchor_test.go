@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -241,9 +242,7 @@ func TestLedgerHeadLive(t *testing.T) {
 	if err := js.DeleteStream(ctx, ledger.StreamName); err != nil {
 		t.Fatal(err)
 	}
-	if err := ledger.EnsureStream(ctx, js); err != nil {
-		t.Fatal(err)
-	}
+	testkit.Recreate(t, func() error { return ledger.EnsureStream(ctx, js) })
 	for _, m := range keep {
 		if _, err := js.Publish(ctx, m[0], []byte(m[1])); err != nil {
 			t.Fatal(err)

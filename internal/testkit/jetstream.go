@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,4 +61,25 @@ func (s *JetStream) Conn(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	}
 	t.Cleanup(nc.Close)
 	return nc, js
+}
+
+// Recreate runs create, which makes a stream again right after the test deleted it, until it
+// no longer fails with "error creating store for stream" (for at most 5 s), and fails the test
+// on any other error. nats-server removes an account's emptied streams directory in a goroutine
+// of its own after a delete (stream.go, stop with deleteFlag): a create in that moment can lose
+// the directory it just made. Only a test deletes the last stream of an account and at once
+// makes one again.
+func Recreate(t testing.TB, create func() error) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := create()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "error creating store for stream") || time.Now().After(deadline) {
+			t.Fatalf("testkit: recreate: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
