@@ -7,6 +7,7 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -148,6 +149,13 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 			return &StartError{Field: "listen", Err: fmt.Errorf("listen %s: %w", cfg.Listen, listenCause(err))}
 		}
 		g.ln = ln
+		if cfg.HTTP.TLSCert != "" {
+			tlsConf, err := serverTLS(cfg.HTTP.TLSCert, cfg.HTTP.TLSKey)
+			if err != nil {
+				return &StartError{Field: "http.tls_cert", Err: err}
+			}
+			g.ln = tls.NewListener(ln, tlsConf)
+		}
 	}
 	if err := g.listenMetrics(); err != nil {
 		return err
@@ -443,7 +451,11 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		Metrics: g.metrics, Tracer: g.tracer})
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
-	g.log.Info().Str("listen", "http://"+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
+	scheme := "http://"
+	if g.cfg.HTTP.TLSCert != "" {
+		scheme = "https://"
+	}
+	g.log.Info().Str("listen", scheme+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
 	return nil
 }
 
@@ -686,4 +698,14 @@ func (b budgets) Reserve(ctx context.Context, tenant string, estimateMicros int6
 		return bb.Reserve(ctx, tenant, estimateMicros)
 	}
 	return func(int64) {}, nil
+}
+
+// serverTLS is the HTTP API's TLS configuration: the certificate chain and key of certFile and
+// keyFile, TLS 1.2 or later, HTTP/1.1 (the server speaks no HTTP/2).
+func serverTLS(certFile, keyFile string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate %s with key %s: %w", certFile, keyFile, err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
 }

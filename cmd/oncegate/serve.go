@@ -32,6 +32,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	serverName := fs.String("nats-server-name", "", "this node's name in the cluster (default HOSTNAME-PORT of --nats-cluster-listen)")
 	metricsListen := fs.String("metrics-listen", "", "also serve /metrics, unauthenticated, on this host:port (any role)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback ADDR (profiling)")
+	tlsCert := fs.String("tls-cert", "", "serve the HTTP API over TLS with this PEM certificate (chain) file (with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "the PEM private key file of --tls-cert")
 	dashboardPublic := fs.Bool("dashboard-public", false, "serve /dashboard to any client when no tenants are configured (default: loopback only)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -55,6 +57,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	override(*clusterListen, &cfg.NATS.Cluster.Listen)
 	override(*serverName, &cfg.NATS.Cluster.ServerName)
 	override(*metricsListen, &cfg.Metrics.Listen)
+	override(*tlsCert, &cfg.HTTP.TLSCert)
+	override(*tlsKey, &cfg.HTTP.TLSKey)
 	if *dashboardPublic {
 		cfg.Dashboard.Public = true
 	}
@@ -106,6 +110,8 @@ func startFailure(err error) string {
 	switch {
 	case se.Field == "listen":
 		return msg + "; pass --listen"
+	case se.Field == "http.tls_cert":
+		return msg + "; pass a readable PEM certificate and its key as --tls-cert and --tls-key"
 	case se.Field == "metrics.listen":
 		return msg + "; pass another --metrics-listen"
 	case se.Field == "nats.listen":

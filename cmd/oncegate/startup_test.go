@@ -112,6 +112,18 @@ func TestServeStartFailures(t *testing.T) {
 			want: "oncegate: nats listen " + natsBusy + ": address already in use; pass another --nats-listen",
 		},
 		{
+			name:      "TLS certificate without its key",
+			args:      []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d4"), "--tls-cert", file},
+			want:      "oncegate: http.tls_key: must be set with http.tls_cert (--tls-key with --tls-cert)",
+			untouched: filepath.Join(tmp, "d4"),
+		},
+		{
+			name:      "TLS certificate that is no PEM",
+			args:      []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d5"), "--tls-cert", file, "--tls-key", file},
+			want:      "oncegate: TLS certificate " + file + " with key " + file + ": tls: failed to find any PEM data in certificate input; pass a readable PEM certificate and its key as --tls-cert and --tls-key",
+			untouched: filepath.Join(tmp, "d5"),
+		},
+		{
 			name:      "api role on an embedded NATS without a port",
 			args:      []string{"serve", "--role", "api", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d3")},
 			want:      `oncegate: role: "api" runs no workers and the embedded NATS server has no network port, so no worker could ever connect: pass --nats-listen ADDR (nats.listen) or --nats-url URL (nats.url)`,

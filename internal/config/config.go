@@ -139,6 +139,12 @@ type HTTP struct {
 	// AccessLogSample is the share of requests whose access-log line (one per request, at
 	// info) is written: 1 every one, 0 none; a 5xx is always written.
 	AccessLogSample float64 `yaml:"access_log_sample"`
+	// TLSCert and TLSKey are PEM files (--tls-cert, --tls-key; the key file may hold the key
+	// alone, the certificate file the chain): with both, the HTTP API is served over TLS 1.2 or
+	// later on Listen; with neither, plain HTTP. They are read once at start: restart a node
+	// (rolling, with no intent lost) to rotate them. /metrics on metrics.listen stays plain.
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
 }
 
 // Workers configures the worker side.

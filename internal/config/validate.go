@@ -322,6 +322,12 @@ func (v *validator) http(h *HTTP) {
 	v.positive("http.write_timeout", h.WriteTimeout)
 	v.positive("http.idle_timeout", h.IdleTimeout)
 	v.positive("http.shutdown_grace", h.ShutdownGrace)
+	switch {
+	case h.TLSCert != "" && h.TLSKey == "":
+		v.add("http.tls_key", "must be set with http.tls_cert (--tls-key with --tls-cert)")
+	case h.TLSCert == "" && h.TLSKey != "":
+		v.add("http.tls_cert", "must be set with http.tls_key (--tls-cert with --tls-key)")
+	}
 }
 
 func (v *validator) workers(w *Workers) {

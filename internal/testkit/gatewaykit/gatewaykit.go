@@ -76,6 +76,9 @@ func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	g := &Gateway{Gateway: gw, Cfg: cfg}
 	if gw.Addr() != "" {
 		g.URL = "http://" + gw.Addr()
+		if cfg.HTTP.TLSCert != "" {
+			g.URL = "https://" + gw.Addr()
+		}
 	}
 	t.Cleanup(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
