@@ -444,7 +444,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog),
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
-			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D()}})
+			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D(), Limits: tenantLimits(g.cfg)}})
 	g.intents = intents
 	g.api = httpapi.New(httpapi.Deps{Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
@@ -708,4 +708,15 @@ func serverTLS(certFile, keyFile string) (*tls.Config, error) {
 		return nil, fmt.Errorf("TLS certificate %s with key %s: %w", certFile, keyFile, err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
+}
+
+// tenantLimits is this node's share of every tenant's caps (config.Limits.Share).
+func tenantLimits(cfg *config.Config) map[string]intent.Limits {
+	m := map[string]intent.Limits{}
+	for _, t := range cfg.Tenants {
+		l := t.Limits.Share(cfg.Admission.APINodes)
+		m[t.ID] = intent.Limits{Executions: l.Executions, Streams: l.Streams, FollowersPerJob: l.FollowersPerJob,
+			RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, TokensPerMinute: l.TokensPerMinute}
+	}
+	return m
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
@@ -144,6 +145,9 @@ var errorTable = []struct {
 	{ledger.ErrBudgetExceeded, apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
 		Message: "this tenant's spend limit for the period is reached", Retry: retryNo}},
 	{ledger.ErrBudgetUnavailable, unavailableAnswer("the budget could not be checked; retry")},
+	// A tenant's cap (intent.LimitError): limitAnswer fills in which cap and when to retry.
+	{intent.ErrTenantLimit, apiError{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded",
+		Message: "this tenant's limit is reached; retry shortly", Retry: retryYes, RetryAfter: 1}},
 	// Shed at the door: nothing was written, the same request is safe to send again.
 	{intent.ErrOverloaded, apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "overloaded",
 		Message: "the gateway is at capacity; retry shortly", Retry: retryYes, RetryAfter: 1}},
@@ -265,7 +269,12 @@ func unavailable(msg string) *apiError {
 func answerOf(err error) (ae *apiError, ok bool) {
 	for i := range errorTable {
 		if errors.Is(err, errorTable[i].err) {
-			return errorTable[i].answer.ptr(), true
+			ae := errorTable[i].answer.ptr()
+			var le *intent.LimitError
+			if errors.As(err, &le) {
+				limitAnswer(ae, le)
+			}
+			return ae, true
 		}
 	}
 	if errors.As(err, &ae) {
@@ -276,6 +285,21 @@ func answerOf(err error) (ae *apiError, ok bool) {
 		return fiberError(fe), true
 	}
 	return nil, false
+}
+
+// limitAnswer says in ae which of a tenant's caps refused the request and when the same
+// request can pass (Retry-After, rounded up to whole seconds); a request too large for its cap
+// is not to be retried. The type is OpenAI's for rate limits: tokens or requests.
+func limitAnswer(ae *apiError, le *intent.LimitError) {
+	ae.Message = le.Error()
+	if le.Limit == "tokens_per_minute" {
+		ae.Type = "tokens"
+	}
+	if le.TooLarge {
+		ae.Retry, ae.RetryAfter = retryNo, 0
+		return
+	}
+	ae.RetryAfter = max(1, int((le.RetryAfter+time.Second-1)/time.Second))
 }
 
 // answer is the answer to err, the internal error's when it has none.

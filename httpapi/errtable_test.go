@@ -9,10 +9,12 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
@@ -37,6 +39,10 @@ func errorCases() []errorCase {
 		{"keyHeaderInvalid", keyHeaderInvalid(errKeyTooLong)},
 		{"keyPathInvalid", keyPathInvalid(errKeyCharset)},
 		{"unavailable", unavailable("JetStream is not available")},
+		{"LimitError streams", fmt.Errorf("intent: %w", &intent.LimitError{Limit: "streams", Cap: 4, RetryAfter: time.Second})},
+		{"LimitError requests_per_second", &intent.LimitError{Limit: "requests_per_second", Cap: 2.5, RetryAfter: 1300 * time.Millisecond}},
+		{"LimitError tokens_per_minute", &intent.LimitError{Limit: "tokens_per_minute", Cap: 1000, RetryAfter: 12 * time.Second}},
+		{"LimitError tokens_per_minute too large", &intent.LimitError{Limit: "tokens_per_minute", Cap: 1000, TooLarge: true}},
 		{"fiberError 404", fiber.ErrNotFound},
 		{"fiberError 405", fiber.ErrMethodNotAllowed},
 		{"fiberError 408", fiber.ErrRequestTimeout},

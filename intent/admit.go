@@ -23,6 +23,9 @@ const maxDecisions = 5
 func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	if err := c.limitsOf(req.Tenant).request(c.now()); err != nil {
+		return nil, err
+	}
 	if req.Bypass {
 		jobID := jobs.NewID()
 		key := HashParts(req.Tenant, "bypass", jobID) // unique per execution, whatever the key
@@ -73,10 +76,10 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 
 // create claims key with a new record and publishes its job; kv.ErrExists if taken.
 func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outcome Outcome) (*Admission, error) {
-	settle, err := c.reserve(ctx, req)
+	res, err := c.reserve(ctx, req)
 	if err != nil {
-		// A copy of an intent that already exists is never refused by a budget or by the
-		// node's bounds: it costs no backend call.
+		// A copy of an intent that already exists is never refused by a budget, by the
+		// node's bounds or by the tenant's caps on executions: it costs no backend call.
 		if _, _, gerr := c.store.Get(ctx, key); gerr == nil {
 			return nil, fmt.Errorf("intent: claim: %w", kv.ErrExists)
 		}
@@ -85,29 +88,34 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 	rec := c.newRecord(req, jobID, 1)
 	data, err := kv.Encode(rec) // written by the claim, and the body of the job message
 	if err != nil {
-		settle(0)
+		res.cancel()
 		return nil, fmt.Errorf("intent: claim: %w", err)
 	}
 	rev, err := c.store.ClaimEncoded(ctx, key, rec, data)
 	if err != nil {
-		settle(0)
+		res.cancel()
 		if errors.Is(err, kv.ErrExists) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("intent: claim: %w", err)
 	}
-	return c.launchSettled(ctx, req, key, rec, rev, data, outcome, true, settle)
+	return c.launchReserved(ctx, req, key, rec, rev, data, outcome, true, res)
 }
 
-// launchSettled launches a new execution holding a budget reservation.
-func (c *Core) launchSettled(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool, settle func(int64)) (*Admission, error) {
+// launchReserved launches a new execution holding its reservation.
+func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool, res *reservation) (*Admission, error) {
 	adm, err := c.launch(ctx, req, key, rec, rev, data, outcome, newJob)
 	if err != nil {
-		settle(0)
+		res.cancel()
 		return nil, err
 	}
 	estimate := c.estimate(req)
-	adm.settle = func() { settle(estimate) } // the ledger charge replaces it once written
+	adm.settle = func() { res.settle(estimate) } // the ledger charge replaces it once written
+	if adm.leave == nil {
+		adm.leave = res.unstream
+	} else {
+		adm.leave = both(adm.leave, res.unstream)
+	}
 	return adm, nil
 }
 
@@ -138,15 +146,39 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 		}
 	}
 	c.remember(key, rec)
-	return c.admission(outcome, key, rec, fl), nil
+	var leave func()
+	if c.followers != nil {
+		leave, _ = c.follow(key, rec, outcome == Joined, 0)
+	}
+	return c.admission(outcome, key, rec, fl, leave), nil
 }
 
-func (c *Core) admission(outcome Outcome, key string, rec *kv.Record, fl *jobs.Follower) *Admission {
-	a := &Admission{Outcome: outcome, Key: key, Rec: rec, JobID: rec.JobID, core: c, fl: fl}
-	if fl != nil && c.followers != nil {
-		a.leave = c.followed(key, rec, outcome == Joined)
+// admission is the decision; leave (nil: none) is what Done gives back of a followed
+// execution: its place among the execution's copies and the tenant's stream.
+func (c *Core) admission(outcome Outcome, key string, rec *kv.Record, fl *jobs.Follower, leave func()) *Admission {
+	return &Admission{Outcome: outcome, Key: key, Rec: rec, JobID: rec.JobID, core: c, fl: fl, leave: leave}
+}
+
+// join takes req's places as a copy following key's live execution rec on this node: one of
+// the execution's copies (under the tenant's followers per job) and, for a streamed answer,
+// one of the tenant's streams; a *LimitError above either cap. leave gives them back.
+func (c *Core) join(req *Request, key string, rec *kv.Record) (leave func(), err error) {
+	lim := c.limitsOf(req.Tenant)
+	unstream := func() {}
+	if req.Stream {
+		if unstream, err = lim.stream(); err != nil {
+			return nil, err
+		}
 	}
-	return a
+	if c.followers == nil {
+		return unstream, nil
+	}
+	unfollow, err := c.follow(key, rec, true, lim.followersPerJob())
+	if err != nil {
+		unstream()
+		return nil, err
+	}
+	return both(unfollow, unstream), nil
 }
 
 // release marks a claim whose job could not be published as a retryable failure, so the
@@ -206,18 +238,23 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 			}
 			return adm, err
 		}
+		leave, err := c.join(req, req.Key, rec)
+		if err != nil {
+			return nil, err
+		}
 		fl, err := c.hub.Join(ctx, jobs.ChunkSubject(req.Key, rec.Epoch))
 		if err != nil {
+			leave()
 			return nil, fmt.Errorf("intent: join: %w", err)
 		}
 		c.remember(req.Key, rec)
-		return c.admission(Joined, req.Key, rec, fl), nil
+		return c.admission(Joined, req.Key, rec, fl, leave), nil
 	case kv.Failed:
 		if rec.Result != nil && rec.Result.Retryable && !rec.Cancelled {
 			return c.reclaim(ctx, req, rec, rev, rec.JobID)
 		}
 	}
-	return c.admission(Replayed, req.Key, rec, nil), nil
+	return c.admission(Replayed, req.Key, rec, nil, nil), nil
 }
 
 // archive keeps a finished execution reachable by its job id before its auto key moves on to
@@ -247,16 +284,16 @@ func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev ui
 	if jobID == old.JobID {
 		rec.Created = old.Created
 	}
-	settle, err := c.reserve(ctx, req)
+	res, err := c.reserve(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	nrev, err := c.store.Update(ctx, req.Key, rec, rev)
 	if err != nil {
-		settle(0)
+		res.cancel()
 		return nil, err
 	}
-	return c.launchSettled(ctx, req, req.Key, rec, nrev, nil, Created, jobID != old.JobID, settle)
+	return c.launchReserved(ctx, req, req.Key, rec, nrev, nil, Created, jobID != old.JobID, res)
 }
 
 // Log field names.

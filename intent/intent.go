@@ -85,6 +85,9 @@ type Options struct {
 	// MaxQueueWait bounds the wait of the job at the head of the JOBS queue (Deps.Queue); while
 	// it is over, a new intent gets ErrOverloaded (0: no bound).
 	MaxQueueWait time.Duration
+	// Limits are the tenants' caps on this node (its share of each; limits.go); a tenant
+	// without an entry has none.
+	Limits map[string]Limits
 }
 
 // Deps is what the core needs.
@@ -134,17 +137,20 @@ type Core struct {
 	queue     QueueWaiter
 	// executions counts the new executions admitted here and not answered (MaxExecutions).
 	executions atomic.Int64
-	now        func() time.Time
+	// limits are the tenants' caps (read-only map; the counters inside are atomic).
+	limits map[string]*tenantLimits
+	now    func() time.Time
 }
 
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, now: d.Now}
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, now: d.Now,
+		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now
 	}
-	if d.Metrics != nil {
+	if d.Metrics != nil || capsFollowers(c.limits) {
 		c.followers = newFollowers()
 	}
 	if d.Options.ReplayCacheBytes > 0 {
@@ -204,7 +210,7 @@ type Admission struct {
 	settle func()         // ends a new execution's budget reservation; nil otherwise
 	// redriven: a joined request whose admission took the lapsed execution over (it runs again)
 	redriven bool
-	leave    func()      // leaves the execution's follower count (Done); nil when not counted
+	leave    func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
 	check    *time.Timer // Next's record check after a silence; stopped by Close
 }
 

@@ -74,12 +74,17 @@ func (c *Core) joinLocal(req *Request) (*Admission, bool) {
 		(req.Auto && !req.Retry && now.Sub(rec.Created) > c.opts.AutoWindow) {
 		return nil, false
 	}
+	leave, err := c.join(req, req.Key, rec)
+	if err != nil {
+		return nil, false // the normal path meets the same cap and answers it
+	}
 	fl, ok := c.hub.JoinLive(jobs.ChunkSubject(req.Key, rec.Epoch))
 	if !ok {
+		leave()
 		c.live.forget(req.Key)
 		return nil, false
 	}
-	return c.admission(Joined, req.Key, rec, fl), true
+	return c.admission(Joined, req.Key, rec, fl, leave), true
 }
 
 // remember records that this node follows key's execution at rec.

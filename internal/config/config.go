@@ -23,6 +23,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"time"
@@ -190,6 +191,10 @@ type Admission struct {
 	// MaxQueueWait bounds how long the job at the head of the JOBS queue (the next to reach
 	// a worker, cluster-wide) may have waited; 0: no bound.
 	MaxQueueWait Duration `yaml:"max_queue_wait"`
+	// APINodes is how many API nodes share the tenants' limits (tenants[].limits): each
+	// enforces the limit divided by it. Set it to the number of API processes (api or all
+	// roles); more processes than it could exceed the limits together. Default 1.
+	APINodes int `yaml:"api_nodes"`
 }
 
 // Backend is an upstream LLM API.
@@ -337,6 +342,52 @@ type Tenant struct {
 	ID            string   `yaml:"id"`
 	APIKeysSHA256 []string `yaml:"api_keys_sha256"` // hex sha256 of each API key
 	Budget        *Budget  `yaml:"budget"`          // nil = no spend limit
+	Limits        Limits   `yaml:"limits"`          // caps across every API node; zero = none
+}
+
+// Limits are a tenant's caps, for the whole deployment: each API node enforces its share,
+// the cap divided by admission.api_nodes (Share), so the nodes together never exceed it.
+// Beyond a cap a request gets 429 with Retry-After; 0 is no cap.
+type Limits struct {
+	// Executions caps the tenant's new executions running at once (copies never count).
+	Executions int `yaml:"executions"`
+	// Streams caps the tenant's streamed answers being delivered at once (new and joined).
+	Streams int `yaml:"streams"`
+	// FollowersPerJob caps the copies following one execution at once.
+	FollowersPerJob int `yaml:"followers_per_job"`
+	// RequestsPerSecond is a token bucket over every model request (copies included) that
+	// holds Burst requests (0: the rate rounded up).
+	RequestsPerSecond float64 `yaml:"requests_per_second"`
+	Burst             int     `yaml:"burst"`
+	// TokensPerMinute is a token bucket over what new executions may use: their estimated
+	// input (4 bytes a token) and max_tokens (or ledger.default_max_tokens), counted at
+	// admission as the providers count it.
+	TokensPerMinute int `yaml:"tokens_per_minute"`
+}
+
+// Share is one node's part of l when nodes API nodes share it: every cap divided by nodes,
+// rounded down (Validate makes each at least 1).
+func (l Limits) Share(nodes int) Limits {
+	if nodes <= 1 {
+		return l
+	}
+	l.Executions /= nodes
+	l.Streams /= nodes
+	l.FollowersPerJob /= nodes
+	if l.RequestsPerSecond > 0 {
+		l.Burst = l.burst() / nodes
+	}
+	l.RequestsPerSecond /= float64(nodes)
+	l.TokensPerMinute /= nodes
+	return l
+}
+
+// burst is the bucket size of RequestsPerSecond: Burst, or the rate rounded up.
+func (l Limits) burst() int {
+	if l.Burst > 0 {
+		return l.Burst
+	}
+	return int(math.Ceil(l.RequestsPerSecond))
 }
 
 // Budget is a tenant's spend limit per period, in micro-units of the ledger's currency.
@@ -491,7 +542,7 @@ func Default() *Config {
 			// 32 MiB
 			ReplayCacheBytes: 32 << 20,
 		},
-		Admission: Admission{MaxExecutions: 1024, MaxQueueWait: Duration(30 * time.Second)},
+		Admission: Admission{MaxExecutions: 1024, MaxQueueWait: Duration(30 * time.Second), APINodes: 1},
 		Backends:  []Backend{defaultMock()},
 		Ledger:    Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024, TallyEvery: Duration(10 * time.Second)},
 	}

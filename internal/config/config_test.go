@@ -652,3 +652,34 @@ func TestAliasExpansionIsBounded(t *testing.T) {
 		t.Fatalf("err = %v, want a FileError saying the document expands too far", err)
 	}
 }
+
+// TestLimitsShare: a node's share is each cap divided by the API nodes, rounded down, so the
+// nodes' shares never add up to more than the cap; the burst defaults to the rate rounded up
+// before it is divided.
+func TestLimitsShare(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		l     Limits
+		nodes int
+		want  Limits
+	}{
+		{"one node keeps the caps", Limits{Executions: 5, RequestsPerSecond: 2.5}, 1, Limits{Executions: 5, RequestsPerSecond: 2.5}},
+		{"three nodes, rounded down", Limits{Executions: 10, Streams: 8, FollowersPerJob: 3, TokensPerMinute: 1000},
+			3, Limits{Executions: 3, Streams: 2, FollowersPerJob: 1, TokensPerMinute: 333}},
+		{"burst from the rate", Limits{RequestsPerSecond: 7.5}, 2, Limits{RequestsPerSecond: 3.75, Burst: 4}},
+		{"burst given", Limits{RequestsPerSecond: 10, Burst: 25}, 4, Limits{RequestsPerSecond: 2.5, Burst: 6}},
+		{"no caps", Limits{}, 3, Limits{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.l.Share(tc.nodes)
+			if got != tc.want {
+				t.Fatalf("Share(%d) of %+v = %+v, want %+v", tc.nodes, tc.l, got, tc.want)
+			}
+			sum := func(n int) int { return n * tc.nodes }
+			if sum(got.Executions) > tc.l.Executions || sum(got.Streams) > tc.l.Streams || sum(got.TokensPerMinute) > tc.l.TokensPerMinute ||
+				got.RequestsPerSecond*float64(tc.nodes) > tc.l.RequestsPerSecond+1e-9 {
+				t.Fatalf("the shares of %d nodes add up to more than the caps: %+v", tc.nodes, got)
+			}
+		})
+	}
+}

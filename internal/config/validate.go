@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"regexp"
@@ -133,7 +134,7 @@ func (c *Config) Validate() error {
 	v.admission(&c.Admission)
 	v.backends(c.Backends)
 	v.routes(c.Routes, c.Backends)
-	v.tenants(c.Tenants)
+	v.tenants(c.Tenants, c.Admission.APINodes)
 	v.ledger(&c.Ledger)
 	v.admin(&c.Admin)
 	v.tracing(&c.Tracing)
@@ -598,9 +599,43 @@ func (v *validator) admission(a *Admission) {
 	if a.MaxQueueWait < 0 {
 		v.add("admission.max_queue_wait", "must be >= 0 (0: no bound), got %s", a.MaxQueueWait)
 	}
+	if a.APINodes < 1 || a.APINodes > maxAPINodes {
+		v.add("admission.api_nodes", "must be between 1 and %d, got %d", maxAPINodes, a.APINodes)
+	}
 }
 
-func (v *validator) tenants(ts []Tenant) {
+// maxAPINodes bounds admission.api_nodes (a typo of a few zeros would give every node a
+// share of 0).
+const maxAPINodes = 1000
+
+// limits checks a tenant's caps at p: none negative, and each at least one per API node, so
+// every node's share (Limits.Share) is at least 1.
+func (v *validator) limits(p string, l Limits, nodes int) {
+	nodes = max(nodes, 1)
+	for _, c := range []struct {
+		name string
+		n    int
+	}{{"executions", l.Executions}, {"streams", l.Streams}, {"followers_per_job", l.FollowersPerJob}, {"tokens_per_minute", l.TokensPerMinute}} {
+		switch {
+		case c.n < 0:
+			v.add(p+"."+c.name, "must be >= 0 (0: no cap), got %d", c.n)
+		case c.n > 0 && c.n < nodes:
+			v.add(p+"."+c.name, "must be 0 (no cap) or at least admission.api_nodes (%d), so every API node has a share, got %d", nodes, c.n)
+		}
+	}
+	switch {
+	case l.RequestsPerSecond < 0 || math.IsNaN(l.RequestsPerSecond) || math.IsInf(l.RequestsPerSecond, 0):
+		v.add(p+".requests_per_second", "must be >= 0 (0: no cap), got %g", l.RequestsPerSecond)
+	case l.Burst < 0:
+		v.add(p+".burst", "must be >= 0 (0: the rate rounded up), got %d", l.Burst)
+	case l.Burst > 0 && l.RequestsPerSecond == 0:
+		v.add(p+".burst", "needs requests_per_second")
+	case l.RequestsPerSecond > 0 && l.burst() < nodes:
+		v.add(p+".burst", "must be at least admission.api_nodes (%d), so every API node has a share, got %d", nodes, l.burst())
+	}
+}
+
+func (v *validator) tenants(ts []Tenant, nodes int) {
 	ids := map[string]int{}
 	keys := map[string]string{} // key -> path of first use
 	for i, t := range ts {
@@ -643,6 +678,7 @@ func (v *validator) tenants(ts []Tenant) {
 			}
 			v.oneOf(p+".budget.period", b.Period, "day", "month")
 		}
+		v.limits(p+".limits", t.Limits, nodes)
 	}
 }
 
