@@ -80,7 +80,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 	if err != nil {
 		// A copy of an intent that already exists is never refused by a budget, by the
 		// node's bounds or by the tenant's caps on executions: it costs no backend call.
-		if _, _, gerr := c.store.Get(ctx, key); gerr == nil {
+		if c.held(ctx, key, err) {
 			return nil, fmt.Errorf("intent: claim: %w", kv.ErrExists)
 		}
 		return nil, err
@@ -100,6 +100,18 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		return nil, fmt.Errorf("intent: claim: %w", err)
 	}
 	return c.launchReserved(ctx, req, key, rec, rev, data, outcome, true, res)
+}
+
+// held says whether key already has a record, for a request that reserve refused with
+// refusal. A refusal the client retries (the node's bounds, a tenant's cap) asks one replica
+// once: shedding must cost little, and a copy it misses gets a retryable answer. The budget's
+// refusal is final, so it reads as Get does (retries, and the leader on a miss).
+func (c *Core) held(ctx context.Context, key string, refusal error) bool {
+	if errors.Is(refusal, ErrOverloaded) || errors.Is(refusal, ErrTenantLimit) {
+		return c.store.Held(ctx, key)
+	}
+	_, _, err := c.store.Get(ctx, key)
+	return err == nil
 }
 
 // launchReserved launches a new execution holding its reservation.

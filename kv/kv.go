@@ -252,6 +252,14 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
 	return rec, rev, nil
 }
 
+// Held says whether the replica that answers holds a record for key, in one read without
+// Get's retries or its leader check on a miss. A replica behind the leader can say no for a
+// record just written: use it only where a wrong no costs a refusal the client retries.
+func (s *Store) Held(ctx context.Context, key string) bool {
+	_, err := s.kv.Get(ctx, key)
+	return err == nil
+}
+
 // Peek reads key's record once from whichever replica answers, without Get's retries or its
 // leader check on a miss: for work that must cost what one record read costs (intent's
 // equal-time 404s), never for a decision. Its answer is discarded by design.
