@@ -444,7 +444,8 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog),
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
-			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D(), Limits: tenantLimits(g.cfg)}})
+			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D(), MaxBodyBytesInFlight: adm.MaxBodyBytesInFlight,
+			Limits: tenantLimits(g.cfg)}})
 	g.intents = intents
 	g.api = httpapi.New(httpapi.Deps{Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,

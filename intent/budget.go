@@ -28,7 +28,7 @@ func (r *reservation) cancel() {
 // (limits.go) and its budget (replays and joins never come here); ErrOverloaded without room,
 // a *LimitError above a cap, ledger.ErrBudgetExceeded when the spend limit is reached.
 func (c *Core) reserve(ctx context.Context, req *Request) (*reservation, error) {
-	free, err := c.slot()
+	free, err := c.slot(len(req.Body))
 	if err != nil {
 		return nil, err
 	}

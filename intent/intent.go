@@ -85,6 +85,11 @@ type Options struct {
 	// MaxQueueWait bounds the wait of the job at the head of the JOBS queue (Deps.Queue); while
 	// it is over, a new intent gets ErrOverloaded (0: no bound).
 	MaxQueueWait time.Duration
+	// MaxBodyBytesInFlight bounds the request-body bytes of the new executions this node
+	// admitted and has not answered (0: no bound); beyond it a new intent gets ErrOverloaded.
+	// Each body is held a few times over (the record, the job, the worker's and backend's
+	// copies), so this bounds what a burst of large requests costs in memory.
+	MaxBodyBytesInFlight int64
 	// Limits are the tenants' caps on this node (its share of each; limits.go); a tenant
 	// without an entry has none.
 	Limits map[string]Limits
@@ -137,6 +142,8 @@ type Core struct {
 	queue     QueueWaiter
 	// executions counts the new executions admitted here and not answered (MaxExecutions).
 	executions atomic.Int64
+	// bodyBytes sums their request bodies (MaxBodyBytesInFlight).
+	bodyBytes atomic.Int64
 	// limits are the tenants' caps (read-only map; the counters inside are atomic).
 	limits map[string]*tenantLimits
 	now    func() time.Time

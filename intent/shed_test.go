@@ -101,3 +101,32 @@ func TestMaxQueueWaitShedsNewIntents(t *testing.T) {
 		t.Fatalf("with the queue at its bound: %s, want created", a.Outcome)
 	}
 }
+
+// TestMaxBodyBytesInFlightShedsNewIntents: with MaxBodyBytesInFlight 300 bytes, new intents
+// whose bodies would take the node's unanswered bodies past it are refused and write nothing;
+// a copy is admitted; an answered execution gives its bytes back; a single body larger than
+// the bound is admitted on an idle node.
+func TestMaxBodyBytesInFlightShedsNewIntents(t *testing.T) {
+	e := newEnv(t, nil)
+	core, _ := e.node(t, e.srv.NC, e.srv.JS, nil, func(d *intent.Deps) { d.Options.MaxBodyBytesInFlight = 300 })
+	sized := func(key string, n int) *intent.Request {
+		r := request(key)
+		r.Body = append(r.Body[:0:0], make([]byte, n)...)
+		return r
+	}
+	a1 := admit(t, core, sized("b1", 200))
+	e.refused(t, core, sized("b2", 200))
+	if c := admit(t, core, sized("b1", 200)); c.Outcome != intent.Joined {
+		t.Fatalf("a copy past the bytes bound: %s, want joined", c.Outcome)
+	}
+	admit(t, core, sized("b3", 100)) // 300: at the bound, not over it
+	e.refused(t, core, sized("b4", 1))
+	a1.Done()
+	admit(t, core, sized("b4", 150))
+
+	idle, _ := e.node(t, e.srv.NC, e.srv.JS, nil, func(d *intent.Deps) { d.Options.MaxBodyBytesInFlight = 300 })
+	if a := admit(t, idle, sized("huge", 1000)); a.Outcome != intent.Created {
+		t.Fatalf("one body larger than the bound on an idle node: %s, want created", a.Outcome)
+	}
+	e.refused(t, idle, sized("small", 10))
+}

@@ -191,6 +191,10 @@ type Admission struct {
 	// MaxQueueWait bounds how long the job at the head of the JOBS queue (the next to reach
 	// a worker, cluster-wide) may have waited; 0: no bound.
 	MaxQueueWait Duration `yaml:"max_queue_wait"`
+	// MaxBodyBytesInFlight bounds the request-body bytes of the new executions this node
+	// admitted and has not answered; beyond it a new intent gets 503 like the other bounds
+	// (0: no bound; at least http.max_body_bytes otherwise).
+	MaxBodyBytesInFlight int64 `yaml:"max_body_bytes_in_flight"`
 	// APINodes is how many API nodes share the tenants' limits (tenants[].limits): each
 	// enforces the limit divided by it. Set it to the number of API processes (api or all
 	// roles); more processes than it could exceed the limits together. Default 1.
@@ -542,7 +546,7 @@ func Default() *Config {
 			// 32 MiB
 			ReplayCacheBytes: 32 << 20,
 		},
-		Admission: Admission{MaxExecutions: 1024, MaxQueueWait: Duration(30 * time.Second), APINodes: 1},
+		Admission: Admission{MaxExecutions: 1024, MaxQueueWait: Duration(30 * time.Second), MaxBodyBytesInFlight: 256 << 20, APINodes: 1},
 		Backends:  []Backend{defaultMock()},
 		Ledger:    Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024, TallyEvery: Duration(10 * time.Second)},
 	}

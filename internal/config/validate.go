@@ -131,7 +131,7 @@ func (c *Config) Validate() error {
 	v.http(&c.HTTP)
 	v.workers(&c.Workers)
 	v.idempotency(&c.Idempotency)
-	v.admission(&c.Admission)
+	v.admission(&c.Admission, c.HTTP.MaxBodyBytes)
 	v.backends(c.Backends)
 	v.routes(c.Routes, c.Backends)
 	v.tenants(c.Tenants, c.Admission.APINodes)
@@ -592,12 +592,15 @@ func (v *validator) routes(rs []Route, bs []Backend) {
 	}
 }
 
-func (v *validator) admission(a *Admission) {
+func (v *validator) admission(a *Admission, maxBody int) {
 	if a.MaxExecutions < 0 {
 		v.add("admission.max_executions", "must be >= 0 (0: no bound), got %d", a.MaxExecutions)
 	}
 	if a.MaxQueueWait < 0 {
 		v.add("admission.max_queue_wait", "must be >= 0 (0: no bound), got %s", a.MaxQueueWait)
+	}
+	if a.MaxBodyBytesInFlight < 0 || (a.MaxBodyBytesInFlight > 0 && a.MaxBodyBytesInFlight < int64(maxBody)) {
+		v.add("admission.max_body_bytes_in_flight", "must be 0 (no bound) or at least http.max_body_bytes (%d), got %d", maxBody, a.MaxBodyBytesInFlight)
 	}
 	if a.APINodes < 1 || a.APINodes > maxAPINodes {
 		v.add("admission.api_nodes", "must be between 1 and %d, got %d", maxAPINodes, a.APINodes)

@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+)
+
+// Memory per request (issue 17: 48 concurrent 4 MiB requests; peak RSS at most 2× the bodies in
+// flight above the baseline, and back near the baseline after). Off by default: a measurement.
+var (
+	memRequests = flag.Bool("memory", false, "run TestMemoryPerRequest (a measurement: run it on a quiet machine)")
+	memN        = flag.Int("memory.n", 48, "TestMemoryPerRequest: concurrent requests")
+	memBytes    = flag.Int("memory.bytes", 4<<20, "TestMemoryPerRequest: body size of each request")
+	memInFlight = flag.Int64("memory.inflight", 0, "TestMemoryPerRequest: admission.max_body_bytes_in_flight of the gateway (0: none)")
+	memWait     = flag.Duration("memory.wait", 30*time.Second, "TestMemoryPerRequest: how long after the burst the last RSS is read")
+	memProfile  = flag.String("memory.profile", "", "TestMemoryPerRequest: write the gateway's heap profiles (after the burst, and 30 s later) to FILE-burst and FILE-30s")
+)
+
+// procMem reads a process's VmRSS and VmHWM (its peak RSS) in bytes from /proc.
+func procMem(t *testing.T, pid int) (rss, hwm int64) {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "VmRSS:":
+			rss = kb << 10
+		case "VmHWM:":
+			hwm = kb << 10
+		}
+	}
+	return rss, hwm
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// TestMemoryPerRequest runs the oncegate binary and its mock as processes of their own,
+// sends -memory.n concurrent new non-stream requests of -memory.bytes each, and reports the
+// gateway's RSS: the baseline after a warm-up, the peak (VmHWM) during the burst, and 5 s and
+// -memory.wait after it, each against the bodies in flight. It asserts only that every request was
+// answered (200, or 503 when the in-flight bound refused it); the figures go to BENCHMARKS.md.
+func TestMemoryPerRequest(t *testing.T) {
+	if !*memRequests {
+		t.Skip("a measurement: run with -memory")
+	}
+	bin := oncegateBinary(t)
+	mockAddr, addr := testkit.FreeAddr(t), testkit.FreeAddr(t)
+	mock := startProc(t, "mock", bin, "mock", "--listen", mockAddr, "--tokens", "16")
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "gw.yaml")
+	cfg := fmt.Sprintf(`listen: %s
+data_dir: %s
+log_level: warn
+http: {max_body_bytes: %d}
+nats: {max_payload: %d}
+admission: {max_body_bytes_in_flight: %d}
+backends:
+  - {name: up, type: openai, base_url: "http://%s/v1", models: [oncegate-mock-up], timeout: 120s}
+routes:
+  - {model: oncegate-mock, backends: [up]}
+`, addr, filepath.Join(dir, "data"), *memBytes+(1<<20), 2**memBytes+(4<<20), *memInFlight, mockAddr)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"serve", "--config", cfgPath}
+	pprofAddr := testkit.FreeAddr(t)
+	if *memProfile != "" {
+		args = append(args, "--pprof", pprofAddr)
+	}
+	gw := startProc(t, "gateway", bin, args...)
+	heap := func(suffix string) {
+		if *memProfile == "" {
+			return
+		}
+		r := send(http.MethodGet, "http://"+pprofAddr+"/debug/pprof/heap", "", nil)
+		if r.Err != nil || r.Status != http.StatusOK {
+			t.Fatalf("heap profile: %v %d", r.Err, r.Status)
+		}
+		if err := os.WriteFile(*memProfile+"-"+suffix, r.Body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := "http://" + addr
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if gw.exited() || mock.exited() {
+			t.Fatalf("gateway or mock exited: %v %v", gw.err, mock.err)
+		}
+		resp, err := httpClient.Get(base + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	pid := gw.cmd.Process.Pid
+	body := func(i, size int) string {
+		pad := bytes.Repeat([]byte{'a' + byte(i%26)}, size)
+		return chatBody("oncegate-mock", fmt.Sprintf("memory %d %d %s", i, time.Now().UnixNano(), pad), "")
+	}
+	for i := range 8 { // warm-up: every path once, small
+		if r := send(http.MethodPost, base+chatPath, body(i, 1024), nil); r.Status != http.StatusOK {
+			t.Fatalf("warm-up %d: status %d: %s", i, r.Status, r.Body)
+		}
+	}
+	time.Sleep(3 * time.Second)
+	baseRSS, baseHWM := procMem(t, pid)
+
+	bodies := make([]string, *memN)
+	for i := range bodies {
+		bodies[i] = body(i+100, *memBytes)
+	}
+	results := make([]result, *memN)
+	var wg sync.WaitGroup
+	for i := range bodies {
+		wg.Go(func() { results[i] = send(http.MethodPost, base+chatPath, bodies[i], nil) })
+	}
+	wg.Wait()
+	bodies = nil
+	_, peak := procMem(t, pid)
+	heap("burst")
+	ok, shed := 0, 0
+	for i, r := range results {
+		switch {
+		case r.Err != nil:
+			t.Fatalf("request %d: %v", i, r.Err)
+		case r.Status == http.StatusOK:
+			ok++
+		case r.Status == http.StatusServiceUnavailable && *memInFlight > 0:
+			expectShed(t, r)
+			shed++
+		default:
+			t.Fatalf("request %d: status %d: %.300s", i, r.Status, r.Body)
+		}
+	}
+	time.Sleep(5 * time.Second)
+	after5, _ := procMem(t, pid)
+	time.Sleep(*memWait - 5*time.Second)
+	after30, _ := procMem(t, pid)
+	heap("30s")
+	inFlight := int64(*memN) * int64(*memBytes)
+	t.Logf("%d concurrent requests of %s (%s of bodies; max_body_bytes_in_flight %d): %d answered, %d shed",
+		*memN, mib(int64(*memBytes)), mib(inFlight), *memInFlight, ok, shed)
+	t.Logf("gateway RSS: baseline %s (peak so far %s); peak during the burst %s, %s above the baseline = %.2f× the bodies; after 5 s %s, after %s %s (%s above the baseline)",
+		mib(baseRSS), mib(baseHWM), mib(peak), mib(peak-baseRSS), float64(peak-baseRSS)/float64(inFlight), mib(after5), *memWait, mib(after30), mib(after30-baseRSS))
+}
