@@ -250,14 +250,16 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 			}
 			return adm, err
 		}
-		leave, err := c.join(req, req.Key, rec)
-		if err != nil {
-			return nil, err
-		}
+		// The feed first, the places after: a place given back is observed as a follower
+		// that left (oncegate_followers_per_execution), so none is taken for a join that fails.
 		fl, err := c.hub.Join(ctx, jobs.ChunkSubject(req.Key, rec.Epoch))
 		if err != nil {
-			leave()
 			return nil, fmt.Errorf("intent: join: %w", err)
+		}
+		leave, err := c.join(req, req.Key, rec)
+		if err != nil {
+			fl.Close()
+			return nil, err
 		}
 		c.remember(req.Key, rec)
 		return c.admission(Joined, req.Key, rec, fl, leave), nil

@@ -74,15 +74,15 @@ func (c *Core) joinLocal(req *Request) (*Admission, bool) {
 		(req.Auto && !req.Retry && now.Sub(rec.Created) > c.opts.AutoWindow) {
 		return nil, false
 	}
-	leave, err := c.join(req, req.Key, rec)
-	if err != nil {
-		return nil, false // the normal path meets the same cap and answers it
-	}
 	fl, ok := c.hub.JoinLive(jobs.ChunkSubject(req.Key, rec.Epoch))
 	if !ok {
-		leave()
 		c.live.forget(req.Key)
 		return nil, false
+	}
+	leave, err := c.join(req, req.Key, rec) // after the feed: see attach
+	if err != nil {
+		fl.Close()
+		return nil, false // the normal path meets the same cap and answers it
 	}
 	return c.admission(Joined, req.Key, rec, fl, leave), true
 }

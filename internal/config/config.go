@@ -197,7 +197,7 @@ type Admission struct {
 	MaxBodyBytesInFlight int64 `yaml:"max_body_bytes_in_flight"`
 	// APINodes is how many API nodes share the tenants' limits (tenants[].limits): each
 	// enforces the limit divided by it. Set it to the number of API processes (api or all
-	// roles); more processes than it could exceed the limits together. Default 1.
+	// roles); more processes than it could exceed the limits together. Default 1 (0 is 1).
 	APINodes int `yaml:"api_nodes"`
 }
 

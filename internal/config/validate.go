@@ -602,8 +602,8 @@ func (v *validator) admission(a *Admission, maxBody int) {
 	if a.MaxBodyBytesInFlight < 0 || (a.MaxBodyBytesInFlight > 0 && a.MaxBodyBytesInFlight < int64(maxBody)) {
 		v.add("admission.max_body_bytes_in_flight", "must be 0 (no bound) or at least http.max_body_bytes (%d), got %d", maxBody, a.MaxBodyBytesInFlight)
 	}
-	if a.APINodes < 1 || a.APINodes > maxAPINodes {
-		v.add("admission.api_nodes", "must be between 1 and %d, got %d", maxAPINodes, a.APINodes)
+	if a.APINodes < 0 || a.APINodes > maxAPINodes {
+		v.add("admission.api_nodes", "must be between 1 and %d (0: 1), got %d", maxAPINodes, a.APINodes)
 	}
 }
 
