@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -188,4 +189,48 @@ func TestTenantStreamCapAcrossNodes(t *testing.T) {
 	if floodRefused == 0 {
 		t.Fatal("x's flood during y's phase was never refused")
 	}
+}
+
+// TestJobEventStreamsCountAgainstTheStreamCap: a tenant's event streams of a live background
+// job (GET /v1/jobs/{id}/events) hold its streams like streamed answers do: with a cap of 2,
+// two are served, a third is a 429, and once one has ended another is served.
+func TestJobEventStreamsCountAgainstTheStreamCap(t *testing.T) {
+	cfg := gatewaykit.Config(t)
+	capTenants(cfg, 2)
+	cfg.Admission.APINodes = 1
+	gw := gatewaykit.StartGateway(t, cfg)
+	auth := map[string]string{"Authorization": "Bearer sk-x", "Prefer": "respond-async"}
+	r := send(http.MethodPost, gw.URL+chatPath, chatBody(slowModel, "events cap", `"mock":{"tokens":40,"inter_token_ms":50}`), auth) // 2 s
+	if r.Status != http.StatusAccepted {
+		t.Fatalf("job: status %d: %s", r.Status, r.Body)
+	}
+	events := gw.URL + "/v1/jobs/" + r.Header.Get("Oncegate-Job-Id") + "/events"
+	open := func() (*http.Response, error) {
+		return openStream(http.MethodGet, events, "", map[string]string{"Authorization": "Bearer sk-x"})
+	}
+	var held []*http.Response
+	for i := range 2 {
+		resp, err := open()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("events stream %d: %v %v", i, err, resp)
+		}
+		held = append(held, resp)
+	}
+	third := send(http.MethodGet, events, "", map[string]string{"Authorization": "Bearer sk-x"})
+	if third.Status != http.StatusTooManyRequests || third.Header.Get("Retry-After") == "" {
+		t.Fatalf("a third events stream at a cap of 2: status %d, Retry-After %q: %s", third.Status, third.Header.Get("Retry-After"), third.Body)
+	}
+	assertOpenAIError(t, third, "rate_limit_exceeded")
+	var b strings.Builder
+	if _, err := bufio.NewReader(held[0].Body).WriteTo(&b); err != nil || !strings.Contains(b.String(), "[DONE]") {
+		t.Fatalf("the first events stream: %v: %.300s", err, b.String())
+	}
+	held[0].Body.Close()
+	held[1].Body.Close()
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error { // the streams are given back when they end
+		if r := send(http.MethodGet, events, "", map[string]string{"Authorization": "Bearer sk-x"}); r.Status != http.StatusOK && r.Status != http.StatusNoContent {
+			return fmt.Errorf("events after the streams ended: status %d: %s", r.Status, r.Body)
+		}
+		return nil
+	})
 }

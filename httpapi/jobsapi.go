@@ -241,13 +241,14 @@ func (s *Server) tenantJobEvents(c *fiber.Ctx, tenant string) error {
 		}
 		return eventStream(after).whole(c, events)
 	}
-	fl, err := s.intents.Follow(c.UserContext(), key, rec.Epoch)
+	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.Epoch)
 	if err != nil {
 		return err
 	}
 	out := eventStream(after)
 	core, log, w, epoch := s.intents, s.log, wireOf(rec.API), rec.Epoch
 	out.live(c, fl, s.writeTimeout, func() {
+		defer release()
 		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
 		defer cancel()
 		// A terminal chunk that never comes: the record says how the epoch ended (recordend.go).

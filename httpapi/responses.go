@@ -469,6 +469,11 @@ func sendRendered(c *fiber.Ctx, stream bool, events, object []byte) error {
 // doner is what a live stream settles when it ends (an admission), or nil.
 type doner interface{ Done() }
 
+// doneFunc is a func as a doner.
+type doneFunc func()
+
+func (f doneFunc) Done() { f() }
+
 // streamResponse writes a live Responses stream following fl at epoch, starting with first
 // (nil: the follower's next chunk). It runs after the handler returned and captures only
 // owned values. A stream whose terminal chunk never comes ends from the record, when the
@@ -660,13 +665,13 @@ func (s *Server) getResponse(c *fiber.Ctx) error {
 		}
 		return (&sseWriter{}).whole(c, r.events)
 	}
-	fl, err := s.intents.Follow(c.UserContext(), key, rec.Epoch)
+	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.Epoch)
 	if err != nil {
 		return err
 	}
 	st := responseswire.NewStream(meta)
 	st.After = after
-	s.streamResponse(c, fl, key, rec.Epoch, rec.API, st, nil, observation{}, nil)
+	s.streamResponse(c, fl, key, rec.Epoch, rec.API, st, nil, observation{}, doneFunc(release))
 	return nil
 }
 

@@ -105,6 +105,21 @@ func (c *Core) Follow(ctx context.Context, key string, epoch int) (*jobs.Followe
 	return fl, nil
 }
 
+// FollowStream is Follow for an event stream a client of tenant opened on a live job (its
+// events, a stored response's): it takes one of the tenant's streams first (a *LimitError at
+// the cap, limits.go); release gives it back once the stream has ended.
+func (c *Core) FollowStream(ctx context.Context, tenant, key string, epoch int) (fl *jobs.Follower, release func(), err error) {
+	release, err = c.limitsOf(tenant).stream()
+	if err != nil {
+		return nil, nil, err
+	}
+	if fl, err = c.Follow(ctx, key, epoch); err != nil {
+		release()
+		return nil, nil, err
+	}
+	return fl, release, nil
+}
+
 // FindJob finds the job id of tenant: its record key and record. A malformed, unknown,
 // expired or foreign id is the same ErrNoJob, and an unknown id costs what a foreign one does:
 // a foreign id reads and decodes its record before the tenant check refuses it, so an unknown
