@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -412,6 +413,19 @@ func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64)
 // errGone: the key has no record (never written, deleted, or expired).
 var errGone = errors.New("no record")
 
+// apiPrefix is the subject prefix of js's JetStream API requests, as nats.go makes it (a
+// jetstream.NewWithAPIPrefix prefix, a domain's, or $JS.API.), for the one request kv sends
+// itself.
+func apiPrefix(js jetstream.JetStream) string {
+	switch o := js.Options(); {
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	}
+	return jetstream.DefaultAPIPrefix
+}
+
 // leaderLast reads key's last message from the bucket stream's leader, which a message get
 // of the stream API (unlike a direct get, answered by any replica) always is.
 func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, error) {
@@ -421,7 +435,7 @@ func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, err
 	if err != nil {
 		return nil, 0, err
 	}
-	m, err := s.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+BucketStream, req)
+	m, err := s.js.Conn().RequestWithContext(ctx, apiPrefix(s.js)+"STREAM.MSG.GET."+BucketStream, req)
 	if err != nil {
 		return nil, 0, err
 	}
