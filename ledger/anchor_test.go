@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/internal/testkit/ledgerkit"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -19,34 +20,12 @@ var (
 	headsTime   = time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
 )
 
-// rechain recomputes the hashes of tenant's chain in es from index from on, as someone who
-// edited an entry would: keyed under secret, unkeyed (SHA-256) when secret is nil.
-func rechain(es []ledger.Entry, tenant string, from int, secret []byte) []ledger.Entry {
-	prev := ""
-	for i := range es {
-		e := &es[i]
-		if e.Tenant != tenant {
-			continue
-		}
-		if i >= from {
-			e.PrevHash = prev
-			if secret != nil {
-				e.Hash = ledger.KeyedHashOf(secret, e)
-			} else {
-				e.Hash = ledger.HashOf(e)
-			}
-		}
-		prev = e.Hash
-	}
-	return es
-}
-
 // keyedGolden is the clean golden export with every chain keyed under testSecret from its
 // first entry (from 0) or from index from on (a mixed chain).
 func keyedGolden(t *testing.T, from int) []ledger.Entry {
 	es := readGolden(t, "clean", ledger.FormatJSONL)
 	for _, tenant := range []string{"acme", "globex"} {
-		es = rechain(es, tenant, from, testSecret)
+		es = ledgerkit.Rechain(es, tenant, from, testSecret)
 	}
 	return es
 }
@@ -119,7 +98,7 @@ func TestCheckAnchor(t *testing.T) {
 			es := clean(t)
 			h := headsOf(t, es, nil)
 			es[2].CostMicros = 1 // acme's second entry, then its chain recomputed
-			return rechain(es, "acme", 2, nil), h
+			return ledgerkit.Rechain(es, "acme", 2, nil), h
 		}, want: []string{`tenant "acme": entry 7 has hash`, "recomputed after an edit"}, anchored: 1},
 		{name: "stream rebuilt", ledger: func(t *testing.T) ([]ledger.Entry, *ledger.Heads) {
 			es := clean(t)
@@ -136,19 +115,19 @@ func TestCheckAnchor(t *testing.T) {
 		{name: "keyed, recomputed without the key", ledger: func(t *testing.T) ([]ledger.Entry, *ledger.Heads) {
 			es := keyedGolden(t, 0)
 			es[2].CostMicros = 1
-			return rechain(es, "acme", 2, nil), nil
+			return ledgerkit.Rechain(es, "acme", 2, nil), nil
 		}, opts: ledger.VerifyOptions{Secret: testSecret},
 			want: []string{"entry 2", "an unkeyed entry after a keyed one"}, unanchored: true},
 		{name: "keyed, every entry recomputed without the key", ledger: func(t *testing.T) ([]ledger.Entry, *ledger.Heads) {
 			es := keyedGolden(t, 0)
 			es[2].CostMicros = 1
-			return rechain(es, "acme", 0, nil), nil
+			return ledgerkit.Rechain(es, "acme", 0, nil), nil
 		}, opts: ledger.VerifyOptions{Secret: testSecret, RequireKeyed: true},
 			want: []string{"entry 0", "every entry must be keyed"}, unanchored: true},
 		{name: "keyed, recomputed under another key", ledger: func(t *testing.T) ([]ledger.Entry, *ledger.Heads) {
 			es := keyedGolden(t, 0)
 			es[2].CostMicros = 1
-			return rechain(es, "acme", 2, otherSecret), nil
+			return ledgerkit.Rechain(es, "acme", 2, otherSecret), nil
 		}, opts: ledger.VerifyOptions{Secret: testSecret},
 			want: []string{"entry 2", "keyed hash mismatch"}, unanchored: true},
 		{name: "mixed chain", ledger: func(t *testing.T) ([]ledger.Entry, *ledger.Heads) {

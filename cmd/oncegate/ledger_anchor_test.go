@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/internal/testkit/ledgerkit"
 	"github.com/oncegate/oncegate/ledger"
 )
 
@@ -53,27 +54,6 @@ func writeHeads(t *testing.T, es []ledger.Entry, secret []byte) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// rehash recomputes tenant's chain in es from index from on (keyed when secret is set).
-func rehash(es []ledger.Entry, tenant string, from int, secret []byte) []ledger.Entry {
-	prev := ""
-	for i := range es {
-		e := &es[i]
-		if e.Tenant != tenant {
-			continue
-		}
-		if i >= from {
-			e.PrevHash = prev
-			if secret != nil {
-				e.Hash = ledger.KeyedHashOf(secret, e)
-			} else {
-				e.Hash = ledger.HashOf(e)
-			}
-		}
-		prev = e.Hash
-	}
-	return es
 }
 
 // TestLedgerVerifyHeads: verify --heads on tampered copies of the golden export, one line per
@@ -125,21 +105,21 @@ func TestLedgerVerifyHeads(t *testing.T) {
 			es := golden(t)
 			h := writeHeads(t, es, nil)
 			es[2].CostMicros = 1
-			return writeExport(t, rehash(es, "acme", 2, nil)), h
+			return writeExport(t, ledgerkit.Rechain(es, "acme", 2, nil)), h
 		}, nil, 1, "", []string{`tenant "acme": entry 7 has hash`, "recomputed after an edit"}},
 		{"keyed, no secret", func(t *testing.T) (string, string) {
-			es := rehash(rehash(golden(t), "acme", 0, []byte(cliSecret)), "globex", 0, []byte(cliSecret))
+			es := ledgerkit.Rechain(ledgerkit.Rechain(golden(t), "acme", 0, []byte(cliSecret)), "globex", 0, []byte(cliSecret))
 			return writeExport(t, es), writeHeads(t, es, []byte(cliSecret))
 		}, nil, exitUnchecked, "chain links intact, 9 keyed entries not checked",
 			[]string{"cannot check 9 keyed entries without the ledger secret", "cannot check the MAC"}},
 		{"keyed, with the secret", func(t *testing.T) (string, string) {
-			es := rehash(rehash(golden(t), "acme", 0, []byte(cliSecret)), "globex", 0, []byte(cliSecret))
+			es := ledgerkit.Rechain(ledgerkit.Rechain(golden(t), "acme", 0, []byte(cliSecret)), "globex", 0, []byte(cliSecret))
 			return writeExport(t, es), writeHeads(t, es, []byte(cliSecret))
 		}, map[string]string{"ONCEGATE_LEDGER_SECRET": cliSecret}, 0, "its MAC checked", nil},
 		{"keyed, recomputed without the key", func(t *testing.T) (string, string) {
-			es := rehash(rehash(golden(t), "acme", 0, []byte(cliSecret)), "globex", 0, []byte(cliSecret))
+			es := ledgerkit.Rechain(ledgerkit.Rechain(golden(t), "acme", 0, []byte(cliSecret)), "globex", 0, []byte(cliSecret))
 			es[2].CostMicros = 1
-			return writeExport(t, rehash(es, "acme", 2, nil)), ""
+			return writeExport(t, ledgerkit.Rechain(es, "acme", 2, nil)), ""
 		}, map[string]string{"ONCEGATE_LEDGER_SECRET": cliSecret}, 1, "", []string{"entry 2", "an unkeyed entry after a keyed one"}},
 	}
 	for _, tt := range tests {

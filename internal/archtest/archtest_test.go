@@ -61,6 +61,7 @@ var testOnly = map[string]bool{
 	"examples/openai-go":          true,
 	"internal/archtest":           true,
 	"internal/testkit/gatewaykit": true,
+	"internal/testkit/ledgerkit":  true,
 }
 
 // keepOut lists what a package must not depend on besides the floor rule: the core and the
@@ -76,7 +77,7 @@ var keepOut = map[string][]string{
 }
 
 // testKit may be imported by test files only (and by the kit itself).
-var testKit = []string{"internal/testkit", "internal/testkit/freeport", "internal/testkit/gatewaykit"}
+var testKit = []string{"internal/testkit", "internal/testkit/freeport", "internal/testkit/gatewaykit", "internal/testkit/ledgerkit"}
 
 type pkg struct {
 	path string   // relative to the module
