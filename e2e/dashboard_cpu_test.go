@@ -43,20 +43,7 @@ func TestDashboardCPU(t *testing.T) {
 	addr := testkit.FreeAddr(t)
 	gw := startProc(t, "gateway", bin, "serve", "--listen", addr, "--data-dir", filepath.Join(t.TempDir(), "data"))
 	base := "http://" + addr
-	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
-		if gw.exited() {
-			t.Fatalf("gateway exited: %v", gw.err)
-		}
-		resp, err := httpClient.Get(base + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz %d", resp.StatusCode)
-		}
-		return nil
-	})
+	waitReady(t, base, gw)
 	pid := gw.cmd.Process.Pid
 
 	var seq atomic.Int64

@@ -760,6 +760,28 @@ type proc struct {
 	err  error
 }
 
+// waitReady waits up to 30 s for the gateway at base to answer /readyz 200, failing the test
+// at once if one of procs (the gateway's process and what it needs) exits.
+func waitReady(t *testing.T, base string, procs ...*proc) {
+	t.Helper()
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		for _, p := range procs {
+			if p.exited() {
+				t.Fatalf("%s exited: %v", p.name, p.err)
+			}
+		}
+		resp, err := httpClient.Get(base + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz %d", resp.StatusCode)
+		}
+		return nil
+	})
+}
+
 // startProc runs bin with args, a clean environment (no ONCEGATE_* or OPENAI_* from the
 // caller), and its log in a buffer that is printed if the test fails. When the test ends a
 // process still running gets SIGTERM and, 20 s later, SIGKILL.

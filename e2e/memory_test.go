@@ -102,20 +102,7 @@ routes:
 		}
 	}
 	base := "http://" + addr
-	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
-		if gw.exited() || mock.exited() {
-			t.Fatalf("gateway or mock exited: %v %v", gw.err, mock.err)
-		}
-		resp, err := httpClient.Get(base + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz %d", resp.StatusCode)
-		}
-		return nil
-	})
+	waitReady(t, base, gw, mock)
 	pid := gw.cmd.Process.Pid
 	body := func(i, size int) string {
 		pad := bytes.Repeat([]byte{'a' + byte(i%26)}, size)
