@@ -237,7 +237,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 	}
 	switch rec.State {
 	case kv.Pending:
-		if c.store.Abandoned(ctx, rec, now, c.opts.Lease) && !c.stillQueued(ctx, req.Key) {
+		if rec.LeaseExpired(now) && !c.stillQueued(ctx, req.Key) && Abandoned(ctx, c.js, c.store, req.Key, rec, now, c.opts.Lease) {
 			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, now, c.opts.Lease)
 			if err != nil {
 				return nil, err

@@ -37,6 +37,14 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	return job, next, nrev, nil
 }
 
+// Abandoned reports whether the execution of key that rec names may be taken over: its lease
+// ran out while the records' bucket was steady for a lease (kv.Store.Abandoned), and no
+// worker answers that it still runs that epoch (jobs.Running: an owner that can be reached
+// is alive, whatever its renewals did).
+func Abandoned(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, now time.Time, lease time.Duration) bool {
+	return store.Abandoned(ctx, rec, now, lease) && !jobs.Running(ctx, js.Conn(), key, rec.Epoch)
+}
+
 // Job is the submittable job of the current epoch of rec, stored at revision rev: the view of
 // JobOf plus the record's stored bytes.
 func Job(key string, rec *kv.Record, rev uint64) (*jobs.Job, error) {

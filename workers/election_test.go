@@ -43,6 +43,27 @@ func (g *gated) Send(ctx context.Context, call *backend.Call) (*http.Response, c
 	return g.Client.Send(ctx, call)
 }
 
+// newGated is the mock backend (8 tokens) behind a closed gate.
+func newGated(t *testing.T) (*backend.Client, *gated) {
+	t.Helper()
+	mock, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
+		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8},
+		Breaker: config.Breaker{MinRequests: 1000}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mock, &gated{Client: mock, entered: make(chan struct{}), open: make(chan struct{})}
+}
+
+// pendingRecord is a new intent's claim for the mock, asking content, with a lease from now.
+func pendingRecord(lease time.Duration, content string) *kv.Record {
+	now := time.Now()
+	return &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
+		Created: now, EpochStarted: now, LeaseUntil: now.Add(lease), Progress: kv.ProgressQueued,
+		Model: "oncegate-mock", Backends: []string{"mock"},
+		Request: json.RawMessage(`{"model":"oncegate-mock","messages":[{"role":"user","content":"` + content + `"}]}`)}
+}
+
 // TestCompletedSurvivesIDEMLeaderLoss: the IDEM bucket (R3) loses its leader, and its quorum,
 // between the claim and the finish. The worker's COMPLETED write fails until a server comes
 // back and a new leader is elected; the worker keeps trying (the same expected revision)
@@ -76,24 +97,14 @@ func completedSurvivesLeaderLoss(t *testing.T, lease time.Duration, tries int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mock, err := backend.New(config.Backend{Name: "mock", Type: config.TypeMock, Models: []string{"oncegate-mock"},
-		Timeout: config.Duration(time.Minute), Mock: config.MockKnobs{Tokens: 8},
-		Breaker: config.Breaker{MinRequests: 1000}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate := &gated{Client: mock, entered: make(chan struct{}), open: make(chan struct{})}
+	mock, gate := newGated(t)
 	var logs testkit.SyncBuffer
 	_, wjs := c.Connect(t)
 	run(t, workers.New(wjs, store, workers.Options{ID: "w1", Concurrency: 2, Lease: lease, RenewEvery: min(time.Second, lease/4),
 		Backends: map[string]workers.Backend{"mock": gate}, Log: zerolog.New(&logs), SweepEvery: -1}))
 
 	const key = "election-completed"
-	now := time.Now()
-	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
-		Created: now, EpochStarted: now, LeaseUntil: now.Add(lease), Progress: kv.ProgressQueued,
-		Model: "oncegate-mock", Backends: []string{"mock"},
-		Request: json.RawMessage(`{"model":"oncegate-mock","messages":[{"role":"user","content":"ride out an election"}]}`)}
+	rec := pendingRecord(lease, "ride out an election")
 	rev, err := store.Claim(ctx, key, rec)
 	if err != nil {
 		t.Fatal(err)

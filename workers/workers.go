@@ -97,11 +97,12 @@ type Pool struct {
 	// charge sweep need not read them (chargesweep.go).
 	chargedMu sync.Mutex
 	charged   map[string]chargedAt
-	// runningMu guards running: the keys whose execution this pool runs now, so that the
-	// redelivery of a job it still works on (its in-progress acks failed while JOBS was
-	// unavailable) is never taken over by the same pool.
+	// runningMu guards running: the keys whose execution this pool runs now (→ the epochs
+	// it runs), so that the redelivery of a job it still works on (its in-progress acks failed
+	// while JOBS was unavailable) is never taken over by the same pool, and so that it can
+	// answer a taker elsewhere that the execution still runs (jobs.Running).
 	runningMu sync.Mutex
-	running   map[string]int
+	running   map[string][]int
 	// inflight is the dashboard's view of this pool (inflight.go).
 	inflight inflight
 	// testHookBeforeCharge, when set (tests), is called after a COMPLETED outcome was stored
@@ -130,7 +131,7 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 		opts.ChargeGrace = 30 * time.Second
 	}
 	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases(),
-		charged: map[string]chargedAt{}, running: map[string]int{}}
+		charged: map[string]chargedAt{}, running: map[string][]int{}}
 	if opts.DiscardChunksAfter > 0 {
 		p.discard = jobs.NewDiscarder(js, opts.DiscardChunksAfter, opts.Log)
 	}
@@ -197,6 +198,12 @@ func (p *Pool) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Answered until every execution here ended: a taker elsewhere asks before it takes one over.
+	answer, err := jobs.AnswerRunning(p.js.Conn(), p.runsEpoch)
+	if err != nil {
+		return fmt.Errorf("workers: %w", err)
+	}
+	defer func() { _ = answer.Unsubscribe() }()
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelJobs()
 	sem := make(chan struct{}, p.opts.Concurrency)
@@ -322,9 +329,10 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
-		if !p.store.Abandoned(ctx, rec, now, p.opts.Lease) {
-			// Not yet: the lease runs, or ran out while the records had no leader (kv.Abandoned).
-			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), 0) + 100*time.Millisecond)
+		if !intent.Abandoned(ctx, p.js, p.store, wire.Key, rec, now, p.opts.Lease) {
+			// Not yet: the lease runs, or ran out while the records had no leader or its owner
+			// still runs it (intent.Abandoned). Asked again after the lease, or a second.
+			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), time.Second-jobs.RunningWait) + 100*time.Millisecond)
 			return
 		}
 		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, now, p.opts.Lease)
@@ -348,28 +356,42 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		log = log.With().Str(fieldTraceID, id).Logger()
 	}
 	ex := &execution{pool: p, job: job, msg: m, rec: rec, rev: rev, log: log}
-	p.setRunning(job.Key, true)
-	defer p.setRunning(job.Key, false)
+	p.setRunning(job.Key, job.Epoch, true)
+	defer p.setRunning(job.Key, job.Epoch, false)
 	p.trackStart(ex)
 	defer p.trackEnd(ex)
 	ex.run(ctx)
 }
 
-// runs reports whether this pool runs key's execution now.
+// runs reports whether this pool runs an execution of key now.
 func (p *Pool) runs(key string) bool {
 	p.runningMu.Lock()
 	defer p.runningMu.Unlock()
-	_, ok := p.running[key]
-	return ok
+	return len(p.running[key]) > 0
 }
 
-func (p *Pool) setRunning(key string, on bool) {
+// runsEpoch reports whether this pool runs epoch of key now: what it answers jobs.Running.
+func (p *Pool) runsEpoch(key string, epoch int) bool {
+	p.runningMu.Lock()
+	defer p.runningMu.Unlock()
+	return slices.Contains(p.running[key], epoch)
+}
+
+func (p *Pool) setRunning(key string, epoch int, on bool) {
 	p.runningMu.Lock()
 	defer p.runningMu.Unlock()
 	if on {
-		p.running[key]++
-	} else if p.running[key]--; p.running[key] <= 0 {
+		p.running[key] = append(p.running[key], epoch)
+		return
+	}
+	e := p.running[key]
+	if i := slices.Index(e, epoch); i >= 0 {
+		e = slices.Delete(e, i, i+1)
+	}
+	if len(e) == 0 {
 		delete(p.running, key)
+	} else {
+		p.running[key] = e
 	}
 }
 
@@ -447,7 +469,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 			continue // ours, still retrying its outcome's write past the lease (finalRetry)
 		}
 		rec, rev, err := p.store.Get(ctx, e.Key)
-		if err != nil || !p.store.Abandoned(ctx, rec, now, p.opts.Lease) || rec.Cancelled {
+		if err != nil || rec.Cancelled || !intent.Abandoned(ctx, p.js, p.store, e.Key, rec, now, p.opts.Lease) {
 			continue
 		}
 		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, now, p.opts.Lease)

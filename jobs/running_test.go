@@ -1,0 +1,96 @@
+package jobs_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/jobs"
+)
+
+// TestRunningIsAnsweredByTheOwnerOnly: a pool answers for the epochs it runs and only those;
+// another pool's silence does not hide the owner's answer; nobody subscribed, a pool that
+// stopped answering and a cancelled ask are all "not running".
+func TestRunningIsAnsweredByTheOwnerOnly(t *testing.T) {
+	srv := testkit.RunJetStream(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ask := srv.NC
+	if jobs.Running(ctx, ask, "k1", 1) {
+		t.Fatal("no pool subscribed: running")
+	}
+
+	var mu sync.Mutex
+	runs := map[string]int{"k1": 2} // the owner runs epoch 2 of k1
+	connect := func() *nats.Conn {
+		nc, err := srv.Server.Connect("pool")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	owner, other := connect(), connect()
+	sub, err := jobs.AnswerRunning(owner, func(key string, epoch int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		e, ok := runs[key]
+		return ok && e == epoch
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jobs.AnswerRunning(other, func(string, int) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*nats.Conn{owner, other} {
+		if err := c.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		key   string
+		epoch int
+		want  bool
+	}{
+		{"k1", 2, true},
+		{"k1", 1, false}, // an earlier epoch: whoever ran it, the record has moved on
+		{"k1", 3, false},
+		{"k2", 2, false},
+	}
+	for _, c := range cases {
+		if got := jobs.Running(ctx, ask, c.key, c.epoch); got != c.want {
+			t.Errorf("Running(%s, %d) = %v, want %v", c.key, c.epoch, got, c.want)
+		}
+	}
+	mu.Lock()
+	delete(runs, "k1") // the execution ended
+	mu.Unlock()
+	if jobs.Running(ctx, ask, "k1", 2) {
+		t.Error("an ended execution: running")
+	}
+	mu.Lock()
+	runs["k1"] = 2
+	mu.Unlock()
+	done, stop := context.WithCancel(ctx)
+	stop()
+	if jobs.Running(done, ask, "k1", 2) {
+		t.Error("a cancelled ask: running")
+	}
+	if !jobs.Running(ctx, ask, "k1", 2) {
+		t.Fatal("the owner runs it again: not running")
+	}
+	if err := sub.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if jobs.Running(ctx, ask, "k1", 2) {
+		t.Error("the owner unsubscribed: running")
+	}
+}
