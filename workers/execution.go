@@ -339,12 +339,12 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 
 // update writes next over the record at ex.rev (ex.mu held), retrying transient failures
 // until until. A write that failed unavailable may have landed after all, so the next
-// write's conflict may be against our own record: it is checked (kv.Landed) before
-// concluding we were fenced.
+// write's conflict may be against our own record: it is checked (kv.Landed, then ownRecord)
+// before concluding we were fenced.
 func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Time) error {
 	for {
 		rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
-		if !errors.Is(err, kv.ErrConflict) || len(ex.unsure) == 0 {
+		if !errors.Is(err, kv.ErrConflict) {
 			switch {
 			case err == nil:
 				ex.rec, ex.rev, ex.unsure = next, rev, nil
@@ -353,25 +353,52 @@ func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Tim
 			}
 			return err
 		}
-		landed, lrev, lerr := ex.landed(ctx)
-		switch {
-		case errors.Is(lerr, kv.ErrNotLanded):
-			// The leader still has the record at ex.rev: the conflict came from a server that
-			// holds an earlier write pending (a partition healed). None is lost yet: keep them
-			// and try next again until until.
-			if err := pause(ctx, notLandedPause, until); err != nil {
-				return fmt.Errorf("%w: %w", kv.ErrUnavailable, lerr) // undecided, not fenced
+		if len(ex.unsure) > 0 {
+			landed, lrev, lerr := ex.landed(ctx)
+			switch {
+			case errors.Is(lerr, kv.ErrNotLanded):
+				// The leader still has the record at ex.rev: the conflict came from a server that
+				// holds an earlier write pending (a partition healed). None is lost yet: keep them
+				// and try next again until until.
+				if err := pause(ctx, notLandedPause, until); err != nil {
+					return fmt.Errorf("%w: %w", kv.ErrUnavailable, lerr) // undecided, not fenced
+				}
+				continue
+			case lerr == nil:
+				ex.log.Info().Msg("an earlier record write whose answer was lost had landed")
+				ex.rec, ex.rev, ex.unsure = landed, lrev, nil
+				continue
+			case !errors.Is(lerr, kv.ErrConflict):
+				return lerr // undecided: nothing learned, ex.unsure stays
 			}
-			continue
-		case errors.Is(lerr, kv.ErrConflict):
+		}
+		own, orev, ok := ex.ownRecord(ctx, until)
+		if !ok {
 			ex.unsure = nil
 			return err
-		case lerr != nil:
-			return lerr // undecided: nothing learned, ex.unsure stays
 		}
-		ex.log.Info().Msg("an earlier record write whose answer was lost had landed")
-		ex.rec, ex.rev, ex.unsure = landed, lrev, nil
+		ex.log.Info().Uint64("revision", orev).Msg("the record moved on by a write of this execution's own; writing over it")
+		ex.rec, ex.rev, ex.unsure = own, orev, nil
 	}
+}
+
+// ownRecord reads the record after a conflict that no write in ex.unsure explains, and
+// reports it as this execution's own when it is past ex.rev and still PENDING in this epoch,
+// naming this worker: nobody else writes such a record (a takeover moves the epoch on, a
+// cancel or a release ends it), so it is a renewal of ours whose answer was lost, whatever its
+// bytes. The epoch is the fence, not the revision. In the fault suite's row 3b two owners
+// took such a write, landed at a partition's heal, for a taker's, cancelled their backend
+// calls, and their intents were executed again.
+func (ex *execution) ownRecord(ctx context.Context, until time.Time) (*kv.Record, uint64, bool) {
+	gctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	rec, rev, err := ex.pool.store.Get(gctx, ex.job.Key)
+	if err != nil || rev <= ex.rev {
+		return nil, 0, false
+	}
+	ok := rec.State == kv.Pending && !rec.Cancelled && rec.JobID == ex.job.ID && rec.Epoch == ex.job.Epoch &&
+		rec.Worker == ex.pool.opts.ID
+	return rec, rev, ok
 }
 
 // landed asks kv.Landed about each of ex.unsure, newest first: the one the record holds

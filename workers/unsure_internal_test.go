@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -72,6 +73,38 @@ func TestLostRenewalAnswerIsNotAFence(t *testing.T) {
 		got, _, err := store.Get(ctx, "older")
 		if err != nil || got.State != kv.Completed {
 			t.Fatalf("record %v, err %v; want COMPLETED", got.State, err)
+		}
+	})
+	t.Run("a renewal of ours that no unsure write matches", func(t *testing.T) {
+		// The record moved on by a renewal of this execution whose bytes none of ex.unsure
+		// holds (row 3b, at a partition's heal): still this epoch, PENDING, naming this
+		// worker, so ours. With and without unsure writes.
+		for _, unsure := range []bool{false, true} {
+			key := fmt.Sprintf("own-%v", unsure)
+			ex, rec := newExecution(key)
+			ours := rec.Renewed(time.Now().Add(-time.Second), 10*time.Second, "w1", 3, 3)
+			if _, err := store.Update(ctx, key, ours, ex.rev); err != nil {
+				t.Fatal(err)
+			}
+			if unsure {
+				ex.unsure = []*kv.Record{rec.Renewed(time.Now(), 10*time.Second, "w1", 4, 4)}
+			}
+			if err := ex.update(ctx, rec.Completed(time.Now(), res, done), time.Now().Add(5*time.Second)); err != nil {
+				t.Fatalf("unsure %v: write over a renewal of ours: %v, want it stored", unsure, err)
+			}
+			got, _, err := store.Get(ctx, key)
+			if err != nil || got.State != kv.Completed || ex.unsure != nil {
+				t.Fatalf("unsure %v: record %v, err %v; want COMPLETED", unsure, got.State, err)
+			}
+		}
+	})
+	t.Run("another worker's renewal in this epoch fences", func(t *testing.T) {
+		ex, rec := newExecution("other-worker")
+		if _, err := store.Update(ctx, "other-worker", rec.Renewed(time.Now(), 10*time.Second, "w2", 0, 0), ex.rev); err != nil {
+			t.Fatal(err)
+		}
+		if err := ex.update(ctx, rec.Completed(time.Now(), res, done), time.Now().Add(5*time.Second)); !errors.Is(err, kv.ErrConflict) {
+			t.Fatalf("write over w2's record: %v, want ErrConflict", err)
 		}
 	})
 	t.Run("another writer's record fences", func(t *testing.T) {
