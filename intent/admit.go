@@ -237,12 +237,12 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 	}
 	switch rec.State {
 	case kv.Pending:
-		if rec.LeaseExpired(now) && !c.stillQueued(ctx, req.Key) && Abandoned(ctx, c.js, c.store, req.Key, rec, now, c.opts.Lease) {
+		if abandoned, unheard := c.abandoned(ctx, req.Key, rec, now); abandoned {
 			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, now, c.opts.Lease)
 			if err != nil {
 				return nil, err
 			}
-			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).Msg("lease expired; execution re-driven by a client request")
+			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).AnErr("owner_unheard", unheard).Msg("lease expired; execution re-driven by a client request")
 			c.metrics.Takeover()
 			adm, err := c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
 			if adm != nil {
@@ -282,6 +282,15 @@ func (c *Core) archive(ctx context.Context, key string, rec *kv.Record) {
 	if err := c.store.IndexJob(ctx, rec.JobID, archived, true); err != nil {
 		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("re-indexing an archived execution")
 	}
+}
+
+// abandoned: rec's lease ran out, its job is no longer in JOBS and its owner is gone
+// (Abandoned), so a client's request re-drives it.
+func (c *Core) abandoned(ctx context.Context, key string, rec *kv.Record, now time.Time) (bool, error) {
+	if !rec.LeaseExpired(now) || c.stillQueued(ctx, key) {
+		return false, nil
+	}
+	return Abandoned(ctx, c.js, c.store, key, rec, now, c.opts.Lease)
 }
 
 // stillQueued: the job of key is still in JOBS (waiting for a worker, or delivered and not

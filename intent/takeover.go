@@ -40,9 +40,14 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 // Abandoned reports whether the execution of key that rec names may be taken over: its lease
 // ran out while the records' bucket was steady for a lease (kv.Store.Abandoned), and no
 // worker answers that it still runs that epoch (jobs.Running: an owner that can be reached
-// is alive, whatever its renewals did).
-func Abandoned(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, now time.Time, lease time.Duration) bool {
-	return store.Abandoned(ctx, rec, now, lease) && !jobs.Running(ctx, js.Conn(), key, rec.Epoch)
+// is alive, whatever its renewals did). When it may, unheard says why the owner was not
+// heard, for the taker's log.
+func Abandoned(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, now time.Time, lease time.Duration) (ok bool, unheard error) {
+	if !store.Abandoned(ctx, rec, now, lease) {
+		return false, nil
+	}
+	running, unheard := jobs.Running(ctx, js.Conn(), key, rec.Epoch)
+	return !running, unheard
 }
 
 // Job is the submittable job of the current epoch of rec, stored at revision rev: the view of

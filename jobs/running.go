@@ -39,13 +39,20 @@ func RunningSubject(key string, epoch int) string {
 }
 
 // Running asks the workers whether one of them runs epoch of key now. It reports true only
-// when a worker says so within RunningWait (or ctx's deadline, if sooner); silence, no
-// responders and a failed request are false: nobody could be heard running it.
-func Running(ctx context.Context, nc *nats.Conn, key string, epoch int) bool {
+// when a worker says so within RunningWait (or ctx's deadline, if sooner); otherwise false
+// and why none was heard (nats.ErrNoResponders, a timeout, a failed request), for the
+// taker's log.
+func Running(ctx context.Context, nc *nats.Conn, key string, epoch int) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, RunningWait)
 	defer cancel()
 	m, err := nc.RequestWithContext(rctx, RunningSubject(key, epoch), nil)
-	return err == nil && string(m.Data) == string(runningYes)
+	if err != nil {
+		return false, fmt.Errorf("jobs: is %s epoch %d running: %w", key, epoch, err)
+	}
+	if string(m.Data) != string(runningYes) {
+		return false, fmt.Errorf("jobs: is %s epoch %d running: answered %q", key, epoch, m.Data)
+	}
+	return true, nil
 }
 
 // AnswerRunning subscribes to every execution's running subject and answers those that runs

@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -20,8 +21,8 @@ func TestRunningIsAnsweredByTheOwnerOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ask := srv.NC
-	if jobs.Running(ctx, ask, "k1", 1) {
-		t.Fatal("no pool subscribed: running")
+	if running, err := jobs.Running(ctx, ask, "k1", 1); running || !errors.Is(err, nats.ErrNoResponders) {
+		t.Fatalf("no pool subscribed: running %v, %v; want no responders", running, err)
 	}
 
 	var mu sync.Mutex
@@ -63,14 +64,15 @@ func TestRunningIsAnsweredByTheOwnerOnly(t *testing.T) {
 		{"k2", 2, false},
 	}
 	for _, c := range cases {
-		if got := jobs.Running(ctx, ask, c.key, c.epoch); got != c.want {
-			t.Errorf("Running(%s, %d) = %v, want %v", c.key, c.epoch, got, c.want)
+		got, err := jobs.Running(ctx, ask, c.key, c.epoch)
+		if got != c.want || (err == nil) != c.want {
+			t.Errorf("Running(%s, %d) = %v, %v; want %v", c.key, c.epoch, got, err, c.want)
 		}
 	}
 	mu.Lock()
 	delete(runs, "k1") // the execution ended
 	mu.Unlock()
-	if jobs.Running(ctx, ask, "k1", 2) {
+	if running, _ := jobs.Running(ctx, ask, "k1", 2); running {
 		t.Error("an ended execution: running")
 	}
 	mu.Lock()
@@ -78,11 +80,11 @@ func TestRunningIsAnsweredByTheOwnerOnly(t *testing.T) {
 	mu.Unlock()
 	done, stop := context.WithCancel(ctx)
 	stop()
-	if jobs.Running(done, ask, "k1", 2) {
+	if running, _ := jobs.Running(done, ask, "k1", 2); running {
 		t.Error("a cancelled ask: running")
 	}
-	if !jobs.Running(ctx, ask, "k1", 2) {
-		t.Fatal("the owner runs it again: not running")
+	if running, err := jobs.Running(ctx, ask, "k1", 2); !running {
+		t.Fatalf("the owner runs it again: not running (%v)", err)
 	}
 	if err := sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
@@ -90,7 +92,8 @@ func TestRunningIsAnsweredByTheOwnerOnly(t *testing.T) {
 	if err := owner.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if jobs.Running(ctx, ask, "k1", 2) {
-		t.Error("the owner unsubscribed: running")
+	// The other pool still listens and says nothing: the ask waits RunningWait out.
+	if running, err := jobs.Running(ctx, ask, "k1", 2); running || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("the owner unsubscribed: running %v, %v; want silence until the deadline", running, err)
 	}
 }

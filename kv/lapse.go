@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
 // A lease that ran out while the bucket had no leader says nothing about its owner: every
@@ -57,15 +59,25 @@ type leaderClock struct {
 	cut bool
 }
 
+// minGrace is the least time a bucket must have had its leader, and been steady, before a
+// lapsed lease counts as abandoned, whatever the lease: what a live owner cut off by a
+// partition needs to see it (WatchQuorum: a second of lost quorum, read at most watchGap
+// apart), move to another server and land one renewal (jsretry.PerTry). With the fault
+// suite's 2 s lease a grace of one lease was shorter than that: in row 3b (100 trials on
+// 5a486b7) takers on the majority side took over 4 owners that were still running, their
+// renewals failing for 3-4 s, and the backend ran those intents twice.
+const minGrace = isolatedAfter + watchGap + jsretry.PerTry
+
 // Abandoned reports whether rec's owner has had a fair chance to renew its lease and did not:
-// the lease ran out at now, the bucket's leader was elected at least grace before now and,
-// while a WatchQuorum runs, the bucket has been steady for grace. When the leader cannot be
-// read (the bucket is itself unavailable) it says false: nobody can tell, and a takeover
-// would fail to write anyway.
+// the lease ran out at now, the bucket's leader was elected at least grace (and minGrace)
+// before now and, while a WatchQuorum runs, the bucket has been steady for as long. When the
+// leader cannot be read (the bucket is itself unavailable) it says false: nobody can tell,
+// and a takeover would fail to write anyway.
 func (s *Store) Abandoned(ctx context.Context, rec *Record, now time.Time, grace time.Duration) bool {
 	if !rec.LeaseExpired(now) {
 		return false
 	}
+	grace = max(grace, minGrace)
 	since, ok := s.leaderSince(ctx)
 	if !ok || (!since.IsZero() && now.Sub(since) < grace) {
 		return false

@@ -170,3 +170,38 @@ func TestAbandonedWaitsOutALostQuorum(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAbandonedGivesAPartitionedOwnerTimeToMove: a lease shorter than what a live owner cut
+// off by a partition needs to notice it, move to another server and land a renewal (the
+// fault suite's 2 s) is still given that long after an election: the same expired record is
+// not abandoned two seconds after the leader was elected, whatever its lease, and is six.
+func TestAbandonedGivesAPartitionedOwnerTimeToMove(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	_, js := c.Connect(t)
+	ctx := context.Background()
+	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var elected time.Time
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		info, err := js.Stream(ctx, kv.BucketStream)
+		if err != nil {
+			return err
+		}
+		if cl := info.CachedInfo().Cluster; cl == nil || cl.LeaderSince == nil {
+			return fmt.Errorf("no leader yet")
+		}
+		elected = *info.CachedInfo().Cluster.LeaderSince
+		return nil
+	})
+	rec := pending("o1")
+	rec.LeaseUntil = elected.Add(-time.Second)
+	const lease = 2 * time.Second
+	if st.Abandoned(ctx, rec, elected.Add(lease), lease) {
+		t.Fatalf("abandoned one %s lease after the election: an owner cut off by a partition could not have moved yet", lease)
+	}
+	if !st.Abandoned(ctx, rec, elected.Add(6*time.Second), lease) {
+		t.Fatal("not abandoned six seconds after the election")
+	}
+}

@@ -501,6 +501,7 @@ func (ex *execution) renewLoop(ctx context.Context, cancel context.CancelFunc) {
 			return
 		}
 		ex.mu.Unlock()
-		ex.log.Warn().Err(err).Msg("lease renewal failed; will retry")
+		// The server says which side of a partition the owner is on.
+		ex.log.Warn().Err(err).Str("server", ex.pool.js.Conn().ConnectedServerName()).Msg("lease renewal failed; will retry")
 	}
 }

@@ -329,7 +329,8 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
-		if !intent.Abandoned(ctx, p.js, p.store, wire.Key, rec, now, p.opts.Lease) {
+		abandoned, unheard := intent.Abandoned(ctx, p.js, p.store, wire.Key, rec, now, p.opts.Lease)
+		if !abandoned {
 			// Not yet: the lease runs, or ran out while the records had no leader or its owner
 			// still runs it (intent.Abandoned). Asked again after the lease, or a second.
 			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), time.Second-jobs.RunningWait) + 100*time.Millisecond)
@@ -345,7 +346,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "lease expired: the job was redelivered")
 		// The epoch changed: build the context again rather than add a second "epoch" field.
 		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
-		log.Warn().Int("previous_epoch", wire.Epoch).Msg("took over execution after lease expiry")
+		log.Warn().Int("previous_epoch", wire.Epoch).AnErr("owner_unheard", unheard).Msg("took over execution after lease expiry")
 	}
 	// The execution continues the trace of the request that created it (the record keeps its
 	// traceparent); its backend attempts are child spans (internal/backend).
@@ -469,7 +470,11 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 			continue // ours, still retrying its outcome's write past the lease (finalRetry)
 		}
 		rec, rev, err := p.store.Get(ctx, e.Key)
-		if err != nil || rec.Cancelled || !intent.Abandoned(ctx, p.js, p.store, e.Key, rec, now, p.opts.Lease) {
+		if err != nil || rec.Cancelled {
+			continue
+		}
+		abandoned, unheard := intent.Abandoned(ctx, p.js, p.store, e.Key, rec, now, p.opts.Lease)
+		if !abandoned {
 			continue
 		}
 		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, now, p.opts.Lease)
@@ -481,7 +486,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		if err := jobs.Submit(ctx, p.js, job); err != nil {
 			return n, err
 		}
-		p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, e.Key).Int(fieldEpoch, job.Epoch).Msg("re-driven after lease expiry")
+		p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, e.Key).Int(fieldEpoch, job.Epoch).AnErr("owner_unheard", unheard).Msg("re-driven after lease expiry")
 		n++
 	}
 	return n, nil
