@@ -372,13 +372,23 @@ func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Tim
 				return lerr // undecided: nothing learned, ex.unsure stays
 			}
 		}
-		own, orev, ok := ex.ownRecord(ctx, until)
+		cur, crev, ok, rerr := ex.ownRecord(ctx)
+		if rerr != nil {
+			// Undecided: no read past ex.rev yet (a replica behind its leader, or none). Not
+			// fenced until a read says so: try the write again.
+			if err := pause(ctx, notLandedPause, until); err != nil {
+				return fmt.Errorf("%w: %w", kv.ErrUnavailable, rerr)
+			}
+			continue
+		}
 		if !ok {
 			ex.unsure = nil
+			ex.log.Warn().Uint64("revision", crev).Int("record_epoch", cur.Epoch).Str("state", string(cur.State)).
+				Str("record_worker", cur.Worker).Bool("cancelled", cur.Cancelled).Msg("the record moved on by another writer")
 			return err
 		}
-		ex.log.Info().Uint64("revision", orev).Msg("the record moved on by a write of this execution's own; writing over it")
-		ex.rec, ex.rev, ex.unsure = own, orev, nil
+		ex.log.Info().Uint64("revision", crev).Msg("the record moved on by a write of this execution's own; writing over it")
+		ex.rec, ex.rev, ex.unsure = cur, crev, nil
 	}
 }
 
@@ -388,17 +398,21 @@ func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Tim
 // cancel or a release ends it), so it is a renewal of ours whose answer was lost, whatever its
 // bytes. The epoch is the fence, not the revision. In the fault suite's row 3b two owners
 // took such a write, landed at a partition's heal, for a taker's, cancelled their backend
-// calls, and their intents were executed again.
-func (ex *execution) ownRecord(ctx context.Context, until time.Time) (*kv.Record, uint64, bool) {
-	gctx, cancel := context.WithDeadline(ctx, until)
-	defer cancel()
-	rec, rev, err := ex.pool.store.Get(gctx, ex.job.Key)
-	if err != nil || rev <= ex.rev {
-		return nil, 0, false
+// calls, and their intents were executed again. The read has its own retry window, not what
+// is left of the write's: the lease may have run out while the store was unavailable, and a
+// taker's write fences a late one anyway. A read that fails, or comes from a replica not yet
+// past ex.rev, decides nothing (err).
+func (ex *execution) ownRecord(ctx context.Context) (cur *kv.Record, rev uint64, ours bool, err error) {
+	cur, rev, err = ex.pool.store.Get(ctx, ex.job.Key)
+	switch {
+	case err != nil:
+		return nil, 0, false, err
+	case rev <= ex.rev:
+		return nil, 0, false, fmt.Errorf("workers: the record read is at revision %d, not past %d", rev, ex.rev)
 	}
-	ok := rec.State == kv.Pending && !rec.Cancelled && rec.JobID == ex.job.ID && rec.Epoch == ex.job.Epoch &&
-		rec.Worker == ex.pool.opts.ID
-	return rec, rev, ok
+	ours = cur.State == kv.Pending && !cur.Cancelled && cur.JobID == ex.job.ID && cur.Epoch == ex.job.Epoch &&
+		cur.Worker == ex.pool.opts.ID
+	return cur, rev, ours, nil
 }
 
 // landed asks kv.Landed about each of ex.unsure, newest first: the one the record holds
