@@ -242,7 +242,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 			if err != nil {
 				return nil, err
 			}
-			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).AnErr("owner_unheard", unheard).Msg("lease expired; execution re-driven by a client request")
+			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).AnErr("owner_unheard", unheard).Str("server", c.js.Conn().ConnectedServerName()).Msg("lease expired; execution re-driven by a client request")
 			c.metrics.Takeover()
 			adm, err := c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
 			if adm != nil {
