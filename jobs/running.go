@@ -27,8 +27,9 @@ const runningAll = runningPrefix + "*.*"
 
 // RunningWait is how long Running waits for an owner's answer. On loopback or a LAN the answer
 // takes well under a millisecond; a pool answers only for what it runs, so a takeover from a
-// dead owner waits this long once.
-const RunningWait = 500 * time.Millisecond
+// dead owner waits this long once (while other pools listen; with none, no responders says
+// so at once).
+const RunningWait = 250 * time.Millisecond
 
 // runningYes is the answer's body.
 var runningYes = []byte("running")

@@ -332,8 +332,8 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		abandoned, unheard := intent.Abandoned(ctx, p.js, p.store, wire.Key, rec, now, p.opts.Lease)
 		if !abandoned {
 			// Not yet: the lease runs, or ran out while the records had no leader or its owner
-			// still runs it (intent.Abandoned). Asked again after the lease, or a second.
-			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), time.Second-jobs.RunningWait) + 100*time.Millisecond)
+			// still runs it (intent.Abandoned).
+			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), 0) + 100*time.Millisecond)
 			return
 		}
 		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, now, p.opts.Lease)
