@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -293,15 +294,19 @@ func (f *feed) startCore() error {
 }
 
 // startConsumer reads the subject's history and then live chunks through one ordered consumer.
-// A creation that fails with an election's errors is tried again (jsretry): a consumer left
-// by a try whose answer was lost expires after orderedInactive, and delivers to nobody.
+// A creation that fails with an election's errors is tried again (jsretry). Each try names its
+// consumers with a prefix of its own: a try whose create answer was lost leaves a consumer
+// whose name nobody was told, and the prefix is how sweepPrefix finds it.
 func (f *feed) startConsumer(ctx context.Context) error {
 	var src orderedSource
+	var failed []string // the prefixes of the tries that failed
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		prefix := NewID()
 		cons, err := f.hub.js.OrderedConsumer(ctx, ChunksStream, jetstream.OrderedConsumerConfig{
 			FilterSubjects:    []string{f.subject},
 			DeliverPolicy:     jetstream.DeliverAllPolicy,
 			InactiveThreshold: f.hub.inactive,
+			NamePrefix:        prefix,
 		})
 		if err != nil {
 			return err
@@ -309,24 +314,105 @@ func (f *feed) startConsumer(ctx context.Context) error {
 		cc, err := cons.Consume(func(m jetstream.Msg) { f.deliver(m.Headers(), m.Data()) },
 			jetstream.PullHeartbeat(orderedHeartbeat))
 		if err != nil {
-			// Consume creates the server consumer before it fails on the first pull.
-			deleteOrdered(f.hub.js, f.hub.log, f.subject, cons, nil)
+			// Consume creates the server consumer before it fails on the first pull, or its
+			// create was applied and the answer lost.
+			failed = append(failed, prefix)
 			return err
 		}
 		src = orderedSource{cons: cons, cc: cc}
 		return nil
 	})
+	for _, prefix := range failed {
+		f.hub.sweepPrefix(f.subject, prefix)
+	}
 	if err != nil {
 		return fmt.Errorf("jobs: follow %s: %w", f.subject, err)
 	}
 	f.mu.Lock()
 	if f.done { // finished while the consumer was being created: nobody else will delete it
 		f.mu.Unlock()
-		src.stop(f.hub.js, f.hub.log, f.subject, nil)
+		if f.hub.track() {
+			go f.hub.release(f.subject, src)
+		} else {
+			src.stop(f.hub.js, f.hub.log, f.subject, nil)
+		}
 		return nil
 	}
 	f.ordered = &src
 	f.mu.Unlock()
+	return nil
+}
+
+// track counts one more goroutine deleting consumers (Close waits for it), unless the hub is
+// closed.
+func (h *Hub) track() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.deleting.Add(1)
+	return true
+}
+
+// sweepPrefix deletes, on a goroutine Close waits for, every CHUNKS consumer named with prefix
+// (a failed try's), looking again with backoff for deleteRetryFor, or until Close: a create
+// whose answer was lost can still be applied after the first look (a partition's heal). In row
+// 3b such a consumer, with a 5 s inactive threshold and never delivered to, was still on CHUNKS
+// 100 s after the row ended. Without a goroutine (the hub closed) it looks once.
+func (h *Hub) sweepPrefix(subject, prefix string) {
+	if !h.track() {
+		_ = deletePrefixed(h.js, prefix)
+		return
+	}
+	go func() {
+		defer h.deleting.Done()
+		var err error
+		giveUp := time.Now().Add(deleteRetryFor)
+		for wait := deleteBackoff; ; wait = min(2*wait, 30*time.Second) {
+			err = deletePrefixed(h.js, prefix)
+			if time.Now().Add(wait).After(giveUp) {
+				break
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-h.quit:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		if err != nil {
+			h.log.Warn().Err(err).Str("subject", subject).Str("prefix", prefix).
+				Msg("deleting the consumers of a failed follow failed; the server will expire them after their inactive threshold")
+		}
+	}()
+}
+
+// deletePrefixed lists CHUNKS's consumers and deletes those named prefix_<serial>, within
+// deleteTimeout.
+func deletePrefixed(js jetstream.JetStream, prefix string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+	defer cancel()
+	st, err := js.Stream(ctx, ChunksStream)
+	if err != nil {
+		return err
+	}
+	names := st.ConsumerNames(ctx)
+	var ours []string
+	for n := range names.Name() {
+		if strings.HasPrefix(n, prefix+"_") {
+			ours = append(ours, n)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return err
+	}
+	for _, n := range ours {
+		if err := js.DeleteConsumer(ctx, ChunksStream, n); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return err
+		}
+	}
 	return nil
 }
 
