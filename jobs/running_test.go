@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -95,5 +96,37 @@ func TestRunningIsAnsweredByTheOwnerOnly(t *testing.T) {
 	// The other pool still listens and says nothing: the ask waits RunningWait out.
 	if running, err := jobs.Running(ctx, ask, "k1", 2); running || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("the owner unsubscribed: running %v, %v; want silence until the deadline", running, err)
+	}
+}
+
+// TestRunningIsHeardAcrossServers: on a three-server cluster, an owner connected to one server
+// is heard by a taker connected to another, and by itself (the sweep of the owner's own pool
+// asks through the pool's connection).
+func TestRunningIsHeardAcrossServers(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	connect := func(i int) *nats.Conn {
+		nc, err := nats.Connect(c.URLs()[i], nats.DontRandomize())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	owner, taker := connect(0), connect(2)
+	if _, err := jobs.AnswerRunning(owner, func(key string, epoch int) bool { return key == "k" && epoch == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for name, nc := range map[string]*nats.Conn{"another server": taker, "the owner's own connection": owner} {
+		testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			if running, err := jobs.Running(ctx, nc, "k", 1); !running {
+				return fmt.Errorf("asked from %s: not running (%v)", name, err)
+			}
+			return nil
+		})
 	}
 }
