@@ -23,13 +23,8 @@ type written struct {
 // update keeps sending the same write, and once a server is back and a leader elected it is
 // applied once, at the revision it expected.
 func TestUpdateRidesOutElection(t *testing.T) {
-	c := testkit.RunCluster(t, 3)
-	_, js := c.Connect(t)
+	st, c, _ := openReplicated(t)
 	ctx := context.Background()
-	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
 	held, err := st.Claim(ctx, "held", pending("o1"))
 	if err != nil {
 		t.Fatal(err)

@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -25,6 +27,18 @@ func open(t *testing.T) (*kv.Store, *testkit.JetStream) {
 		t.Fatal(err)
 	}
 	return st, s
+}
+
+// openReplicated opens the bucket with three replicas on a three-server cluster.
+func openReplicated(t *testing.T) (*kv.Store, *testkit.Cluster, jetstream.JetStream) {
+	t.Helper()
+	c := testkit.RunCluster(t, 3)
+	_, js := c.Connect(t)
+	st, err := kv.Open(context.Background(), js, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, c, js
 }
 
 func pending(owner string) *kv.Record {

@@ -19,13 +19,8 @@ import (
 // instant is abandoned under the first leader and not after an election that came later, so
 // a lease that lapsed because its owner's renewals could not land is not taken over.
 func TestAbandonedWaitsOutAnElection(t *testing.T) {
-	c := testkit.RunCluster(t, 3)
-	_, js := c.Connect(t)
+	st, c, _ := openReplicated(t)
 	ctx := context.Background()
-	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const grace = 10 * time.Second
 	before := time.Now()
 	rec := pending("o1")
@@ -176,13 +171,8 @@ func TestAbandonedWaitsOutALostQuorum(t *testing.T) {
 // fault suite's 2 s) is still given that long after an election: the same expired record is
 // not abandoned two seconds after the leader was elected, whatever its lease, and is six.
 func TestAbandonedGivesAPartitionedOwnerTimeToMove(t *testing.T) {
-	c := testkit.RunCluster(t, 3)
-	_, js := c.Connect(t)
+	st, _, js := openReplicated(t)
 	ctx := context.Background()
-	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var elected time.Time
 	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		info, err := js.Stream(ctx, kv.BucketStream)
