@@ -32,7 +32,7 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 		return c.create(ctx, req, key, jobID, Bypassed)
 	}
 	if rec, rev, ok := c.finishedRecord(req); ok {
-		adm, err := c.attach(ctx, req, &kv.ExistsError{Record: rec, Rev: rev})
+		adm, err := c.attach(ctx, req, &kv.ExistsError{Record: rec, Rev: rev}, false)
 		if !errors.Is(err, errGone) && !errors.Is(err, kv.ErrConflict) {
 			if err == nil && adm.Outcome == Replayed {
 				c.metrics.ReplayCacheHit()
@@ -51,7 +51,7 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 		}
 		var held *kv.ExistsError // the claim already read the record that holds the key
 		errors.As(err, &held)
-		adm, err = c.attach(ctx, req, held)
+		adm, err = c.attach(ctx, req, held, false)
 		if errors.Is(err, errGone) || errors.Is(err, kv.ErrConflict) {
 			continue // expired or changed under us: decide again
 		}
@@ -204,7 +204,8 @@ func (c *Core) release(key string, rec *kv.Record, rev uint64) {
 }
 
 // attach handles a key that already has a record (held, when the claim already read it).
-func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (*Admission, error) {
+// fresh says the record was read from the bucket's leader (kv.Store.Latest).
+func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, fresh bool) (*Admission, error) {
 	var rec *kv.Record
 	var rev uint64
 	if held != nil {
@@ -237,6 +238,19 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError) (
 	}
 	switch rec.State {
 	case kv.Pending:
+		if !fresh && !c.hub.Following(jobs.ChunkSubject(req.Key, rec.Epoch)) {
+			// A replica's PENDING may be old news: confirmed by the leader before this node
+			// follows the execution (a new consumer costs more than the read) or takes it over.
+			lrec, lrev, err := c.store.Latest(ctx, req.Key)
+			switch {
+			case errors.Is(err, kv.ErrNotFound):
+				return nil, errGone
+			case err != nil:
+				return nil, fmt.Errorf("intent: read record: %w", err)
+			case lrev != rev:
+				return c.attach(ctx, req, &kv.ExistsError{Record: lrec, Rev: lrev}, true)
+			}
+		}
 		if abandoned, unheard := c.abandoned(ctx, req.Key, rec, now); abandoned {
 			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, now, c.opts.Lease)
 			if err != nil {

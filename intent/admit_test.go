@@ -1,8 +1,10 @@
 package intent_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -360,5 +362,37 @@ func TestNextReadsTheRecordWhenTheChunkNeverComes(t *testing.T) {
 	_, err := adm.Next(ctx)
 	if !errors.Is(err, intent.ErrFinished) || adm.Rec.State != kv.Completed || string(adm.Rec.Result.Body) != `{"id":"x"}` {
 		t.Fatalf("next: %v, record %+v; want ErrFinished with the COMPLETED record", err, adm.Rec)
+	}
+}
+
+// TestStaleReadIsConfirmedByTheLeader: a claim refused for a key is decided on the record a
+// replica answers, and a replica that has not caught up (row 3b, after a partition's heal)
+// answers PENDING for an intent that has finished. Before this node follows the execution the
+// leader is asked, so the copy is replayed with the stored answer, not joined.
+func TestStaleReadIsConfirmedByTheLeader(t *testing.T) {
+	e := newEnv(t, nil)
+	req := request(t.Name())
+	adm := pending(t, e, req)
+	stale, staleRev := e.get(t, adm.Key)
+	e.take(t, adm.Key)
+	body := []byte(`{"choices":[]}`)
+	e.finish(t, adm.Key, kv.Completed, kv.Result{Status: 200, Body: body})
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if e.hub.Following(jobs.ChunkSubject(adm.Key, stale.Epoch)) {
+			return fmt.Errorf("the node still follows the execution")
+		}
+		return nil
+	})
+
+	got, err := e.core.AttachHeld(context.Background(), req, stale, staleRev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(got.Close)
+	if got.Outcome != intent.Replayed || got.Rec.State != kv.Completed || !bytes.Equal(got.Rec.Result.Body, body) {
+		t.Fatalf("a copy decided on a stale PENDING record: %s, record %s, want replayed with the stored answer", got.Outcome, got.Rec.State)
+	}
+	if got.Follower() != nil {
+		t.Fatal("the replay follows the execution")
 	}
 }

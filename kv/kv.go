@@ -253,6 +253,33 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
 	return rec, rev, nil
 }
 
+// Latest reads key's record from the bucket stream's leader, which holds every committed
+// write, where Get's direct read may be answered by a replica that has not caught up (after a
+// partition's heal, a replica answered an intent that had finished as still PENDING, and a
+// copy sent then was told "joined" instead of "replayed"). It costs a request to the leader:
+// for decisions a stale record would get wrong. Retried like Get; ErrNotFound when the key has
+// no record.
+func (s *Store) Latest(ctx context.Context, key string) (*Record, uint64, error) {
+	var data []byte
+	var rev uint64
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		var err error
+		data, rev, err = s.leaderLast(ctx, key)
+		return err
+	})
+	switch {
+	case errors.Is(err, errGone):
+		return nil, 0, fmt.Errorf("kv: latest %s: %w", key, ErrNotFound)
+	case err != nil:
+		return nil, 0, fmt.Errorf("kv: latest %s: %w", key, err)
+	}
+	rec, err := Decode(data)
+	if err != nil {
+		return nil, 0, fmt.Errorf("kv: latest %s: %w", key, err)
+	}
+	return rec, rev, nil
+}
+
 // Held says whether the replica that answers holds a record for key, in one read without
 // Get's retries or its leader check on a miss. A replica behind the leader can say no for a
 // record just written: use it only where a wrong no costs a refusal the client retries.

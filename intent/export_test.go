@@ -1,0 +1,13 @@
+package intent
+
+import (
+	"context"
+
+	"github.com/oncegate/oncegate/kv"
+)
+
+// AttachHeld is Admit's decision for a key whose claim was refused, given the record the
+// claim read; a test passes an older one, what a replica that has not caught up answers.
+func (c *Core) AttachHeld(ctx context.Context, req *Request, rec *kv.Record, rev uint64) (*Admission, error) {
+	return c.attach(ctx, req, &kv.ExistsError{Record: rec, Rev: rev}, false)
+}
