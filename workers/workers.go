@@ -269,8 +269,13 @@ const freshJob = time.Second
 // that second is still caught, by the completion's compare-and-set (and the lease renewals),
 // after the backend call instead of before it.
 func trustSent(md *jetstream.MsgMetadata, sent *kv.Record, now time.Time) bool {
-	return md != nil && md.NumDelivered == 1 && now.Sub(md.Timestamp) < freshJob &&
-		sent.State == kv.Pending && now.Add(time.Second).Before(sent.LeaseUntil)
+	return md != nil && md.NumDelivered == 1 && now.Sub(md.Timestamp) < freshJob && leaseHolds(sent, now)
+}
+
+// leaseHolds reports whether rec's lease runs past now with a second to spare for clocks:
+// no takeover can move the key to another epoch before the execution's first renewal.
+func leaseHolds(rec *kv.Record, now time.Time) bool {
+	return rec.State == kv.Pending && now.Add(time.Second).Before(rec.LeaseUntil)
 }
 
 // handle runs one delivered job message.
@@ -320,6 +325,25 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	job := intent.JobOf(wire.Key, rec)
+	if now := p.opts.Now(); (mdErr != nil || md.NumDelivered == 1) && !leaseHolds(rec, now) {
+		// A first delivery whose lease has run out: its submit landed late (a partition held
+		// it past the lease), so a taker may be moving the key to a new epoch right now, this
+		// pool's own sweep among them (it found nothing running: this execution had not
+		// started). The epoch is claimed by compare-and-set before the backend is called, so
+		// either this write or the taker's lands, never both. In row 3b two intents were run
+		// twice that way, the late epoch fenced only after its backend call.
+		next := rec.Renewed(now, p.opts.Lease, p.opts.ID, 0, 0)
+		nrev, err := p.store.Update(ctx, wire.Key, next, rev)
+		if err != nil {
+			// A conflict: the record moved on (a taker's epoch, or a stale read); the
+			// redelivery reads it again and decides. Unavailable: not claimed, not run.
+			log.Info().Err(err).Msg("claiming a late job's lapsed epoch failed; will retry")
+			_ = m.NakWithDelay(time.Second)
+			return
+		}
+		rec, rev = next, nrev
+		job = intent.JobOf(wire.Key, rec)
+	}
 	if mdErr == nil && md.NumDelivered > 1 {
 		// A redelivery: the previous holder stopped acking. Take over only once its lease ran
 		// out, and never from ourselves: this pool's execution may still be retrying its
