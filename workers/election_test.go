@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,8 +27,12 @@ import (
 type gated struct {
 	*backend.Client
 	entered chan struct{} // closed by the first Send
-	open    chan struct{} // closed by the test
+	open    chan struct{} // closed by Open
+	opened  sync.Once
 }
+
+// Open lets every Send through; a test defers it too, so that a failed test's pools can stop.
+func (g *gated) Open() { g.opened.Do(func() { close(g.open) }) }
 
 func (g *gated) Send(ctx context.Context, call *backend.Call) (*http.Response, context.CancelFunc, error) {
 	select {
@@ -120,7 +125,7 @@ func completedSurvivesLeaderLoss(t *testing.T, lease time.Duration, tries int) {
 	// The worker's writes are plain messages on the record's subject: the survivor's watcher
 	// sees every COMPLETED write the worker sends, applied or not.
 	watched := c.Watch(survivor, "$KV."+kv.Bucket+"."+key)
-	close(gate.open)
+	gate.Open()
 	waitCompletedTries(t, watched, tries)
 
 	c.Restart(other)

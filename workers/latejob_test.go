@@ -26,13 +26,7 @@ func TestLateJobClaimsItsEpoch(t *testing.T) {
 	r := resources(t)
 	ctx := context.Background()
 	mock, gate := newGated(t)
-	defer func() {
-		select {
-		case <-gate.open:
-		default:
-			close(gate.open) // a failed test's pool must be able to stop
-		}
-	}()
+	defer gate.Open()
 	var logs testkit.SyncBuffer
 	const lease = 10 * time.Second
 	const key = "late-job"
@@ -57,7 +51,7 @@ func TestLateJobClaimsItsEpoch(t *testing.T) {
 	if !errors.Is(err, kv.ErrConflict) {
 		t.Fatalf("a taker with the record read before the late job ran: %v, want a conflict (the epoch claimed before the backend call)\n%s", err, logs.String())
 	}
-	close(gate.open)
+	gate.Open()
 	got := r.waitFinal(t, key)
 	if got.State != kv.Completed || got.Epoch != 1 || got.Worker != "late" || got.Result == nil || got.Result.Status != http.StatusOK {
 		t.Fatalf("record %s epoch %d worker %q result %+v; want COMPLETED in epoch 1 by the pool\n%s",

@@ -26,13 +26,7 @@ func TestLiveOwnerIsNotTakenOver(t *testing.T) {
 	r := resources(t)
 	ctx := context.Background()
 	mock, gate := newGated(t)
-	defer func() {
-		select {
-		case <-gate.open:
-		default:
-			close(gate.open) // a failed test's pools must be able to stop
-		}
-	}()
+	defer gate.Open()
 	var logs testkit.SyncBuffer
 	const lease = time.Second
 	run(t, workers.New(r.srv.JS, r.store, workers.Options{ID: "owner", Concurrency: 2, Lease: lease, RenewEvery: time.Hour,
@@ -72,7 +66,7 @@ func TestLiveOwnerIsNotTakenOver(t *testing.T) {
 			t.Fatalf("%d questions in 30 s\n%s", asked.Load(), logs.String())
 		}
 	}
-	close(gate.open)
+	gate.Open()
 	got := r.waitFinal(t, key)
 	if got.State != kv.Completed || got.Epoch != 1 || got.Worker != "owner" || got.Result == nil || got.Result.Status != http.StatusOK {
 		t.Fatalf("record %s epoch %d worker %q result %+v; want COMPLETED by the owner in epoch 1\n%s",
