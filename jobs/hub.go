@@ -202,57 +202,52 @@ func (h *Hub) Close() {
 
 // release stops an ended feed's ordered consumer and deletes it from the server. It runs on
 // its own goroutine: finish may run inside the consumer's callback, and Stop can wait for a
-// reset in progress.
+// reset in progress (nats.go holds the consumer's lock while a reset's create is tried, up to
+// 10 s a try plus its backoff).
 func (h *Hub) release(subject string, src orderedSource) {
 	defer h.deleting.Done()
-	src.stop(h.js, h.log, subject, h.quit)
+	h.stopOrdered(subject, src)
 }
 
-// orderedSource is a feed's ordered consumer and its consume loop.
+// orderedSource is a feed's ordered consumer, its consume loop, and the name prefix of every
+// server consumer the loop creates (prefix_1, then prefix_2… after each reset).
 type orderedSource struct {
-	cons jetstream.Consumer
-	cc   jetstream.ConsumeContext
+	cons   jetstream.Consumer
+	cc     jetstream.ConsumeContext
+	prefix string
 }
 
-// stop ends the consume loop, then deletes the consumer it used last (the loop replaces it on
-// a reset). A consumer already gone (deleted by a reset or by the server) is no error. With a
-// quit channel, a failed delete is retried until it succeeds, deleteRetryFor ends or quit
-// closes; without one (a caller that cannot wait), it is tried once.
-func (src orderedSource) stop(js jetstream.JetStream, log zerolog.Logger, subject string, quit <-chan struct{}) {
+// stopOrdered ends the consume loop, then deletes the consumer it used last, by name: one API
+// call, the common case. A consumer already gone (deleted by a reset or by the server) is no
+// error. When that delete fails, or the loop was reset (its consumer's serial is past 1: a
+// reset deletes the consumer it replaces without waiting for the answer, and a reset's create
+// whose answer was lost leaves one nobody was told of), every consumer with the source's
+// prefix is swept instead, looking again with backoff (sweepPrefix).
+func (h *Hub) stopOrdered(subject string, src orderedSource) {
 	src.cc.Stop()
 	<-src.cc.Closed()
-	deleteOrdered(js, log, subject, src.cons, quit)
-}
-
-// deleteOrdered deletes an ordered consumer's current server consumer, each try within
-// deleteTimeout; see stop for quit.
-func deleteOrdered(js jetstream.JetStream, log zerolog.Logger, subject string, cons jetstream.Consumer, quit <-chan struct{}) {
-	info := cons.CachedInfo()
-	if info == nil {
+	name := ""
+	if info := src.cons.CachedInfo(); info != nil {
+		name = info.Name
+	}
+	if name == "" {
+		h.sweepPrefix(subject, src.prefix)
 		return
 	}
-	giveUp := time.Now().Add(deleteRetryFor)
-	for wait := deleteBackoff; ; wait = min(2*wait, 30*time.Second) {
-		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
-		err := js.DeleteConsumer(ctx, ChunksStream, info.Name)
-		cancel()
-		if err == nil || errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return
-		}
-		if quit == nil || time.Now().Add(wait).After(giveUp) {
-			log.Warn().Err(err).Str("subject", subject).Str("consumer", info.Name).
-				Msg("deleting an ended feed's consumer failed; the server will expire it after its inactive threshold")
-			return
-		}
-		log.Debug().Err(err).Str("subject", subject).Str("consumer", info.Name).Msg("deleting an ended feed's consumer failed; retrying")
-		t := time.NewTimer(wait)
-		select {
-		case <-quit:
-			t.Stop()
-			return
-		case <-t.C:
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+	err := h.js.DeleteConsumer(ctx, ChunksStream, name)
+	cancel()
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		err = nil
 	}
+	if err == nil && name == src.prefix+"_1" {
+		return
+	}
+	if err != nil {
+		h.log.Debug().Err(err).Str("subject", subject).Str("consumer", name).
+			Msg("deleting an ended feed's consumer failed; sweeping its prefix")
+	}
+	h.sweepPrefix(subject, src.prefix)
 }
 
 // Active is the number of executions this hub follows (for metrics and tests).
@@ -319,7 +314,7 @@ func (f *feed) startConsumer(ctx context.Context) error {
 			failed = append(failed, prefix)
 			return err
 		}
-		src = orderedSource{cons: cons, cc: cc}
+		src = orderedSource{cons: cons, cc: cc, prefix: prefix}
 		return nil
 	})
 	for _, prefix := range failed {
@@ -334,7 +329,7 @@ func (f *feed) startConsumer(ctx context.Context) error {
 		if f.hub.track() {
 			go f.hub.release(f.subject, src)
 		} else {
-			src.stop(f.hub.js, f.hub.log, f.subject, nil)
+			f.hub.stopOrdered(f.subject, src)
 		}
 		return nil
 	}
@@ -356,7 +351,8 @@ func (h *Hub) track() bool {
 }
 
 // sweepPrefix deletes, on a goroutine Close waits for, every CHUNKS consumer named with prefix
-// (a failed try's), looking again with backoff for deleteRetryFor, or until Close: a create
+// (a failed try's, or an ended feed's whose delete by name failed or whose loop was reset),
+// looking again with backoff for deleteRetryFor, or until Close: a create
 // whose answer was lost can still be applied after the first look (a partition's heal). In row
 // 3b such a consumer, with a 5 s inactive threshold and never delivered to, was still on CHUNKS
 // 100 s after the row ended. Without a goroutine (the hub closed) it looks once.
@@ -384,7 +380,7 @@ func (h *Hub) sweepPrefix(subject, prefix string) {
 		}
 		if err != nil {
 			h.log.Warn().Err(err).Str("subject", subject).Str("prefix", prefix).
-				Msg("deleting the consumers of a failed follow failed; the server will expire them after their inactive threshold")
+				Msg("deleting the consumers of an ended or failed follow failed; the server will expire them after their inactive threshold")
 		}
 	}()
 }
