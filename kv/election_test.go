@@ -175,3 +175,20 @@ func TestLanded(t *testing.T) {
 		t.Fatalf("another writer's record: %v, want ErrConflict", err)
 	}
 }
+
+// TestLeaderSeen: a lease check that reads the bucket's leader remembers which server answered
+// and since when it leads, for a taker's log line.
+func TestLeaderSeen(t *testing.T) {
+	st, c, _ := openReplicated(t)
+	if name, since := st.LeaderSeen(); name != "" || !since.IsZero() {
+		t.Fatalf("before any read: leader %q since %v, want none", name, since)
+	}
+	rec := pending("o")
+	rec.LeaseUntil = time.Now().Add(-time.Minute)
+	st.Abandoned(context.Background(), rec, time.Now(), time.Second) // reads the leader
+	name, since := st.LeaderSeen()
+	leader := c.StreamLeader(kv.BucketStream)
+	if leader < 0 || name != c.Server(leader).Name() || since.IsZero() || since.After(time.Now()) {
+		t.Fatalf("leader %q since %v, want server %d's name and its election time", name, since, leader)
+	}
+}

@@ -50,6 +50,7 @@ type leaderClock struct {
 	mu     sync.Mutex
 	readAt time.Time // when since was read (or failed to be); zero: never
 	since  time.Time // the leader's election; zero: not known (a single server, an old one)
+	name   string    // the leader's server name, as that read said ("" when it failed)
 	ok     bool      // whether the read at readAt succeeded
 	// steady is when the current run of reads that found a leader with a quorum began (zero:
 	// the last read did not); watched says a WatchQuorum keeps the run going.
@@ -137,6 +138,16 @@ func (s *Store) WatchQuorum(ctx context.Context, isolated func()) {
 	}
 }
 
+// LeaderSeen is the bucket's leader as the last leader read found it: its server name and
+// when it was elected ("" and zero when unknown). For a taker's log: a takeover in row 3b
+// (trial 15 on 2f0556c) came earlier than minGrace allows after the majority's election, and
+// the log could not say which server's answer the decision had read.
+func (s *Store) LeaderSeen() (string, time.Time) {
+	s.leader.mu.Lock()
+	defer s.leader.mu.Unlock()
+	return s.leader.name, s.leader.since
+}
+
 // leaderSince is when the bucket's stream leader was elected (zero when the server does not
 // say), read at most every leaderRefresh; false when it could not be read. A failed read is
 // reused too: a sweep asks for every expired record, and each try waits for its timeout.
@@ -163,9 +174,12 @@ func (s *Store) readLeader(ctx context.Context) (time.Time, bool) {
 	s.leader.mu.Lock()
 	defer s.leader.mu.Unlock()
 	prev := s.leader.readAt
-	s.leader.readAt, s.leader.since, s.leader.ok = time.Now(), time.Time{}, err == nil
-	if cl != nil && cl.LeaderSince != nil {
-		s.leader.since = *cl.LeaderSince
+	s.leader.readAt, s.leader.since, s.leader.ok, s.leader.name = time.Now(), time.Time{}, err == nil, ""
+	if cl != nil {
+		s.leader.name = cl.Leader
+		if cl.LeaderSince != nil {
+			s.leader.since = *cl.LeaderSince
+		}
 	}
 	s.leader.cut = err == nil && !quorate(cl)
 	switch {
