@@ -256,9 +256,8 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 			if err != nil {
 				return nil, err
 			}
-			leader, since := c.store.LeaderSeen()
 			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).AnErr("owner_unheard", unheard).Str("server", c.js.Conn().ConnectedServerName()).
-				Str("leader", leader).Time("leader_since", since).Msg("lease expired; execution re-driven by a client request")
+				Func(LeaderRead(c.store)).Msg("lease expired; execution re-driven by a client request")
 			c.metrics.Takeover()
 			adm, err := c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
 			if adm != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -48,6 +49,15 @@ func Abandoned(ctx context.Context, js jetstream.JetStream, store *kv.Store, key
 	}
 	running, unheard := jobs.Running(ctx, js.Conn(), key, rec.Epoch)
 	return !running, unheard
+}
+
+// LeaderRead adds to a takeover's log line the records' leader that store's lease check read
+// and since when it leads (kv.Store.LeaderSeen): which side of a partition the decision saw.
+func LeaderRead(store *kv.Store) func(*zerolog.Event) {
+	return func(e *zerolog.Event) {
+		leader, since := store.LeaderSeen()
+		e.Str("leader", leader).Time("leader_since", since)
+	}
 }
 
 // Job is the submittable job of the current epoch of rec, stored at revision rev: the view of

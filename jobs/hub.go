@@ -226,26 +226,19 @@ type orderedSource struct {
 func (h *Hub) stopOrdered(subject string, src orderedSource) {
 	src.cc.Stop()
 	<-src.cc.Closed()
-	name := ""
 	if info := src.cons.CachedInfo(); info != nil {
-		name = info.Name
-	}
-	if name == "" {
-		h.sweepPrefix(subject, src.prefix)
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
-	err := h.js.DeleteConsumer(ctx, ChunksStream, name)
-	cancel()
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		err = nil
-	}
-	if err == nil && name == src.prefix+"_1" {
-		return
-	}
-	if err != nil {
-		h.log.Debug().Err(err).Str("subject", subject).Str("consumer", name).
-			Msg("deleting an ended feed's consumer failed; sweeping its prefix")
+		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+		err := h.js.DeleteConsumer(ctx, ChunksStream, info.Name)
+		cancel()
+		switch {
+		case err == nil || errors.Is(err, jetstream.ErrConsumerNotFound):
+			if info.Name == src.prefix+"_1" {
+				return
+			}
+		default:
+			h.log.Debug().Err(err).Str("subject", subject).Str("consumer", info.Name).
+				Msg("deleting an ended feed's consumer failed; sweeping its prefix")
+		}
 	}
 	h.sweepPrefix(subject, src.prefix)
 }

@@ -260,22 +260,31 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, uint64, error) {
 // for decisions a stale record would get wrong. Retried like Get; ErrNotFound when the key has
 // no record.
 func (s *Store) Latest(ctx context.Context, key string) (*Record, uint64, error) {
-	var data []byte
+	var rec *Record
 	var rev uint64
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		var err error
-		data, rev, err = s.leaderLast(ctx, key)
+		rec, rev, err = s.latest(ctx, key)
 		return err
 	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("kv: latest %s: %w", key, err)
+	}
+	return rec, rev, nil
+}
+
+// latest is one try of Latest (and what get asks on a miss).
+func (s *Store) latest(ctx context.Context, key string) (*Record, uint64, error) {
+	data, rev, err := s.leaderLast(ctx, key)
 	switch {
 	case errors.Is(err, errGone):
-		return nil, 0, fmt.Errorf("kv: latest %s: %w", key, ErrNotFound)
+		return nil, 0, ErrNotFound
 	case err != nil:
-		return nil, 0, fmt.Errorf("kv: latest %s: %w", key, err)
+		return nil, 0, err
 	}
 	rec, err := Decode(data)
 	if err != nil {
-		return nil, 0, fmt.Errorf("kv: latest %s: %w", key, err)
+		return nil, 0, err
 	}
 	return rec, rev, nil
 }
@@ -306,18 +315,7 @@ func (s *Store) get(ctx context.Context, key string) (*Record, uint64, error) {
 	e, err := s.kv.Get(ctx, key)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			data, rev, lerr := s.leaderLast(ctx, key)
-			switch {
-			case errors.Is(lerr, errGone):
-				return nil, 0, ErrNotFound
-			case lerr != nil:
-				return nil, 0, lerr
-			}
-			rec, err := Decode(data)
-			if err != nil {
-				return nil, 0, err
-			}
-			return rec, rev, nil
+			return s.latest(ctx, key)
 		}
 		return nil, 0, err
 	}

@@ -370,9 +370,8 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "lease expired: the job was redelivered")
 		// The epoch changed: build the context again rather than add a second "epoch" field.
 		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
-		leader, since := p.store.LeaderSeen()
 		log.Warn().Int("previous_epoch", wire.Epoch).AnErr("owner_unheard", unheard).Str("server", p.js.Conn().ConnectedServerName()).
-			Str("leader", leader).Time("leader_since", since).Msg("took over execution after lease expiry")
+			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry")
 	}
 	// The execution continues the trace of the request that created it (the record keeps its
 	// traceparent); its backend attempts are child spans (internal/backend).
@@ -512,9 +511,8 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		if err := jobs.Submit(ctx, p.js, job); err != nil {
 			return n, err
 		}
-		leader, since := p.store.LeaderSeen()
 		p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, e.Key).Int(fieldEpoch, job.Epoch).AnErr("owner_unheard", unheard).Str("server", p.js.Conn().ConnectedServerName()).
-			Str("leader", leader).Time("leader_since", since).Msg("re-driven after lease expiry")
+			Func(intent.LeaderRead(p.store)).Msg("re-driven after lease expiry")
 		n++
 	}
 	return n, nil
