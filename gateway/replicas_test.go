@@ -24,7 +24,7 @@ import (
 )
 
 // allStreams is every stream a gateway sets up (a bucket's stream is KV_<bucket>).
-var allStreams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream,
+var allStreams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream, kv.RequestsStream,
 	ledger.StreamName, ledger.TallyStreamName, status.Stream}
 
 // clusterConfig is a gateway on the cluster c (external NATS) with nats.replicas n.

@@ -33,7 +33,7 @@ type resources struct {
 }
 
 // streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
-var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream,
+var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream, kv.RequestsStream,
 	ledger.StreamName, ledger.TallyStreamName, status.Stream}
 
 // ensure creates or updates every stream, bucket and the JOBS consumer; idempotent, and it

@@ -10,7 +10,8 @@ import (
 	"github.com/oncegate/oncegate/kv"
 )
 
-// errGone: the record read for a decision vanished (expired) in between; decide again.
+// errGone: the record read for a decision vanished (expired) or ended (a takeover failed it)
+// in between; decide again.
 var errGone = errors.New("intent: record vanished")
 
 // maxDecisions bounds Admit's attempts when the record keeps changing under it.
@@ -64,14 +65,19 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 }
 
 // newRecord is a PENDING claim for req: it names the job, the epoch, the fingerprint, a lease,
-// and carries the request so the job can be re-driven from it.
+// and carries the request so the job can be re-driven from it (a large one, it names in
+// REQUESTS: launch stores it there).
 func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 	now := c.now()
-	return &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
+	rec := &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
 		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, EpochStarted: now,
 		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API, Path: req.Path,
 		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID,
 		Echo: req.Echo}
+	if c.store.StoresRequest(len(req.Body)) {
+		rec.StoreRequestOut()
+	}
+	return rec
 }
 
 // create claims key with a new record and publishes its job; kv.ErrExists if taken.
@@ -86,7 +92,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		return nil, err
 	}
 	rec := c.newRecord(req, jobID, 1)
-	data, err := kv.Encode(rec) // written by the claim, and the body of the job message
+	data, err := kv.Encode(rec) // written by the claim, and the body of the job message (unless the request is stored out)
 	if err != nil {
 		res.cancel()
 		return nil, fmt.Errorf("intent: claim: %w", err)
@@ -132,11 +138,20 @@ func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec
 }
 
 // launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
-// can be missed), and indexes the job id. data is rec as stored at rev (nil: encode it here).
+// can be missed), and indexes the job id. data is rec's job message (kv.EncodeJob; nil:
+// encode it here). A new claim's request too large for its record is stored first: a job
+// never runs that a re-drive could not run again.
 func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
+	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
+		if err := c.store.PutRequest(ctx, key, rec); err != nil {
+			c.release(key, rec, rev)
+			return nil, fmt.Errorf("intent: %w", err)
+		}
+		data = nil // the claim's bytes left the request out; the job carries it
+	}
 	if data == nil {
 		var err error
-		if data, err = kv.Encode(rec); err != nil {
+		if data, err = kv.EncodeJob(rec); err != nil {
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
@@ -198,8 +213,13 @@ func (c *Core) join(req *Request, key string, rec *kv.Record) (leave func(), err
 func (c *Core) release(key string, rec *kv.Record, rev uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := c.store.Update(ctx, key, rec.Released(), rev); err != nil {
+	released := rec.Released()
+	if _, err := c.store.Update(ctx, key, released, rev); err != nil {
 		c.log.Warn().Err(err).Str(fieldKey, key).Msg("releasing claim")
+		return
+	}
+	if err := c.store.DropRequest(ctx, key, released); err != nil {
+		c.log.Debug().Err(err).Str(fieldKey, key).Msg("dropping a released claim's request")
 	}
 }
 
@@ -253,6 +273,11 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 		}
 		if abandoned, unheard := c.abandoned(ctx, req.Key, rec, now); abandoned {
 			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, now, c.opts.Lease)
+			if errors.Is(err, kv.ErrRequestLost) {
+				// Failed for want of its stored request: decide again (a retryable failure is
+				// reclaimed with this request's own body).
+				return nil, fmt.Errorf("%w: %w", errGone, err)
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -39,6 +39,9 @@ func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api
 		if err := jobs.Terminate(ctx, c.js, key, rec.Epoch, jobs.KindError, http.StatusConflict, body); err != nil {
 			c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: notifying followers")
 		}
+		if err := c.store.DropRequest(ctx, key, next); err != nil {
+			c.log.Debug().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: dropping the stored request")
+		}
 		c.log.Info().Str(fieldJobID, rec.JobID).Msg("job cancelled")
 		return next, nil
 	}

@@ -2,7 +2,9 @@ package intent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,6 +18,10 @@ import (
 // one taker wins; the loser gets kv.ErrConflict), then fences the old epoch's chunk subject so
 // its owner can write nothing more and its followers see the restart. The returned job is not
 // published; the caller runs it or submits it.
+//
+// A record whose request is stored in REQUESTS gets it read first; when it is gone
+// (kv.ErrRequestLost: its claim's node died before storing it, so no job ever ran, or it
+// outlived the stream), the record is failed instead, and the error says so.
 func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, rev uint64, now time.Time, lease time.Duration) (*jobs.Job, *kv.Record, uint64, error) {
 	old := rec.Epoch
 	// The vanished owner's progress says what it sent; TakenOver counts it (nil: none read).
@@ -23,7 +29,22 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	if err != nil {
 		p = nil
 	}
+	lost := false
+	if rec.RequestAt > 0 && len(rec.Request) == 0 {
+		body, err := store.Request(ctx, key, rec.RequestAt)
+		switch {
+		case errors.Is(err, kv.ErrRequestLost):
+			lost = true
+		case err != nil:
+			return nil, nil, 0, fmt.Errorf("intent: take over %s epoch %d: %w", key, old, err)
+		default:
+			rec = rec.WithRequest(body)
+		}
+	}
 	next := rec.TakenOver(now, lease, p)
+	if lost {
+		next = requestLost(rec, next, now)
+	}
 	nrev, err := store.Update(ctx, key, next, rev)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("intent: take over %s epoch %d: %w", key, old, err)
@@ -31,11 +52,22 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	if err := jobs.Fence(ctx, js, key, old); err != nil {
 		return nil, nil, 0, err
 	}
+	if lost {
+		return nil, nil, 0, fmt.Errorf("intent: take over %s epoch %d: %w (failed it)", key, old, kv.ErrRequestLost)
+	}
 	job, err := Job(key, next, nrev)
 	if err != nil {
 		return nil, nil, 0, err
 	}
 	return job, next, nrev, nil
+}
+
+// requestLost is next, the takeover of rec, failed because rec's stored request is gone: a
+// 503 the client may retry (a new epoch) only when no attempt of rec can have been sent, so a
+// retry never runs an intent twice.
+func requestLost(rec, next *kv.Record, now time.Time) *kv.Record {
+	sent := next.Attempts > 0 || len(next.Unfinished) > 0 || rec.Takeovers > 0 || rec.Progress != kv.ProgressQueued
+	return next.Failed(now, &kv.Result{Status: http.StatusServiceUnavailable, Retryable: !sent}, kv.Execution{})
 }
 
 // Abandoned reports whether the execution of key that rec names may be taken over: its lease
@@ -61,16 +93,16 @@ func LeaderRead(store *kv.Store) func(*zerolog.Event) {
 }
 
 // Job is the submittable job of the current epoch of rec, stored at revision rev: the view of
-// JobOf plus the record's stored bytes.
+// JobOf plus the record's bytes with its request (kv.EncodeJob; rec must carry it).
 func Job(key string, rec *kv.Record, rev uint64) (*jobs.Job, error) {
-	data, err := kv.Encode(rec)
+	data, err := kv.EncodeJob(rec)
 	if err != nil {
 		return nil, fmt.Errorf("intent: job of %s: %w", key, err)
 	}
 	return JobEncoded(key, rec, rev, data), nil
 }
 
-// JobEncoded is Job for a record already encoded as data.
+// JobEncoded is Job for a record already encoded as data (kv.EncodeJob).
 func JobEncoded(key string, rec *kv.Record, rev uint64, data []byte) *jobs.Job {
 	j := JobOf(key, rec)
 	j.Rev, j.Record = rev, data

@@ -68,9 +68,12 @@ var (
 type BucketConfig struct {
 	// TTL is how long a key's record is kept after its last write.
 	TTL time.Duration
-	// Replicas of the bucket, the job index and the progress stream (0 or 1: one). Open keeps
-	// an existing stream's count when it is larger.
+	// Replicas of the bucket, the job index, the progress and the requests streams (0 or 1:
+	// one). Open keeps an existing stream's count when it is larger.
 	Replicas int
+	// InlineRequestMax is the largest request a record carries itself; a larger one is stored
+	// in REQUESTS (see RequestsStream). 0: DefaultInlineRequestMax.
+	InlineRequestMax int
 }
 
 // Record messages carry their state and lease in headers, so a sweep can read every key's
@@ -87,8 +90,12 @@ type Store struct {
 	idx jetstream.Stream
 	// prog is the progress stream (see ProgressStream).
 	prog jetstream.Stream
-	js   jetstream.JetStream
-	ttl  time.Duration // the bucket's record TTL
+	// reqs holds the requests too large for their records (see RequestsStream), above
+	// inlineMax bytes.
+	reqs      jetstream.Stream
+	inlineMax int
+	js        jetstream.JetStream
+	ttl       time.Duration // the bucket's record TTL
 	// leader is when the bucket's leader was elected (Abandoned).
 	leader *leaderClock
 }
@@ -115,7 +122,15 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, err
 	}
-	return &Store{kv: kvs, idx: idx, prog: prog, js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
+	reqs, err := openRequests(ctx, js, cfg.TTL, cfg.Replicas)
+	if err != nil {
+		return nil, err
+	}
+	inlineMax := cfg.InlineRequestMax
+	if inlineMax == 0 {
+		inlineMax = DefaultInlineRequestMax
+	}
+	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
 }
 
 // BucketStream is the stream behind the bucket.
@@ -130,11 +145,26 @@ const recordV2 = 2
 const requestSeparator = '\n'
 
 // Encode is the stored form of rec (the bytes Claim and Update write): the record as JSON,
-// then, while it has a request, a newline and the request's bytes as the client sent them.
-// A request (a prompt of up to megabytes) is thus copied once, never scanned or escaped as
-// JSON on the way in or out: with 64 KiB prompts, encoding it inside the JSON cost more CPU
-// than anything else the gateway does per request.
+// then, while it carries a request, a newline and the request's bytes as the client sent
+// them. A request (a prompt of up to megabytes) is thus copied once, never scanned or escaped
+// as JSON on the way in or out: with 64 KiB prompts, encoding it inside the JSON cost more CPU
+// than anything else the gateway does per request. A request stored in REQUESTS
+// (rec.RequestAt) is left out.
 func Encode(rec *Record) ([]byte, error) {
+	if rec.RequestAt > 0 {
+		rec.V = recordV2
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return nil, fmt.Errorf("kv: encode: %w", err)
+		}
+		return data, nil
+	}
+	return EncodeJob(rec)
+}
+
+// EncodeJob is the body of rec's job message: Encode's form, with the request always after
+// the JSON, also one stored in REQUESTS, so the worker gets it with the job.
+func EncodeJob(rec *Record) ([]byte, error) {
 	rec.V = recordV2
 	data, err := json.Marshal(rec)
 	if err != nil {

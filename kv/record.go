@@ -100,8 +100,14 @@ type Record struct {
 	// have billed them; they are charged (estimated) with the record's outcome.
 	Unfinished []Unfinished `json:"unfinished,omitempty"`
 	// RequestBytes is the size of the request, kept when the request is dropped from a
-	// finished record, for the input estimate of a charge without usage.
+	// finished record (or stored in REQUESTS), for the input estimate of a charge without
+	// usage.
 	RequestBytes int `json:"request_bytes,omitempty"`
+	// RequestAt is the epoch of the claim that stored the request in REQUESTS (see
+	// RequestsStream) because it was too large to ride in the record; 0: the record carries
+	// it. Such a record's Request is empty as read from the bucket and holds the bytes as
+	// decoded from its job message (or set by WithRequest).
+	RequestAt int `json:"request_at,omitempty"`
 
 	Model string `json:"model"`
 	// API is the wire format of the request: "openai", "anthropic", "embeddings" or
@@ -116,7 +122,7 @@ type Record struct {
 	Stream   bool      `json:"stream"` // the execution's mode (the first request's)
 	// Request is the body the backend gets, with the headers passed through; kept while
 	// PENDING so the job can be re-driven. It is stored after the record's JSON, not in it
-	// (see Encode).
+	// (see Encode), or in REQUESTS (RequestAt).
 	Request json.RawMessage     `json:"-"`
 	Header  map[string][]string `json:"header,omitempty"`
 	// Deadline is the client's overall deadline, if it sent one (Oncegate-Timeout).
@@ -179,6 +185,28 @@ type Usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
+// requestSize is the request's size: its bytes', or as kept when they are not in r.
+func (r *Record) requestSize() int {
+	if len(r.Request) > 0 {
+		return len(r.Request)
+	}
+	return r.RequestBytes
+}
+
+// StoreRequestOut marks a new claim's request (r.Request) as stored in REQUESTS under the
+// claim's epoch rather than in the record (Store.StoresRequest says when).
+func (r *Record) StoreRequestOut() {
+	r.RequestAt, r.RequestBytes = r.Epoch, len(r.Request)
+}
+
+// WithRequest is r carrying body, the request it stores in REQUESTS (as Store.Request read
+// it, or as another decoding of the same claim carried it). r is not modified.
+func (r *Record) WithRequest(body []byte) *Record {
+	out := *r
+	out.Request = body
+	return &out
+}
+
 // LeaseExpired reports whether a PENDING record's lease ran out at now.
 func (r *Record) LeaseExpired(now time.Time) bool {
 	return r.State == Pending && !r.LeaseUntil.IsZero() && now.After(r.LeaseUntil)
@@ -219,7 +247,7 @@ func (r *Record) addUnfinished(p *Progress, cancelled bool) {
 		}
 	}
 	r.Unfinished = append(r.Unfinished, Unfinished{Epoch: p.Epoch, Attempts: p.Attempt, Backend: p.Backend,
-		Tokens: p.Tokens, RequestBytes: len(r.Request), Cancelled: cancelled})
+		Tokens: p.Tokens, RequestBytes: r.requestSize(), Cancelled: cancelled})
 	r.Attempts += p.Attempt
 }
 
@@ -335,7 +363,7 @@ func (r *Record) finished(state State, now time.Time, res *Result, ex Execution)
 	out := r.clone()
 	out.State = state
 	out.Result = &result
-	out.RequestBytes = len(r.Request)
+	out.RequestBytes = r.requestSize()
 	out.Request = nil
 	out.Progress = ProgressFinished
 	out.Chunks, out.Tokens = ex.Chunks, ex.Tokens
@@ -356,7 +384,7 @@ func (r *Record) CancelledAt(now time.Time, body []byte, p *Progress) *Record {
 	if p != nil && p.Epoch == r.Epoch {
 		out.addUnfinished(p, true)
 	}
-	out.RequestBytes = len(r.Request)
+	out.RequestBytes = r.requestSize()
 	out.State, out.Cancelled, out.Request = Failed, true, nil
 	out.Result = &Result{Status: http.StatusConflict, Body: body, Finished: now}
 	return out

@@ -174,7 +174,7 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 		return // the test's worker dies here: outcome stored, no terminal chunk, no ack
 	}
 	announced := ex.announce(ctx, terminal, res.Status, payload, 0)
-	ex.discardChunks()
+	ex.discard()
 	if h := ex.pool.testHookBeforeCharge; h != nil && h() {
 		return // the test's worker dies here: outcome stored and announced, no charge, no ack
 	}
@@ -228,7 +228,7 @@ func (ex *execution) finishFailed(ctx context.Context, f *failure) {
 		kind = jobs.KindResult
 	}
 	announced := ex.announce(ctx, kind, f.status, f.body, f.retryAfter)
-	ex.discardChunks()
+	ex.discard()
 	ex.settle(announced)
 }
 
@@ -240,16 +240,23 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 		return
 	}
 	announced := ex.announce(ctx, jobs.KindError, http.StatusOK, res.Body, 0)
-	ex.discardChunks()
+	ex.discard()
 	ex.chargeFinal()
 	ex.settle(announced)
 }
 
-// discardChunks schedules the removal of this epoch's chunks: the outcome is stored and the
-// terminal chunk sent, so only copies already following can still need them.
-func (ex *execution) discardChunks() {
+// discard schedules the removal of this epoch's chunks: the outcome is stored and the
+// terminal chunk sent, so only copies already following can still need them. A request
+// stored in REQUESTS is deleted now: nothing re-drives a finished record.
+func (ex *execution) discard() {
 	if ex.pool.discard != nil {
 		ex.pool.discard.Schedule(ex.job.Subject())
+	}
+	ex.mu.Lock()
+	rec := ex.rec
+	ex.mu.Unlock()
+	if rec != nil {
+		ex.pool.dropRequest(ex.job.Key, rec, ex.log)
 	}
 }
 

@@ -308,6 +308,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(time.Second)
 			return
 		}
+		if rec.RequestAt > 0 && rec.RequestAt == sent.RequestAt && len(rec.Request) == 0 {
+			rec = rec.WithRequest(sent.Request) // stored in REQUESTS: the job carries the same bytes
+		}
 	}
 	if rec.JobID != wire.ID || rec.Epoch != wire.Epoch || rec.State != kv.Pending || rec.Cancelled {
 		if rec.JobID == wire.ID && rec.Epoch >= wire.Epoch && rec.State != kv.Pending {
@@ -319,6 +322,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 				_ = m.NakWithDelay(time.Second)
 				return
 			}
+			p.dropRequest(wire.Key, rec, log)
 		}
 		log.Debug().Str("state", string(rec.State)).Int("record_epoch", rec.Epoch).Msg("stale job; dropping")
 		_ = m.Ack()
@@ -388,6 +392,22 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	defer p.trackEnd(ex)
 	ex.run(ctx)
 }
+
+// dropRequest deletes the stored request of rec, a finished record (kv.Store.DropRequest);
+// nothing for a record that carries its own. A failure leaves it to the stream's age.
+func (p *Pool) dropRequest(key string, rec *kv.Record, log zerolog.Logger) {
+	if rec.RequestAt == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dropTimeout)
+	defer cancel()
+	if err := p.store.DropRequest(ctx, key, rec); err != nil {
+		log.Info().Err(err).Msg("dropping the stored request failed; the stream's age will")
+	}
+}
+
+// dropTimeout bounds dropRequest: it runs after the answer, before the job's ack.
+const dropTimeout = 2 * time.Second
 
 // runs reports whether this pool runs an execution of key now.
 func (p *Pool) runs(key string) bool {

@@ -86,10 +86,17 @@ func run(t *testing.T, pool *workers.Pool) {
 // claim creates a PENDING record for body and returns its key, record and revision.
 func (r *rig) claim(t *testing.T, key, body string, stream bool) (*kv.Record, uint64) {
 	t.Helper()
+	return r.claimWith(t, key, body, func(rec *kv.Record) { rec.Stream = stream })
+}
+
+// claimWith is claim of a non-stream record that mod changes first.
+func (r *rig) claimWith(t *testing.T, key, body string, mod func(*kv.Record)) (*kv.Record, uint64) {
+	t.Helper()
 	now := time.Now()
 	rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
 		Created: now, EpochStarted: now, LeaseUntil: now.Add(2 * time.Second), Progress: kv.ProgressQueued,
-		Model: "oncegate-mock", Backends: []string{"mock"}, Stream: stream, Request: json.RawMessage(body)}
+		Model: "oncegate-mock", Backends: []string{"mock"}, Request: json.RawMessage(body)}
+	mod(rec)
 	rev, err := r.store.Claim(context.Background(), key, rec)
 	if err != nil {
 		t.Fatal(err)

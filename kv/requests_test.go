@@ -1,0 +1,140 @@
+package kv_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// TestRequestPlacement: a request up to the inline bound rides in its record's stored bytes;
+// a larger one is left out of them (the record names it and keeps its size), while the job's
+// bytes carry both kinds, and decode back to the same request.
+func TestRequestPlacement(t *testing.T) {
+	const inline = 64
+	s := testkit.RunJetStream(t, time.Second)
+	store, err := kv.Open(context.Background(), s.JS, kv.BucketConfig{TTL: time.Hour, InlineRequestMax: inline})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		size   int
+		stored bool
+	}{
+		{"empty", 0, false},
+		{"at the bound", inline, false},
+		{"one byte over", inline + 1, true},
+		{"a megabyte", 1 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := bytes.Repeat([]byte("x"), tc.size)
+			rec := pending("o")
+			rec.Request = body
+			if got := store.StoresRequest(len(body)); got != tc.stored {
+				t.Fatalf("StoresRequest(%d) = %v, want %v", len(body), got, tc.stored)
+			}
+			if tc.stored {
+				rec.StoreRequestOut()
+			}
+			data, got := roundTrip(t, kv.Encode, rec)
+			wantInRecord := body
+			if tc.stored {
+				wantInRecord = nil
+				if got.RequestAt != 1 || got.RequestBytes != tc.size {
+					t.Fatalf("stored record names epoch %d, %d bytes; want 1, %d", got.RequestAt, got.RequestBytes, tc.size)
+				}
+				if len(data) > 1024 {
+					t.Fatalf("record with a stored request is %d bytes", len(data))
+				}
+			}
+			if !bytes.Equal(got.Request, wantInRecord) {
+				t.Fatalf("record carries %d request bytes, want %d", len(got.Request), len(wantInRecord))
+			}
+			_, fromJob := roundTrip(t, kv.EncodeJob, rec)
+			if !bytes.Equal(fromJob.Request, body) || fromJob.RequestAt != got.RequestAt {
+				t.Fatalf("job carries %d request bytes (at %d), want %d (at %d)", len(fromJob.Request), fromJob.RequestAt, len(body), got.RequestAt)
+			}
+			// A finished record keeps the size for a charge's estimate, whichever way it came.
+			done := got.Completed(time.Now(), &kv.Result{Status: 200}, kv.Execution{})
+			if done.RequestBytes != tc.size || done.Request != nil {
+				t.Fatalf("finished record: %d request bytes kept, %d carried; want %d, 0", done.RequestBytes, len(done.Request), tc.size)
+			}
+		})
+	}
+}
+
+// roundTrip is rec encoded by encode, and decoded back.
+func roundTrip(t *testing.T, encode func(*kv.Record) ([]byte, error), rec *kv.Record) ([]byte, *kv.Record) {
+	t.Helper()
+	data, err := encode(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := kv.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data, got
+}
+
+// TestStoredRequestLifecycle: a stored request is read back by its key and claiming epoch,
+// a later claim's request never replaces an earlier one's, and dropping a finished epoch's
+// request leaves the later one: then its read is ErrRequestLost.
+func TestStoredRequestLifecycle(t *testing.T) {
+	store, s := open(t)
+	ctx := context.Background()
+	first, second := pending("o"), pending("o")
+	first.Request, second.Request = []byte(`{"n":1}`), []byte(`{"n":2}`)
+	second.Epoch = 3
+	first.StoreRequestOut()
+	second.StoreRequestOut()
+	if _, err := store.Request(ctx, "k", 1); !errors.Is(err, kv.ErrRequestLost) {
+		t.Fatalf("read before the put: %v, want ErrRequestLost", err)
+	}
+	for _, rec := range []*kv.Record{first, second} {
+		if err := store.PutRequest(ctx, "k", rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, rec := range []*kv.Record{first, second} {
+		got, err := store.Request(ctx, "k", rec.RequestAt)
+		if err != nil || !bytes.Equal(got, rec.Request) {
+			t.Fatalf("epoch %d: %q %v, want %q", rec.RequestAt, got, err, rec.Request)
+		}
+	}
+	// A PENDING record's request is not dropped (a re-drive needs it); a finished one's is.
+	if err := store.DropRequest(ctx, "k", first); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Request(ctx, "k", 1); err != nil {
+		t.Fatalf("a PENDING record's request was dropped: %v", err)
+	}
+	done := first.Failed(time.Now(), &kv.Result{Status: 500}, kv.Execution{})
+	if err := store.DropRequest(ctx, "k", done); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Request(ctx, "k", 1); !errors.Is(err, kv.ErrRequestLost) {
+		t.Fatalf("read after the drop: %v, want ErrRequestLost", err)
+	}
+	if got, err := store.Request(ctx, "k", 3); err != nil || !bytes.Equal(got, second.Request) {
+		t.Fatalf("the later claim's request after the earlier one's drop: %q %v", got, err)
+	}
+	st, err := s.JS.Stream(ctx, kv.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Storage != jetstream.FileStorage || info.State.Msgs != 1 {
+		t.Fatalf("REQUESTS: %v storage, %d messages; want file, 1", info.Config.Storage, info.State.Msgs)
+	}
+}
