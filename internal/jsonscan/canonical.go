@@ -32,46 +32,121 @@ func Canonical(dst, data []byte, leave func(key string) bool) ([]byte, map[strin
 	return dst, top, nil
 }
 
+// canonMember is one member of an object being written: its decoded key, and where its
+// `"key":value,` is in dst.
 type canonMember struct {
-	key string
-	val []byte
+	key        string
+	start, end int
 }
 
+// sortInPlaceMax is the most members an object is sorted with in dst by rotations (each
+// moves at most the object's bytes); a larger one is sorted through one copy of itself, so
+// many keys cannot make the sort quadratic.
+const sortInPlaceMax = 16
+
 // canonObject writes the object at s.pos in canonical form; top, when not nil, gets its raw
-// members by key.
+// members by key. The members are written into dst as they come, each followed by a comma,
+// then the ones leave names are cut out and the rest put in key order where they are: a
+// value is copied once however deep it sits (a prompt inside messages used to be copied once
+// per enclosing object), and the last comma becomes the closing brace.
 func (s *scanner) canonObject(dst []byte, depth int, leave func(string) bool, top map[string]json.RawMessage) ([]byte, error) {
+	dst = append(dst, '{')
+	open := len(dst)
 	var members []canonMember
 	err := s.eachMember(depth, func(keyTok []byte) error {
-		key, start := decodeString(keyTok), s.pos
-		val, err := s.canon(nil, depth)
-		if err != nil {
+		key, start, at := decodeString(keyTok), s.pos, len(dst)
+		dst = appendString(dst, key)
+		dst = append(dst, ':')
+		var err error
+		if dst, err = s.canon(dst, depth); err != nil {
 			return err
 		}
 		if top != nil {
 			top[key] = s.data[start:s.pos]
 		}
-		members = append(members, canonMember{key: key, val: val})
+		dst = append(dst, ',')
+		members = append(members, canonMember{key: key, start: at, end: len(dst)})
 		return nil
 	})
 	if err != nil {
 		return dst, err
 	}
-	slices.SortFunc(members, func(a, b canonMember) int { return strings.Compare(a.key, b.key) }) // keys are unique
-	dst = append(dst, '{')
-	wrote := false
-	for _, m := range members {
-		if leave != nil && leave(m.key) {
+	if leave != nil {
+		for i := len(members) - 1; i >= 0; i-- {
+			if m := members[i]; leave(m.key) {
+				dst = append(dst[:m.start], dst[m.end:]...)
+				for j := i + 1; j < len(members); j++ {
+					members[j].start -= m.end - m.start
+					members[j].end -= m.end - m.start
+				}
+				members = slices.Delete(members, i, i+1)
+			}
+		}
+	}
+	if len(members) == 0 {
+		return append(dst[:open], '}'), nil
+	}
+	sortMembers(dst, open, members)
+	dst[len(dst)-1] = '}'
+	return dst, nil
+}
+
+// sortMembers puts the members, written one after the other from dst[open:] to its end, in
+// key order (keys are unique).
+func sortMembers(dst []byte, open int, members []canonMember) {
+	byKey := func(a, b canonMember) int { return strings.Compare(a.key, b.key) }
+	if slices.IsSortedFunc(members, byKey) {
+		return
+	}
+	if len(members) > sortInPlaceMax {
+		region := slices.Clone(dst[open:])
+		slices.SortFunc(members, byKey)
+		at := open
+		for _, m := range members {
+			at += copy(dst[at:], region[m.start-open:m.end-open])
+		}
+		return
+	}
+	// Selection by rotation: the least key left moves to the front of what is left, and the
+	// members it passes shift right by its length.
+	for i := range members {
+		j := i
+		for k := i + 1; k < len(members); k++ {
+			if members[k].key < members[j].key {
+				j = k
+			}
+		}
+		if j == i {
 			continue
 		}
-		if wrote {
-			dst = append(dst, ',')
+		m, n := members[j], members[j].end-members[j].start
+		rotateLeft(dst[members[i].start:m.end], m.start-members[i].start)
+		for k := i; k < j; k++ {
+			members[k].start += n
+			members[k].end += n
 		}
-		wrote = true
-		dst = appendString(dst, m.key)
-		dst = append(dst, ':')
-		dst = append(dst, m.val...)
+		m.start = members[i].start - n
+		m.end = m.start + n
+		copy(members[i+1:j+1], members[i:j])
+		members[i] = m
 	}
-	return append(dst, '}'), nil
+}
+
+// rotateLeft turns b into b[k:] followed by b[:k], through a copy of the shorter part only.
+func rotateLeft(b []byte, k int) {
+	n := len(b)
+	if k <= 0 || k >= n {
+		return
+	}
+	if k <= n-k {
+		head := slices.Clone(b[:k])
+		copy(b, b[k:])
+		copy(b[n-k:], head)
+		return
+	}
+	tail := slices.Clone(b[k:])
+	copy(b[n-k:], b[:k])
+	copy(b, tail)
 }
 
 // canon writes the value at s.pos in canonical form.

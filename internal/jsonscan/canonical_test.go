@@ -113,6 +113,43 @@ func TestDuplicateKeysLargeObject(t *testing.T) {
 // FuzzCanonical: Canonical gives jsonref's canonical form (encoding/json's, numbers rewritten)
 // byte for byte, accepts what jsonref accepts, and its top-level members are the decoded
 // object's.
+// TestCanonicalOrdersInPlace: members are put in key order where they were written, by
+// rotation for a few and through one copy for many, with left-out members cut from any
+// position; the output is jsonref's. The cases are the shapes the fuzzer rarely builds.
+func TestCanonicalOrdersInPlace(t *testing.T) {
+	big := strings.Repeat("x", 1<<16)
+	var many, manyNested strings.Builder
+	many.WriteString("{")
+	for i := 40; i > 0; i-- {
+		fmt.Fprintf(&many, `"k%02d":%d,`, i, i)
+	}
+	many.WriteString(`"stream":true}`)
+	manyNested.WriteString(`{"z":` + many.String() + `,"a":[` + many.String() + `]}`)
+	for _, tc := range []struct{ name, body string }{
+		{"sorted", `{"a":1,"b":"` + big + `","c":null}`},
+		{"two large members swapped", `{"b":"` + big + `","a":"` + big + `y"}`},
+		{"small before large", `{"model":"m","messages":[{"role":"user","content":"` + big + `"}],"stream":true}`},
+		{"left out first, middle and last", `{"stream":1,"b":2,"stream_options":{},"a":3}`},
+		{"only left-out members", `{"stream":true}`},
+		{"reversed, more than sorted in place", many.String()},
+		{"many members nested", manyNested.String()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, _, err := Canonical(nil, []byte(tc.body), leaveStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _, err := jsonref.Canonical([]byte(tc.body), leaveStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("Canonical\n %.300q\njsonref\n %.300q", got, want)
+			}
+		})
+	}
+}
+
 func FuzzCanonical(f *testing.F) {
 	for _, s := range []string{`{"model":"m","messages":[{"role":"user","content":"hi\n"}],"stream":true}`,
 		`{"a":{"z":[1,2.50,-3e7,{"b":null,"c":true}],"y":"\u00e9\ud83d\ude00<>&"},"n":0}`, `{"a":"\xff\xe2\x80\xa8"}`,
