@@ -92,7 +92,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		return nil, err
 	}
 	rec := c.newRecord(req, jobID, 1)
-	data, err := kv.Encode(rec) // written by the claim, and the body of the job message (unless the request is stored out)
+	data, err := kv.Encode(rec) // written by the claim, and the job message's record
 	if err != nil {
 		res.cancel()
 		return nil, fmt.Errorf("intent: claim: %w", err)
@@ -138,20 +138,19 @@ func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec
 }
 
 // launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
-// can be missed), and indexes the job id. data is rec's job message (kv.EncodeJob; nil:
-// encode it here). A new claim's request too large for its record is stored first: a job
-// never runs that a re-drive could not run again.
+// can be missed), and indexes the job id. data is rec as stored at rev (nil: encode it here).
+// A new claim's request too large for its record is stored first (a job never runs that a
+// re-drive could not run again); the job carries it beside the record (jobs.Job.Request).
 func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
 	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
 		if err := c.store.PutRequest(ctx, key, rec); err != nil {
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
-		data = nil // the claim's bytes left the request out; the job carries it
 	}
 	if data == nil {
 		var err error
-		if data, err = kv.EncodeJob(rec); err != nil {
+		if data, err = kv.Encode(rec); err != nil {
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}

@@ -39,9 +39,16 @@ func (e *env) storedBytes(t *testing.T, key string) int {
 // jobRequest takes key's job from JOBS and returns the request its message carries.
 func (e *env) jobRequest(t *testing.T, key string) (*kv.Record, []byte) {
 	t.Helper()
-	rec, err := kv.Decode(e.take(t, key).Record)
+	job := e.take(t, key)
+	rec, err := kv.Decode(job.Record)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if rec.RequestAt > 0 {
+		if len(rec.Request) > 0 {
+			t.Fatalf("the job's record carries %d request bytes besides the request beside it", len(rec.Request))
+		}
+		return rec, job.Request
 	}
 	return rec, rec.Request
 }

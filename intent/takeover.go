@@ -93,19 +93,23 @@ func LeaderRead(store *kv.Store) func(*zerolog.Event) {
 }
 
 // Job is the submittable job of the current epoch of rec, stored at revision rev: the view of
-// JobOf plus the record's bytes with its request (kv.EncodeJob; rec must carry it).
+// JobOf plus the record's stored bytes, and the request beside them when the record stores it
+// out (rec must carry it then: Job.Request).
 func Job(key string, rec *kv.Record, rev uint64) (*jobs.Job, error) {
-	data, err := kv.EncodeJob(rec)
+	data, err := kv.Encode(rec)
 	if err != nil {
 		return nil, fmt.Errorf("intent: job of %s: %w", key, err)
 	}
 	return JobEncoded(key, rec, rev, data), nil
 }
 
-// JobEncoded is Job for a record already encoded as data (kv.EncodeJob).
+// JobEncoded is Job for a record already encoded as data (kv.Encode).
 func JobEncoded(key string, rec *kv.Record, rev uint64, data []byte) *jobs.Job {
 	j := JobOf(key, rec)
 	j.Rev, j.Record = rev, data
+	if rec.RequestAt > 0 {
+		j.Request = rec.Request
+	}
 	return j
 }
 

@@ -8,6 +8,7 @@
 package jobs
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -32,17 +33,22 @@ const (
 	jobsPrefix   = "jobs.run."
 	ChunksStream = "CHUNKS"
 	chunksPrefix = "chunks."
-	// WireVersion is the version of the job wire format (Og-Job-V).
+	// WireVersion is the version of the job wire format (Og-Job-V): the body is the record.
 	WireVersion = 2
+	// wireRequestBody is the version whose body is the request alone and whose record is the
+	// Og-Record header (Job.Request).
+	wireRequestBody = 3
 )
 
-// Job message headers; the message body is the idempotency record as claimed.
+// Job message headers; the message body is the idempotency record as claimed (or, version 3,
+// the request, with the record in Og-Record).
 const (
 	hdrJobVersion = "Og-Job-V"
 	hdrJobID      = "Og-Job-Id"
 	hdrJobKey     = "Og-Key"
 	hdrJobEpoch   = "Og-Epoch"
 	hdrJobRev     = "Og-Rev"
+	hdrJobRecord  = "Og-Record"
 )
 
 // ErrInvalidJob is returned when a job message cannot be decoded.
@@ -63,6 +69,10 @@ type Job struct {
 	// Rev is the record's revision when the job was submitted; Record its stored bytes.
 	Rev    uint64
 	Record []byte
+	// Request, when set, is a request the record stores out of itself (kv.RequestsStream): the
+	// message carries it as its body and Record in a header, so the two are never copied into
+	// one buffer.
+	Request []byte
 
 	Tenant string
 	Model  string
@@ -166,6 +176,14 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	m.Header.Set(hdrJobEpoch, strconv.Itoa(job.Epoch))
 	m.Header.Set(hdrJobRev, strconv.FormatUint(job.Rev, 10))
 	m.Data = job.Record
+	if len(job.Request) > 0 {
+		if bytes.ContainsAny(job.Record, "\r\n") {
+			return fmt.Errorf("%w: job %s: a record with a line break cannot be a header", ErrInvalidJob, job.ID)
+		}
+		m.Header.Set(hdrJobVersion, strconv.Itoa(wireRequestBody))
+		m.Header.Set(hdrJobRecord, string(job.Record))
+		m.Data = job.Request
+	}
 	id := job.Key + "." + strconv.Itoa(job.Epoch)
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		_, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(id))
@@ -177,15 +195,18 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	return nil
 }
 
-// Decode parses a job message into its identity and record bytes; the caller decodes the
-// record and fills the rest of the view.
+// Decode parses a job message into its identity, record bytes and request (version 3); the
+// caller decodes the record and fills the rest of the view.
 func Decode(h nats.Header, data []byte) (*Job, error) {
 	v, _ := strconv.Atoi(h.Get(hdrJobVersion))
 	epoch, _ := strconv.Atoi(h.Get(hdrJobEpoch))
 	rev, _ := strconv.ParseUint(h.Get(hdrJobRev), 10, 64)
 	j := &Job{ID: h.Get(hdrJobID), Key: h.Get(hdrJobKey), Epoch: epoch, Rev: rev, Record: data}
-	if v != WireVersion || j.Key == "" || j.Epoch < 1 || j.ID == "" || j.Rev == 0 || len(data) == 0 {
-		return nil, fmt.Errorf("%w: version %d key %q epoch %d rev %d, %d record bytes", ErrInvalidJob, v, j.Key, j.Epoch, j.Rev, len(data))
+	if v == wireRequestBody {
+		j.Record, j.Request = []byte(h.Get(hdrJobRecord)), data
+	}
+	if (v != WireVersion && v != wireRequestBody) || j.Key == "" || j.Epoch < 1 || j.ID == "" || j.Rev == 0 || len(j.Record) == 0 {
+		return nil, fmt.Errorf("%w: version %d key %q epoch %d rev %d, %d record bytes", ErrInvalidJob, v, j.Key, j.Epoch, j.Rev, len(j.Record))
 	}
 	return j, nil
 }

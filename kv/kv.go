@@ -145,32 +145,18 @@ const recordV2 = 2
 const requestSeparator = '\n'
 
 // Encode is the stored form of rec (the bytes Claim and Update write): the record as JSON,
-// then, while it carries a request, a newline and the request's bytes as the client sent
-// them. A request (a prompt of up to megabytes) is thus copied once, never scanned or escaped
-// as JSON on the way in or out: with 64 KiB prompts, encoding it inside the JSON cost more CPU
+// then, while it carries a request, a newline and the request's bytes as the client sent them.
+// A request (a prompt of up to megabytes) is thus copied once, never scanned or escaped as
+// JSON on the way in or out: with 64 KiB prompts, encoding it inside the JSON cost more CPU
 // than anything else the gateway does per request. A request stored in REQUESTS
 // (rec.RequestAt) is left out.
 func Encode(rec *Record) ([]byte, error) {
-	if rec.RequestAt > 0 {
-		rec.V = recordV2
-		data, err := json.Marshal(rec)
-		if err != nil {
-			return nil, fmt.Errorf("kv: encode: %w", err)
-		}
-		return data, nil
-	}
-	return EncodeJob(rec)
-}
-
-// EncodeJob is the body of rec's job message: Encode's form, with the request always after
-// the JSON, also one stored in REQUESTS, so the worker gets it with the job.
-func EncodeJob(rec *Record) ([]byte, error) {
 	rec.V = recordV2
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return nil, fmt.Errorf("kv: encode: %w", err)
 	}
-	if len(rec.Request) == 0 {
+	if len(rec.Request) == 0 || rec.RequestAt > 0 {
 		return data, nil
 	}
 	out := make([]byte, 0, len(data)+1+len(rec.Request))

@@ -285,6 +285,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	if err == nil {
 		sent, err = kv.Decode(wire.Record)
 	}
+	if err == nil && wire.Request != nil {
+		sent.Request = wire.Request // stored out of the record, sent beside it
+	}
 	if err != nil {
 		p.opts.Log.Error().Err(err).Msg("terminating undecodable job")
 		_ = m.Term()
