@@ -25,7 +25,7 @@ var (
 	memBytes    = flag.Int("memory.bytes", 4<<20, "TestMemoryPerRequest: body size of each request")
 	memInFlight = flag.Int64("memory.inflight", 0, "TestMemoryPerRequest: admission.max_body_bytes_in_flight of the gateway (0: none)")
 	memWait     = flag.Duration("memory.wait", 30*time.Second, "TestMemoryPerRequest: how long after the burst the last RSS is read")
-	memProfile  = flag.String("memory.profile", "", "TestMemoryPerRequest: write the gateway's heap profiles (after the burst, and 30 s later) to FILE-burst and FILE-30s")
+	memProfile  = flag.String("memory.profile", "", "TestMemoryPerRequest: write the gateway's heap profiles (after the burst, and 30 s later, each after a collection so that they count every allocation) to FILE-burst and FILE-30s")
 )
 
 // procMem reads a process's VmRSS and VmHWM (its peak RSS) in bytes from /proc.
@@ -93,7 +93,7 @@ routes:
 		if *memProfile == "" {
 			return
 		}
-		r := send(http.MethodGet, "http://"+pprofAddr+"/debug/pprof/heap", "", nil)
+		r := send(http.MethodGet, "http://"+pprofAddr+"/debug/pprof/heap?gc=1", "", nil)
 		if r.Err != nil || r.Status != http.StatusOK {
 			t.Fatalf("heap profile: %v %d", r.Err, r.Status)
 		}
