@@ -271,8 +271,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 			}
 		}
 		if abandoned, unheard := c.abandoned(ctx, req.Key, rec, now); abandoned {
-			// The lease starts now, after the owner probe (seconds in a partition).
-			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, c.now(), c.opts.Lease)
+			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, c.now, c.opts.Lease)
 			if errors.Is(err, kv.ErrRequestLost) {
 				// Failed for want of its stored request: decide again (a retryable failure is
 				// reclaimed with this request's own body).

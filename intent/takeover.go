@@ -17,12 +17,15 @@ import (
 // TakeOver moves a PENDING record whose lease expired to a new epoch by compare-and-set (only
 // one taker wins; the loser gets kv.ErrConflict), then fences the old epoch's chunk subject so
 // its owner can write nothing more and its followers see the restart. The returned job is not
-// published; the caller runs it or submits it.
+// published; the caller runs it or submits it. The new lease starts at now() read just before
+// the write: the reads before it (the owner probe a caller made, the progress, a stored
+// request) can take seconds in a partition, and a lease dated before them could be run out
+// already when it lands (in row 3b another node's sweep took over such an epoch while it ran).
 //
 // A record whose request is stored in REQUESTS gets it read first; when it is gone
 // (kv.ErrRequestLost: its claim's node died before storing it, so no job ever ran, or it
 // outlived the stream), the record is failed instead, and the error says so.
-func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, rev uint64, now time.Time, lease time.Duration) (*jobs.Job, *kv.Record, uint64, error) {
+func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, rev uint64, now func() time.Time, lease time.Duration) (*jobs.Job, *kv.Record, uint64, error) {
 	old := rec.Epoch
 	// The vanished owner's progress says what it sent; TakenOver counts it (nil: none read).
 	p, err := store.Progress(ctx, key, old)
@@ -41,9 +44,10 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 			rec = rec.WithRequest(body)
 		}
 	}
-	next := rec.TakenOver(now, lease, p)
+	at := now()
+	next := rec.TakenOver(at, lease, p)
 	if lost {
-		next = requestLost(rec, next, now)
+		next = requestLost(rec, next, at)
 	}
 	nrev, err := store.Update(ctx, key, next, rev)
 	if err != nil {

@@ -53,7 +53,7 @@ func TestTakeOverRace(t *testing.T) {
 		{name: "two TakeOver calls", won: 1, jobs: 0,
 			takers: func(t *testing.T, req *intent.Request, rec *kv.Record, rev uint64) []func() taken {
 				take := func() taken {
-					_, nrec, _, err := intent.TakeOver(context.Background(), e.srv.JS, e.store, req.Key, rec, rev, e.clock.Now(), lease)
+					_, nrec, _, err := intent.TakeOver(context.Background(), e.srv.JS, e.store, req.Key, rec, rev, e.clock.Now, lease)
 					return taken{rec: nrec, err: err}
 				}
 				return []func() taken{take, take}

@@ -115,7 +115,7 @@ func TestTakerCrashBeforeChargeIsCharged(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := mustJob(t, key, rec, rev) // the message the taker worked from
-	_, taken, trev, err := intent.TakeOver(ctx, r.srv.JS, r.store, key, rec, rev, time.Now(), time.Minute)
+	_, taken, trev, err := intent.TakeOver(ctx, r.srv.JS, r.store, key, rec, rev, time.Now, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,7 +47,7 @@ func TestLateJobClaimsItsEpoch(t *testing.T) {
 	}
 	testkit.RequireChanRead(t, gate.entered, 10*time.Second) // the backend has the call
 
-	_, _, _, err = intent.TakeOver(ctx, r.srv.JS, r.store, key, seen, seenRev, time.Now(), lease)
+	_, _, _, err = intent.TakeOver(ctx, r.srv.JS, r.store, key, seen, seenRev, time.Now, lease)
 	if !errors.Is(err, kv.ErrConflict) {
 		t.Fatalf("a taker with the record read before the late job ran: %v, want a conflict (the epoch claimed before the backend call)\n%s", err, logs.String())
 	}

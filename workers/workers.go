@@ -367,10 +367,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), 0) + 100*time.Millisecond)
 			return
 		}
-		// The new lease starts now, not when the check began: the owner probe can take
-		// seconds in a partition, and a lease dated before it was written could be run out
-		// already (in row 3b another node's sweep took over such an epoch while it ran).
-		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, p.opts.Now(), p.opts.Lease)
+		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, p.opts.Now, p.opts.Lease)
 		if err != nil {
 			log.Info().Err(err).Msg("takeover lost; dropping job")
 			_ = m.Ack()
@@ -528,7 +525,7 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		if !abandoned {
 			continue
 		}
-		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, p.opts.Now(), p.opts.Lease) // a fresh lease: see handle
+		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, p.opts.Now, p.opts.Lease)
 		if err != nil {
 			continue // another taker won, or the record moved on
 		}

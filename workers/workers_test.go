@@ -232,7 +232,7 @@ func TestStaleJobIsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := mustJob(t, "stale", cur, curRev)
-	if _, _, _, err := intent.TakeOver(context.Background(), r.srv.JS, r.store, "stale", cur, curRev, time.Now(), time.Minute); err != nil {
+	if _, _, _, err := intent.TakeOver(context.Background(), r.srv.JS, r.store, "stale", cur, curRev, time.Now, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := jobs.Submit(context.Background(), r.srv.JS, old); err != nil {
