@@ -35,6 +35,7 @@ func benchMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.Int64Var(&cfg.MaxRequests, "max-requests", cfg.MaxRequests, "hard cap on requests per target, warm-up included")
 	fs.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "per request")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "model name in the request")
+	fs.StringVar(&cfg.CompareModel, "compare-model", "", "model name in requests to --compare (default: --model), e.g. a router's provider/model")
 	fs.IntVar(&cfg.PromptBytes, "prompt-bytes", 0, "pad each prompt to this many bytes (0: one line)")
 	mockTokens := fs.Int("mock-tokens", 0, `mock knob "tokens": output tokens (default: the mock's; fanout: 200)`)
 	var mockITL, mockTTFT msDuration

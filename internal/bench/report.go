@@ -15,19 +15,20 @@ import (
 // Report is the outcome of a run: one Result per target and, with two targets, their
 // comparison. It is what --json prints.
 type Report struct {
-	RunID       string  `json:"run_id"`
-	Scenario    string  `json:"scenario"`
-	Loop        string  `json:"loop"` // "closed" or "open"
-	Concurrency int     `json:"concurrency"`
-	Rate        float64 `json:"rate_per_s,omitempty"`
-	Stream      bool    `json:"stream"`
-	Model       string  `json:"model"`
-	Keys        bool    `json:"keys"` // an Idempotency-Key was sent
-	DurationS   float64 `json:"duration_s"`
-	WarmupS     float64 `json:"warmup_s"`
-	SliceS      float64 `json:"slice_s,omitempty"`
-	WallS       float64 `json:"wall_s"`
-	MaxRequests int64   `json:"max_requests"`
+	RunID        string  `json:"run_id"`
+	Scenario     string  `json:"scenario"`
+	Loop         string  `json:"loop"` // "closed" or "open"
+	Concurrency  int     `json:"concurrency"`
+	Rate         float64 `json:"rate_per_s,omitempty"`
+	Stream       bool    `json:"stream"`
+	Model        string  `json:"model"`
+	CompareModel string  `json:"compare_model,omitempty"` // the model named to target B when it differs
+	Keys         bool    `json:"keys"`                    // an Idempotency-Key was sent
+	DurationS    float64 `json:"duration_s"`
+	WarmupS      float64 `json:"warmup_s"`
+	SliceS       float64 `json:"slice_s,omitempty"`
+	WallS        float64 `json:"wall_s"`
+	MaxRequests  int64   `json:"max_requests"`
 
 	Copies          int     `json:"copies,omitempty"`
 	ClientTimeoutMs float64 `json:"client_timeout_ms,omitempty"`
@@ -156,7 +157,7 @@ func (r *runner) report(wall time.Duration) *Report {
 	c := &r.cfg
 	rep := &Report{
 		RunID: r.runID, Scenario: c.Scenario, Loop: "closed", Concurrency: c.Concurrency, Stream: c.Stream,
-		Model: c.Model, Keys: effectiveKeys(c), DurationS: secs(c.Duration), WarmupS: secs(c.Warmup),
+		Model: c.Model, CompareModel: c.CompareModel, Keys: effectiveKeys(c), DurationS: secs(c.Duration), WarmupS: secs(c.Warmup),
 		WallS: secs(wall), MaxRequests: c.MaxRequests,
 	}
 	if c.Rate > 0 {
@@ -286,7 +287,11 @@ func WriteTable(w io.Writer, rep *Report) error {
 	if rep.Stream {
 		mode = "stream"
 	}
-	fmt.Fprintf(&b, ", %s, model %s, keys %t\n", mode, rep.Model, rep.Keys)
+	fmt.Fprintf(&b, ", %s, model %s", mode, rep.Model)
+	if rep.CompareModel != "" && rep.CompareModel != rep.Model {
+		fmt.Fprintf(&b, " (B: %s)", rep.CompareModel)
+	}
+	fmt.Fprintf(&b, ", keys %t\n", rep.Keys)
 	fmt.Fprintf(&b, "duration %gs per target, warm-up %gs, wall %gs, run %s", rep.DurationS, rep.WarmupS, rep.WallS, rep.RunID)
 	switch rep.Scenario {
 	case ScenarioDuplicates:

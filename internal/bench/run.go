@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -77,7 +78,10 @@ type Config struct {
 	APIKey string
 
 	Model string
-	Mock  MockKnobs
+	// CompareModel is the model named in requests to CompareURL; empty: Model. A router that
+	// wants a provider prefix ("openai/oncegate-mock") compared with the backend it fronts.
+	CompareModel string
+	Mock         MockKnobs
 	// PromptBytes pads each intent's prompt to at least this many bytes (0: a one-line
 	// prompt), to measure how the cost grows with the request's size.
 	PromptBytes int
@@ -160,6 +164,9 @@ func (c *Config) Validate() error {
 	if c.Model == "" {
 		bad("--model is required")
 	}
+	if c.CompareModel != "" && c.CompareURL == "" {
+		bad("--compare-model needs --compare")
+	}
 	c.validateHeaders(bad)
 	if c.PromptBytes < 0 || c.PromptBytes > MaxPromptBytes {
 		bad("--prompt-bytes %d: want 0..%d", c.PromptBytes, MaxPromptBytes)
@@ -204,6 +211,7 @@ type target struct {
 	label   string // "A" or "B"
 	base    string // as given
 	chatURL string
+	model   string       // named in its requests' bodies
 	seq     atomic.Int64 // next intent number
 	sent    atomic.Int64 // requests reserved against MaxRequests
 	max     int64
@@ -268,10 +276,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if r.count == nil && cfg.MockStatsURL != "" {
 		r.count = statsCounter(client, cfg.MockStatsURL)
 	}
+	models := []string{cfg.Model, cmp.Or(cfg.CompareModel, cfg.Model)}
 	for i, u := range urls {
 		base := strings.TrimSuffix(strings.TrimSuffix(u, "/"), "/v1")
 		r.targets = append(r.targets, &target{label: string(rune('A' + i)), base: u,
-			chatURL: base + "/v1/chat/completions", max: cfg.MaxRequests, tally: newTally()})
+			chatURL: base + "/v1/chat/completions", model: models[i], max: cfg.MaxRequests, tally: newTally()})
 	}
 
 	ctx, cancel := context.WithTimeoutCause(ctx, r.budget(), fmt.Errorf("%w: time budget %s exceeded", ErrCutShort, r.budget()))

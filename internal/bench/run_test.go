@@ -267,9 +267,13 @@ func TestScenariosAgainstMock(t *testing.T) {
 
 func TestCompareInterleaved(t *testing.T) {
 	srvA, mA := startMock(t)
-	srvB, mB := startMock(t)
+	// B knows its model only by a router's name for it: each target gets its own model.
+	mB := mockllm.New(mockllm.Options{Models: []string{"openai/oncegate-mock"}})
+	srvB := httptest.NewServer(mB)
+	t.Cleanup(srvB.Close)
 	c := brief(srvA.URL, ScenarioOverhead)
 	c.CompareURL, c.Slice, c.Duration = srvB.URL, 100*time.Millisecond, 300*time.Millisecond
+	c.CompareModel = "openai/oncegate-mock"
 	c.Executions = func(context.Context) (int64, error) { return mA.Stats().Requests + mB.Stats().Requests, nil }
 	rep := run(t, c)
 	if len(rep.Targets) != 2 || rep.Compare == nil {
@@ -278,6 +282,9 @@ func TestCompareInterleaved(t *testing.T) {
 	for i, m := range []*mockllm.Server{mA, mB} {
 		r := &rep.Targets[i]
 		consistent(t, r)
+		if r.Successes != r.Requests {
+			t.Errorf("%s: %d of %d requests failed: %v", r.Label, r.Requests-r.Successes, r.Requests, r.Errors)
+		}
 		// One counter for both targets: the slices are separated, so each gets its own.
 		if *r.Executions != m.Stats().Requests || *r.Executions != r.Requests {
 			t.Errorf("%s: executions %d, its mock %d, requests %d: want equal", r.Label, *r.Executions, m.Stats().Requests, r.Requests)
@@ -302,6 +309,7 @@ func TestConfigRefusals(t *testing.T) {
 		{"too long", func(c *Config) { c.Duration = 11 * time.Minute }, ErrConfig, "--allow-long"},
 		{"too many", func(c *Config) { c.MaxRequests = MaxRequestsCap + 1 }, ErrConfig, "--allow-long"},
 		{"unknown scenario", func(c *Config) { c.Scenario = "chaos" }, ErrConfig, "--scenario"},
+		{"compare model alone", func(c *Config) { c.CompareModel = "openai/oncegate-mock" }, ErrConfig, "--compare-model"},
 		{"zero concurrency", func(c *Config) { c.Concurrency = 0 }, ErrConfig, "--concurrency"},
 		{"huge prompt", func(c *Config) { c.PromptBytes = MaxPromptBytes + 1 }, ErrConfig, "--prompt-bytes"},
 		{"client timeout above timeout", func(c *Config) {

@@ -42,7 +42,7 @@ const (
 
 func newScenario(c *Config) scenario {
 	keys := effectiveKeys(c)
-	b := bodies{model: c.Model, knobs: c.Mock}
+	b := bodies{knobs: c.Mock}
 	switch c.Scenario {
 	case ScenarioDuplicates:
 		return &duplicates{cfg: c, b: b, keys: keys}
@@ -64,9 +64,9 @@ func newScenario(c *Config) scenario {
 	return &overhead{cfg: c, b: b, keys: keys}
 }
 
-// bodies builds request bodies.
+// bodies builds request bodies; the model is the target's (a router such as Bifrost names it
+// with a provider prefix that the backend itself does not know).
 type bodies struct {
-	model string
 	knobs MockKnobs
 }
 
@@ -89,8 +89,8 @@ type chatBody struct {
 	Mock     *mockBody     `json:"mock,omitempty"`
 }
 
-func (b bodies) make(text string, stream bool) []byte {
-	cb := chatBody{Model: b.model, Messages: []chatMessage{{Role: "user", Content: text}}, Stream: stream}
+func (b bodies) make(model, text string, stream bool) []byte {
+	cb := chatBody{Model: model, Messages: []chatMessage{{Role: "user", Content: text}}, Stream: stream}
 	k := b.knobs
 	if k.Tokens != nil || k.InterToken != nil || k.TTFT != nil || k.Fault != "" {
 		msOf := func(d *time.Duration) *int64 {
@@ -161,7 +161,7 @@ func (s *overhead) op(ctx context.Context, r *runner, t *target, seq int64, tl *
 		return false
 	}
 	key, text := r.intent(t, seq)
-	o := r.do(ctx, attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(text, s.cfg.Stream),
+	o := r.do(ctx, attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(t.model, text, s.cfg.Stream),
 		stream: s.cfg.Stream, retryCount: -1})
 	tl.addRequest(&o)
 	tl.addIntent(o.kind == "", o.latency, false)
@@ -184,7 +184,7 @@ func (s *duplicates) op(ctx context.Context, r *runner, t *target, seq int64, tl
 		return false
 	}
 	key, text := r.intent(t, seq)
-	a := attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(text, s.cfg.Stream),
+	a := attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(t.model, text, s.cfg.Stream),
 		stream: s.cfg.Stream, retryCount: -1}
 	outs := make([]outcome, s.cfg.Copies)
 	release := make(chan struct{})
@@ -237,7 +237,7 @@ func (s *retryStorm) op(ctx context.Context, r *runner, t *target, seq int64, tl
 		return false
 	}
 	key, text := r.intent(t, seq)
-	a := attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(text, s.cfg.Stream),
+	a := attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(t.model, text, s.cfg.Stream),
 		stream: s.cfg.Stream, idle: s.cfg.ClientTimeout}
 	start := time.Now()
 	for n := 0; ; n++ {
@@ -305,7 +305,7 @@ func (s *fanout) op(ctx context.Context, r *runner, t *target, seq int64, tl *ta
 		return false
 	}
 	key, text := r.intent(t, seq)
-	a := attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(text, true), stream: true,
+	a := attempt{url: t.chatURL, key: keyIf(s.keys, key), body: s.b.make(t.model, text, true), stream: true,
 		retryCount: -1, arrivals: true}
 	start := time.Now()
 	first := make(chan struct{})
@@ -377,7 +377,7 @@ func (s *replay) prepare(ctx context.Context, r *runner, t *target) error {
 	t.pool = make([]pooled, s.cfg.KeysPool)
 	for i := range t.pool {
 		key, text := r.intent(t, t.seq.Add(1)-1)
-		t.pool[i] = pooled{key: keyIf(s.keys, key), body: s.b.make(text, s.cfg.Stream)}
+		t.pool[i] = pooled{key: keyIf(s.keys, key), body: s.b.make(t.model, text, s.cfg.Stream)}
 	}
 	var (
 		mu     sync.Mutex
