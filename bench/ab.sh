@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# bench/ab.sh: two oncegate binaries, interleaved, under the same steady load: the gateway's CPU
+# per request and its req/s, measured over a window that starts once the load has run WARM
+# (default 15 s, longer than workers.discard_chunks_after, so work that follows a request by
+# seconds, such as discarding its chunks, is counted at its steady rate).
+#
+#   bench/ab.sh BIN_A BIN_B [CONFIG]        # CONFIG: default bench/oncegate-1s.yaml
+#
+# Environment: ROUNDS (3), WARM (15), WINDOW (10, seconds), CONCURRENCY (64), STREAM (0|1),
+# LOAD_CPU (0), GW_CPU (1), OUT (default bench/out/ab-<UTC time>). Pinning as bench/peers.sh:
+# the load tool (BIN_A's `oncegate bench`) on LOAD_CPU; the mock and the gateway on GW_CPU.
+# Prints one line per run and a summary; run it on a quiet machine.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+[ $# -ge 2 ] || { echo "usage: bench/ab.sh BIN_A BIN_B [CONFIG]" >&2; exit 2; }
+A=$(realpath "$1")
+B=$(realpath "$2")
+CFG=$(realpath "${3:-$here/oncegate-1s.yaml}")
+ROUNDS=${ROUNDS:-3}
+WARM=${WARM:-15}
+WINDOW=${WINDOW:-10}
+CONCURRENCY=${CONCURRENCY:-64}
+STREAM=${STREAM:-0}
+LOAD_CPU=${LOAD_CPU:-0}
+GW_CPU=${GW_CPU:-1}
+OUT=${OUT:-$here/out/ab-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$OUT"
+MOCK=http://127.0.0.1:19590
+GW=http://127.0.0.1:18580
+HZ=$(getconf CLK_TCK)
+
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+}
+trap cleanup EXIT
+wait_ready() {
+	for _ in $(seq 200); do
+		[ "$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)" = 200 ] && return 0
+		sleep 0.05
+	done
+	echo "ab.sh: $1 not ready within 10 s" >&2
+	exit 1
+}
+ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+executions() { curl -s "$MOCK/stats" | sed -n 's/.*"requests":\([0-9]*\).*/\1/p'; }
+
+taskset -c "$GW_CPU" "$A" mock -listen 127.0.0.1:19590 >"$OUT/mock.log" 2>&1 &
+pids+=($!)
+wait_ready "$MOCK/v1/models"
+stream_args=()
+[ "$STREAM" = 1 ] && stream_args=(--stream)
+
+echo "A $A"
+echo "B $B"
+echo "config $CFG; c=$CONCURRENCY stream=$STREAM; warm ${WARM}s, window ${WINDOW}s; uptime: $(uptime)"
+for round in $(seq "$ROUNDS"); do
+	for side in A B; do
+		bin=$A
+		[ "$side" = B ] && bin=$B
+		dd=$(mktemp -d)
+		taskset -c "$GW_CPU" "$bin" serve --config "$CFG" --data-dir "$dd" >"$OUT/r$round-$side.log" 2>&1 &
+		gw=$!
+		pids+=("$gw")
+		wait_ready "$GW/readyz"
+		taskset -c "$LOAD_CPU" "$A" bench --url "$GW" --duration "$((WARM + WINDOW + 2))s" --warmup 0s \
+			--concurrency "$CONCURRENCY" "${stream_args[@]}" >"$OUT/r$round-$side-bench.txt" 2>&1 &
+		load=$!
+		sleep "$WARM"
+		t0=$(ticks "$gw")
+		n0=$(executions)
+		sleep "$WINDOW"
+		t1=$(ticks "$gw")
+		n1=$(executions)
+		rss=$(awk '/^VmRSS/{print $2}' "/proc/$gw/status")
+		wait "$load" || true
+		kill "$gw"
+		wait "$gw" 2>/dev/null || true
+		rm -rf "$dd"
+		awk -v r="$round" -v s="$side" -v d=$((t1 - t0)) -v n=$((n1 - n0)) -v hz="$HZ" -v w="$WINDOW" -v rss="$rss" \
+			'BEGIN { printf "round %s %s %6.0f us/request  %7.1f req/s  RSS %d kB  (%d requests, %d ticks)\n", r, s, d / hz * 1e6 / n, n / w, rss, n, d }' |
+			tee -a "$OUT/ab.txt"
+	done
+done
+awk '{ us[$3] = us[$3] sep[$3] $4; rps[$3] = rps[$3] sep[$3] $6; sep[$3] = " / " }
+	END { for (s in us) printf "%s us/request %s; req/s %s\n", s, us[s], rps[s] }' "$OUT/ab.txt" | sort
