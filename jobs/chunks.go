@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -163,7 +164,29 @@ type Publisher struct {
 	lastSeq uint64
 	next    atomic.Int64 // read by the lease renewer while the writer publishes
 	meta    Meta
+	// finalTTL: the terminal chunk expires this long after it lands (0: it stays until the
+	// subject is purged or the stream's MaxAge); expiring says it did, as the subject's only chunk.
+	finalTTL time.Duration
+	expiring bool
 }
+
+// minTTL is the shortest per-message TTL: the server counts them in whole seconds.
+const minTTL = time.Second
+
+// SetFinalTTL makes the terminal chunk expire d after it is written (rounded up to a second):
+// the server removes it, as a purge would, without a request per execution. Only a terminal
+// chunk carries it; an execution that wrote other chunks before still needs its subject purged
+// (ExpiresAlone).
+func (p *Publisher) SetFinalTTL(d time.Duration) {
+	if d > 0 {
+		d = max(d, minTTL)
+	}
+	p.finalTTL = d
+}
+
+// ExpiresAlone reports whether the terminal chunk was written with a TTL as the subject's only
+// chunk: nothing is left on the subject once it expires, so no purge is needed.
+func (p *Publisher) ExpiresAlone() bool { return p.expiring }
 
 // SetMeta sets what the first and the terminal chunk will say about the answer.
 func (p *Publisher) SetMeta(m Meta) { p.meta = m }
@@ -196,9 +219,14 @@ func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, pay
 	// whether that was this chunk or a fence.
 	msg := c.msg(p.subject)
 	msg.Header.Set(hdrWriter, p.writer)
+	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(p.lastSeq)}
+	expiring := c.Terminal() && p.finalTTL > 0
+	if expiring {
+		opts = append(opts, jetstream.WithMsgTTL(p.finalTTL))
+	}
 	var seq uint64
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		ack, err := p.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(p.lastSeq))
+		ack, err := p.js.PublishMsg(ctx, msg, opts...)
 		if err == nil {
 			seq = ack.Sequence
 			return nil
@@ -223,6 +251,7 @@ func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, pay
 		return fmt.Errorf("jobs: publish chunk %d on %s: %w", c.Idx, p.subject, err)
 	}
 	p.lastSeq = seq
+	p.expiring = expiring && c.Idx == 0
 	p.next.Add(1)
 	return nil
 }

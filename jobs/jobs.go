@@ -152,6 +152,9 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 		AllowDirect:       true,
 		MaxMsgsPerSubject: 100_000,
 		Replicas:          cfg.Replicas,
+		// A terminal chunk that is its subject's only chunk expires by itself
+		// (Publisher.SetFinalTTL) instead of costing a purge request. Once on, it stays on.
+		AllowMsgTTL: true,
 	}}
 	for _, sc := range streams {
 		if _, err := replicas.Ensure(ctx, js, sc); err != nil {

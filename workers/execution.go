@@ -67,6 +67,7 @@ func (ex *execution) run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ex.pub = jobs.NewPublisher(ex.pool.js, ex.job)
+	ex.pub.SetFinalTTL(ex.pool.opts.DiscardChunksAfter)
 	renewDone := make(chan struct{})
 	go func() {
 		defer close(renewDone)
@@ -246,10 +247,11 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 }
 
 // discard schedules the removal of this epoch's chunks: the outcome is stored and the
-// terminal chunk sent, so only copies already following can still need them. A request
-// stored in REQUESTS is deleted now: nothing re-drives a finished record.
+// terminal chunk sent, so only copies already following can still need them. A terminal chunk
+// that is the subject's only one (a non-stream answer) expires by itself after the same grace:
+// no purge. A request stored in REQUESTS is deleted now: nothing re-drives a finished record.
 func (ex *execution) discard() {
-	if ex.pool.discard != nil {
+	if ex.pool.discard != nil && !ex.pub.ExpiresAlone() {
 		ex.pool.discard.Schedule(ex.job.Subject())
 	}
 	ex.mu.Lock()
