@@ -25,8 +25,9 @@
 # Measured per target and round (the mock: 16 tokens, no delays):
 #   c1    non-stream, c=1, interleaved 1 s slices against the mock directly: added p50
 #   st64  stream, c=64, interleaved against the mock: added time to first byte p50, req/s
-#   cpu64 non-stream, c=64, the target alone: its CPU (utime+stime of its processes, /proc)
-#         per request, req/s, backend executions per request, RSS at the end
+#   cpu64 non-stream, c=64, the target alone, measured after WARM s (15) of the same load: its
+#         CPU (utime+stime of its processes, /proc) per request, req/s, backend executions per
+#         request, RSS at the end
 #   rss   with RSS_SECS > 0, round 1 only: c=64 non-stream for RSS_SECS, then RSS
 # "added" is the target's figure minus the mock's in the same run.
 #
@@ -43,6 +44,7 @@ DURATION=${DURATION:-10s}
 LOAD_CPU=${LOAD_CPU:-0}
 GW_CPU=${GW_CPU:-1}
 RSS_SECS=${RSS_SECS:-0}
+WARM=${WARM:-15}
 TARGETS=${TARGETS:-nginx bifrost og-synced og-1s og-bypass og-replay}
 NGINX=${NGINX:-$(command -v nginx || true)}
 BIFROST=${BIFROST:-$(command -v bifrost-http || true)}
@@ -246,10 +248,15 @@ for round in $(seq "$ROUNDS"); do
 		# Only the model for --url: this run has no --compare.
 		cpu_model=()
 		[ "$t" = bifrost ] && cpu_model=(--model openai/oncegate-mock)
+		# The CPU is read over the measured part only, after WARM seconds of the same load, so
+		# work that follows each request by seconds (discarding its chunks) is at its steady rate.
+		bench "$base-cpu64.txt" --url "$GW" --mock-stats "$MOCK" --duration "$DURATION" --warmup "${WARM}s" \
+			--concurrency 64 "${cpu_model[@]}" "${extra_args[@]}" &
+		load=$!
+		sleep "$WARM"
 		procs=$(tree "$target_pid")
 		t0=$(ticks $procs)
-		bench "$base-cpu64.txt" --url "$GW" --mock-stats "$MOCK" --duration "$DURATION" --warmup 0s \
-			--concurrency 64 "${cpu_model[@]}" "${extra_args[@]}"
+		wait "$load"
 		procs=$(tree "$target_pid")
 		t1=$(ticks $procs)
 		rss=$(rss_kb $procs)
