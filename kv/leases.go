@@ -31,6 +31,8 @@ type LeaseWatch struct {
 	lastSeq   uint64               // the stream sequence read up to
 	pending   map[string]pendingAt // PENDING keys: their lease, and when the record was written
 	readCount int                  // records read by the last call (tests)
+	cons      jetstream.Consumer   // kept across calls (see consumer); nil: create it
+	consSeq   uint64               // the last consumer sequence applied from cons
 	// billable are the finished records with something to charge seen since the last
 	// Billable call took them (see Billable); billSince bounds the first read's.
 	billable  map[string]Finished
@@ -49,6 +51,15 @@ func (s *Store) WatchLeases() *LeaseWatch {
 // kvOperation is the header a KV delete or purge marker carries.
 const kvOperation = "KV-Operation"
 
+// leaseConsumerIdle is how long the watch's consumer outlives its last read: longer than any
+// sane sweep interval, so it is created once per process; past it the server deletes it and
+// the next read creates it again (from where the watch stopped).
+const leaseConsumerIdle = 5 * time.Minute
+
+// maxLeaseResets bounds the consumers one read replaces after gaps before it gives up (the
+// next sweep goes on from the sequence reached).
+const maxLeaseResets = 3
+
 // Expired lists the keys whose latest record is PENDING with a lease before now, oldest lease
 // first.
 func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, error) {
@@ -59,19 +70,13 @@ func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, err
 		return nil, fmt.Errorf("kv: lease scan: %w", err)
 	}
 	if last := st.CachedInfo().State.LastSeq; last < w.lastSeq {
+		w.dropConsumer(ctx)
 		w.started, w.lastSeq, w.pending = false, 0, map[string]pendingAt{}
 	}
 	if !w.started {
 		w.billSince = now.Add(-BillableWindow)
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subjectPrefix + ">"}, HeadersOnly: true,
-		InactiveThreshold: 30 * time.Second}
-	if w.started {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, w.lastSeq+1
-	} else {
-		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
-	}
-	if err := w.read(ctx, st, cfg); err != nil {
+	if err := w.read(ctx, st); err != nil {
 		return nil, err
 	}
 	w.started = true
@@ -90,38 +95,80 @@ func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, err
 	return out, nil
 }
 
+// Close deletes the watch's consumer (else the server does once it has been idle for
+// leaseConsumerIdle).
+func (w *LeaseWatch) Close(ctx context.Context) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.dropConsumer(ctx)
+}
+
+// consumer is the watch's consumer on st: one for the life of the watch, not one per read.
+// Creating a consumer on the bucket costs one pass over every key's subject state in the
+// server (its pending count, on a stream keeping one message per subject), so a consumer per
+// read, as an ordered consumer does on each fetch, made every sweep cost the whole TTL's keys
+// again. The first is delivered the last record of every key, later ones start after the
+// sequence the watch reached.
+func (w *LeaseWatch) consumer(ctx context.Context, st jetstream.Stream) (jetstream.Consumer, error) {
+	if w.cons != nil {
+		return w.cons, nil
+	}
+	cfg := jetstream.ConsumerConfig{FilterSubject: subjectPrefix + ">", HeadersOnly: true,
+		AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: leaseConsumerIdle, MemoryStorage: true, Replicas: 1}
+	if w.started {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, w.lastSeq+1
+	} else {
+		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+	}
+	cons, err := st.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	w.cons, w.consSeq = cons, 0
+	return cons, nil
+}
+
+// dropConsumer deletes the consumer; the next read creates one from the sequence reached.
+func (w *LeaseWatch) dropConsumer(ctx context.Context) {
+	if w.cons == nil {
+		return
+	}
+	if info := w.cons.CachedInfo(); info != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		_ = w.s.js.DeleteConsumer(dctx, "KV_"+Bucket, info.Name)
+		cancel()
+	}
+	w.cons = nil
+}
+
 // read applies the records the consumer delivers, up to the end of the stream, to w.pending.
 // In both delivery policies the sequences arrive in increasing order, so w.lastSeq is exact
-// even when a read fails half way: a key's later record is past it and read next time.
-func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream, cfg jetstream.OrderedConsumerConfig) error {
-	cons, err := st.OrderedConsumer(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("kv: lease scan: %w", err)
-	}
-	defer func() {
-		// Sweeps come every few seconds: do not leave one idle consumer per sweep on the
-		// bucket until its inactivity threshold.
-		if info := cons.CachedInfo(); info != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			_ = st.DeleteConsumer(dctx, info.Name)
-			cancel()
-		}
-	}()
+// even when a read stops half way: a key's later record is past it and read next time. The
+// consumer does not ack, so a delivery lost on the way (a fetch cut short) shows as a gap in
+// the consumer sequence: the consumer is then replaced by one starting after the last record
+// applied.
+func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream) error {
 	w.readCount = 0
-	for {
-		batch, err := cons.FetchNoWait(1024)
+	for resets := 0; ; {
+		cons, err := w.consumer(ctx, st)
 		if err != nil {
 			return fmt.Errorf("kv: lease scan: %w", err)
 		}
-		n := 0
+		batch, err := cons.FetchNoWait(1024)
+		if err != nil {
+			w.dropConsumer(ctx)
+			return fmt.Errorf("kv: lease scan: %w", err)
+		}
+		n, gap := 0, false
 		var pending uint64
 		for m := range batch.Messages() {
-			n++
 			md, err := m.Metadata()
-			if err != nil {
+			if gap || err != nil || md.Sequence.Consumer != w.consSeq+1 {
+				gap = true // drain the batch, apply nothing more
 				continue
 			}
-			pending = md.NumPending
+			n++
+			w.consSeq, pending = md.Sequence.Consumer, md.NumPending
 			if md.Sequence.Stream > w.lastSeq {
 				w.lastSeq = md.Sequence.Stream
 			}
@@ -129,7 +176,16 @@ func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream, cfg jetstrea
 		}
 		w.readCount += n
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			w.dropConsumer(ctx)
 			return fmt.Errorf("kv: lease scan: %w", err)
+		}
+		if gap {
+			w.dropConsumer(ctx)
+			w.started = w.started || w.lastSeq > 0
+			if resets++; resets > maxLeaseResets {
+				return fmt.Errorf("kv: lease scan: deliveries keep going missing (%d consumers replaced)", resets)
+			}
+			continue
 		}
 		if n == 0 || pending == 0 {
 			return nil

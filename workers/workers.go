@@ -242,6 +242,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	<-sweepDone
+	p.leases.Close(context.Background()) // the sweeps' consumer on the bucket
 	<-postDone
 	<-discardDone
 	cc.Stop()
