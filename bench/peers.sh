@@ -64,6 +64,9 @@ RESULTS=$OUT/results.tsv
 if [ -z "${ONCEGATE:-}" ]; then
 	ONCEGATE=$OUT/oncegate
 	(cd "$repo" && go build -o "$ONCEGATE" ./cmd/oncegate) || die "go build failed"
+	built="built from $(cd "$repo" && git describe --always --dirty 2>/dev/null || echo '?')"
+else
+	built="given, sha256 $(sha256sum "$ONCEGATE" | cut -c1-12)"
 fi
 [ -x "$ONCEGATE" ] || die "ONCEGATE=$ONCEGATE is not an executable"
 
@@ -222,7 +225,7 @@ errors_of() { # file col
 }
 
 echo "peers.sh: ${runnable[*]}; $ROUNDS round(s) of $DURATION runs; load on cpu $LOAD_CPU, targets and mock on cpu $GW_CPU"
-echo "oncegate: $ONCEGATE ($(cd "$repo" && git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+echo "oncegate: $ONCEGATE ($built)"
 echo "raw outputs: $OUT"
 echo "uptime: $(uptime)"
 for round in $(seq "$ROUNDS"); do
