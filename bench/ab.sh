@@ -30,26 +30,14 @@ MOCK=http://127.0.0.1:19590
 GW=http://127.0.0.1:18580
 HZ=$(getconf CLK_TCK)
 
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-}
-trap cleanup EXIT
-wait_ready() {
-	for _ in $(seq 200); do
-		[ "$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)" = 200 ] && return 0
-		sleep 0.05
-	done
-	echo "ab.sh: $1 not ready within 10 s" >&2
-	exit 1
-}
-ticks() { awk '{print $14+$15}' "/proc/$1/stat"; }
+die() { echo "ab.sh: $*" >&2; exit 1; }
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 executions() { curl -s "$MOCK/stats" | sed -n 's/.*"requests":\([0-9]*\).*/\1/p'; }
 
 taskset -c "$GW_CPU" "$A" mock -listen 127.0.0.1:19590 >"$OUT/mock.log" 2>&1 &
 pids+=($!)
-wait_ready "$MOCK/v1/models"
+wait_http "$MOCK/v1/models" "the mock"
 stream_args=()
 [ "$STREAM" = 1 ] && stream_args=(--stream)
 
@@ -64,7 +52,7 @@ for round in $(seq "$ROUNDS"); do
 		taskset -c "$GW_CPU" "$bin" serve --config "$CFG" --data-dir "$dd" >"$OUT/r$round-$side.log" 2>&1 &
 		gw=$!
 		pids+=("$gw")
-		wait_ready "$GW/readyz"
+		wait_http "$GW/readyz" "oncegate ($side)"
 		taskset -c "$LOAD_CPU" "$A" bench --url "$GW" --duration "$((WARM + WINDOW + 2))s" --warmup 0s \
 			--concurrency "$CONCURRENCY" "${stream_args[@]}" >"$OUT/r$round-$side-bench.txt" 2>&1 &
 		load=$!
@@ -74,10 +62,9 @@ for round in $(seq "$ROUNDS"); do
 		sleep "$WINDOW"
 		t1=$(ticks "$gw")
 		n1=$(executions)
-		rss=$(awk '/^VmRSS/{print $2}' "/proc/$gw/status")
+		rss=$(rss_kb "$gw")
 		wait "$load" || true
-		kill "$gw"
-		wait "$gw" 2>/dev/null || true
+		stop "$gw"
 		rm -rf "$dd"
 		awk -v r="$round" -v s="$side" -v d=$((t1 - t0)) -v n=$((n1 - n0)) -v hz="$HZ" -v w="$WINDOW" -v rss="$rss" \
 			'BEGIN { printf "round %s %s %6.0f us/request  %7.1f req/s  RSS %d kB  (%d requests, %d ticks)\n", r, s, d / hz * 1e6 / n, n / w, rss, n, d }' |

@@ -86,42 +86,9 @@ for t in $TARGETS; do
 done
 [ ${#runnable[@]} -gt 0 ] || die "no target to run"
 
-pids=() # every process this script started and has not stopped
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	wait 2>/dev/null || true
-}
-trap cleanup EXIT
-stop() { # pid
-	kill "$1" 2>/dev/null || true
-	wait "$1" 2>/dev/null || true
-	local keep=()
-	for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-	pids=("${keep[@]}")
-}
-wait_http() { # url what
-	for _ in $(seq 200); do
-		code=$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)
-		[ "$code" = 200 ] && return 0
-		sleep 0.05
-	done
-	die "$2 did not answer 200 at $1 within 10 s"
-}
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
 tree() { echo "$1" $(pgrep -P "$1" || true); } # a process and its children (nginx's workers)
-ticks() { # pids...: utime+stime in clock ticks
-	local s=0 p
-	for p in "$@"; do
-		[ -r "/proc/$p/stat" ] && s=$((s + $(awk '{print $14+$15}' "/proc/$p/stat")))
-	done
-	echo "$s"
-}
-rss_kb() { # pids...: VmRSS summed, kB
-	local s=0 p
-	for p in "$@"; do
-		[ -r "/proc/$p/status" ] && s=$((s + $(awk '/^VmRSS/{print $2}' "/proc/$p/status")))
-	done
-	echo "$s"
-}
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"; } # round target metric value
 # field FILE ROW COL: a row of the bench table ("requests/s", "latency p50"), column A or B, ms
 # and x suffixes removed.
@@ -168,9 +135,10 @@ http {
 EOF
 }
 
-# start TARGET: starts it pinned, waits until it serves; sets target_pid, model_args, extra_args.
+# start TARGET: starts it pinned, waits until it serves; sets target_pid, extra_args and
+# url_model (the model the target wants named; empty: the mock's own).
 start() {
-	model_args=()
+	url_model=
 	extra_args=()
 	case $1 in
 	nginx)
@@ -191,7 +159,7 @@ start() {
 		target_pid=$!
 		pids+=("$target_pid")
 		wait_http "$GW/health" bifrost
-		model_args=(--model openai/oncegate-mock --compare-model oncegate-mock)
+		url_model=openai/oncegate-mock # Bifrost's <provider>/<model>
 		;;
 	og-*)
 		local cfg=$here/oncegate-synced.yaml
@@ -233,6 +201,13 @@ for round in $(seq "$ROUNDS"); do
 		echo "round $round: $t"
 		start "$t"
 		base=$OUT/r$round-$t
+		# Runs against the target alone name its model; runs interleaved with the mock name the
+		# mock's to the mock.
+		model_args=() cpu_model=()
+		if [ -n "$url_model" ]; then
+			cpu_model=(--model "$url_model")
+			model_args=("${cpu_model[@]}" --compare-model oncegate-mock)
+		fi
 		cmp=(--compare "$MOCK" --mock-stats "$MOCK" --duration "$DURATION" --warmup 1s)
 
 		bench "$base-c1.txt" --url "$GW" "${cmp[@]}" --concurrency 1 "${model_args[@]}" "${extra_args[@]}"
@@ -248,9 +223,6 @@ for round in $(seq "$ROUNDS"); do
 		record "$round" "$t" rps_st64 "$(field "$base-st64.txt" requests/s A | awk '{printf "%.0f", $1}')"
 		errs="$errs+$(errors_of "$base-st64.txt" A)"
 
-		# Only the model for --url: this run has no --compare.
-		cpu_model=()
-		[ "$t" = bifrost ] && cpu_model=(--model openai/oncegate-mock)
 		# The CPU is read over the measured part only, after WARM seconds of the same load, so
 		# work that follows each request by seconds (discarding its chunks) is at its steady rate.
 		bench "$base-cpu64.txt" --url "$GW" --mock-stats "$MOCK" --duration "$DURATION" --warmup "${WARM}s" \
