@@ -29,20 +29,18 @@ wait_http() {
 	die "$2 did not answer 200 at $1 within 10 s"
 }
 
-# ticks PID...: utime+stime of the processes, in clock ticks (getconf CLK_TCK).
-ticks() {
-	local s=0 p
+# proc_sum FILE AWK PID...: the number AWK prints from /proc/PID/FILE, summed over the processes.
+proc_sum() {
+	local file=$1 prog=$2 s=0 p
+	shift 2
 	for p in "$@"; do
-		[ -r "/proc/$p/stat" ] && s=$((s + $(awk '{print $14+$15}' "/proc/$p/stat")))
+		[ -r "/proc/$p/$file" ] && s=$((s + $(awk "$prog" "/proc/$p/$file")))
 	done
 	echo "$s"
 }
 
+# ticks PID...: utime+stime of the processes, in clock ticks (getconf CLK_TCK).
+ticks() { proc_sum stat '{print $14+$15}' "$@"; }
+
 # rss_kb PID...: VmRSS of the processes summed, kB.
-rss_kb() {
-	local s=0 p
-	for p in "$@"; do
-		[ -r "/proc/$p/status" ] && s=$((s + $(awk '/^VmRSS/{print $2}' "/proc/$p/status")))
-	done
-	echo "$s"
-}
+rss_kb() { proc_sum status '/^VmRSS/{print $2}' "$@"; }
