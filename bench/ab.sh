@@ -7,6 +7,7 @@
 #   bench/ab.sh BIN_A BIN_B [CONFIG]        # CONFIG: default bench/oncegate-1s.yaml
 #
 # Environment: ROUNDS (3), WARM (15), WINDOW (10, seconds), CONCURRENCY (64), STREAM (0|1),
+# HEADER (one more request header, e.g. "X-Allow-Duplicate: true" to measure bypassed requests),
 # LOAD_CPU (0), GW_CPU (1), OUT (default bench/out/ab-<UTC time>). Pinning as bench/peers.sh:
 # the load tool (BIN_A's `oncegate bench`) on LOAD_CPU; the mock and the gateway on GW_CPU.
 # Prints one line per run and a summary; run it on a quiet machine.
@@ -40,10 +41,11 @@ pids+=($!)
 wait_http "$MOCK/v1/models" "the mock"
 stream_args=()
 [ "$STREAM" = 1 ] && stream_args=(--stream)
+[ -n "${HEADER:-}" ] && stream_args+=(--header "$HEADER")
 
 echo "A $A"
 echo "B $B"
-echo "config $CFG; c=$CONCURRENCY stream=$STREAM; warm ${WARM}s, window ${WINDOW}s; uptime: $(uptime)"
+echo "config $CFG; c=$CONCURRENCY stream=$STREAM header=${HEADER:-}; warm ${WARM}s, window ${WINDOW}s; uptime: $(uptime)"
 for round in $(seq "$ROUNDS"); do
 	for side in A B; do
 		bin=$A

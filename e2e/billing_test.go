@@ -81,6 +81,40 @@ func TestBilling(t *testing.T) {
 	if bill.Charges != 1 || bill.GrossMicros != e.CostMicros || bill.NetMicros != e.CostMicros || bill.ReversedMicros != 0 {
 		t.Fatalf("bill = %s", bb)
 	}
+	// A bypassed request runs on the node that admitted it, with no record: its charge is in
+	// the ledger by the time its answer is (no polling), once per copy, a stream's too; its job
+	// id names nothing the jobs API can find.
+	free := map[string]string{"Authorization": "Bearer sk-free", "X-Allow-Duplicate": "true"}
+	charged := map[string]bool{}
+	for i, extra := range []string{"", "", `"stream":true`} {
+		resp := postChat(t, gw.URL, chatBody("oncegate-mock", "bypass, charge each", extra), free)
+		id := resp.Header.Get("Oncegate-Job-Id")
+		if resp.Status != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "bypassed" || id == "" {
+			t.Fatalf("bypass %d: %d %s job %q %s", i, resp.Status, resp.Header.Get("Oncegate-Idempotency"), id, resp.Body)
+		}
+		if st, err := parseChatStream(resp.Body); extra != "" && (err != nil || !st.Done || st.Content == "") {
+			t.Fatalf("bypassed stream: %+v (%v)", st, err)
+		}
+		var entries ledgerEntries
+		r := do(t, http.MethodGet, gw.URL+"/v1/admin/ledger?tenant=free", "", admin)
+		if err := json.Unmarshal(r.Body, &entries); err != nil {
+			t.Fatalf("admin ledger: %d %s", r.Status, r.Body)
+		}
+		n := 0
+		for _, e := range entries.Data {
+			if e.JobID == id && e.Kind == "charge" && e.OutputTokens == 16 {
+				n++
+			}
+		}
+		if n != 1 || charged[id] {
+			t.Fatalf("bypass %d (job %s): %d charges of it in the ledger as it was answered, want 1: %+v", i, id, n, entries.Data)
+		}
+		charged[id] = true
+		if r := do(t, http.MethodGet, gw.URL+"/v1/jobs/"+id, "", free); r.Status != http.StatusNotFound {
+			t.Errorf("bypass %d: GET its job: %d %s, want 404", i, r.Status, r.Body)
+		}
+	}
+
 	// The admin API needs the admin key; a tenant key is refused.
 	r = do(t, http.MethodGet, gw.URL+"/v1/admin/bill?tenant=capped", "", map[string]string{"Authorization": "Bearer sk-capped"})
 	if r.Status != http.StatusUnauthorized {

@@ -40,6 +40,7 @@ type ledgerEntries struct {
 	Data []struct {
 		Kind         string `json:"kind"`
 		Tenant       string `json:"tenant"`
+		JobID        string `json:"job_id"`
 		Model        string `json:"model"`
 		InputTokens  int    `json:"input_tokens"`
 		OutputTokens int    `json:"output_tokens"`

@@ -218,7 +218,10 @@ func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, 
 			s.countStream(ctx, &obs, adm, se)
 		}()
 		var sent liveSent
-		idle := recordCheck(ctx, intents, key, epoch)
+		var idle func() error // a local execution has no record to check
+		if !adm.Local() {
+			idle = recordCheck(ctx, intents, key, epoch)
+		}
 		for ch := first; ; {
 			var err error
 			switch ch.Kind {

@@ -30,6 +30,9 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 	if req.Bypass {
 		jobID := jobs.NewID()
 		key := HashParts(req.Tenant, "bypass", jobID) // unique per execution, whatever the key
+		if adm, ran, err := c.runLocal(ctx, req, key, jobID); ran {
+			return adm, err
+		}
 		return c.create(ctx, req, key, jobID, Bypassed)
 	}
 	if rec, rev, ok := c.finishedRecord(req); ok {
@@ -64,9 +67,18 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 	return nil, ErrContended
 }
 
-// newRecord is a PENDING claim for req: it names the job, the epoch, the fingerprint, a lease,
+// newClaim is a PENDING claim for req: it names the job, the epoch, the fingerprint, a lease,
 // and carries the request so the job can be re-driven from it (a large one, it names in
 // REQUESTS: launch stores it there).
+func (c *Core) newClaim(req *Request, jobID string, epoch int) *kv.Record {
+	rec := c.newRecord(req, jobID, epoch)
+	if c.store.StoresRequest(len(req.Body)) {
+		rec.StoreRequestOut()
+	}
+	return rec
+}
+
+// newRecord is the PENDING record of req's execution, with the request in it.
 func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 	now := c.now()
 	rec := &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
@@ -74,9 +86,6 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API, Path: req.Path,
 		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID,
 		Echo: req.Echo}
-	if c.store.StoresRequest(len(req.Body)) {
-		rec.StoreRequestOut()
-	}
 	return rec
 }
 
@@ -91,7 +100,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		}
 		return nil, err
 	}
-	rec := c.newRecord(req, jobID, 1)
+	rec := c.newClaim(req, jobID, 1)
 	data, err := kv.Encode(rec) // written by the claim, and the job message's record
 	if err != nil {
 		res.cancel()
@@ -127,6 +136,12 @@ func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec
 		res.cancel()
 		return nil, err
 	}
+	c.hold(adm, req, res)
+	return adm, nil
+}
+
+// hold gives adm, a new execution's admission, its reservation: Done settles it.
+func (c *Core) hold(adm *Admission, req *Request, res *reservation) {
 	estimate := c.estimate(req)
 	adm.settle = func() { res.settle(estimate) } // the ledger charge replaces it once written
 	if adm.leave == nil {
@@ -134,7 +149,41 @@ func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec
 	} else {
 		adm.leave = both(adm.leave, res.unstream)
 	}
-	return adm, nil
+}
+
+// runLocal runs a bypassed request's execution on this node's workers for this request
+// alone (LocalRunner): nothing can join or replay it, so nothing is written for it but its
+// ledger charge: no record, job, job index or chunks. The reservation (budget, the node's
+// bounds, the tenant's caps) is taken as for any new execution. ran is false when it was not
+// run here — no workers in this process, a background or retrievable request (its job id is
+// a handle the client keeps), no free worker slot — and the job path runs it instead.
+func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (adm *Admission, ran bool, err error) {
+	if c.local == nil || req.Async || req.Retrievable {
+		return nil, false, nil
+	}
+	res, err := c.reserve(ctx, req)
+	if err != nil {
+		return nil, true, err
+	}
+	rec := c.newRecord(req, jobID, 1)
+	fl, out, err := c.hub.Local(jobs.ChunkSubject(key, rec.Epoch))
+	if err != nil {
+		res.cancel()
+		return nil, true, fmt.Errorf("intent: %w", err)
+	}
+	if !c.local.RunLocal(JobOf(key, rec), rec, out) {
+		fl.Close()
+		res.cancel()
+		return nil, false, nil
+	}
+	var leave func()
+	if c.followers != nil {
+		leave, _ = c.follow(key, rec, false, 0)
+	}
+	adm = c.admission(Bypassed, key, rec, fl, leave)
+	adm.local = true
+	c.hold(adm, req, res)
+	return adm, true, nil
 }
 
 // launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
@@ -342,7 +391,7 @@ func (c *Core) stillQueued(ctx context.Context, key string) bool {
 // reclaim replaces a finished record by compare-and-set with a new PENDING epoch (epochs keep
 // growing on one key, so chunk subjects never repeat).
 func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev uint64, jobID string) (*Admission, error) {
-	rec := c.newRecord(req, jobID, old.Epoch+1)
+	rec := c.newClaim(req, jobID, old.Epoch+1)
 	if jobID == old.JobID {
 		rec.Created = old.Created
 	}

@@ -22,6 +22,13 @@ const recordCheckEvery = 5 * time.Second
 // new epoch when the caller has received nothing of the old one (the chunk stream restarts at
 // index 0). ErrFinished means: answer from a.Rec, which now holds the finished record.
 func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
+	if a.local { // nothing to read or follow but the feed, which always ends with a terminal chunk
+		ch, err := a.fl.Next(ctx)
+		if errors.Is(err, jobs.ErrEnded) {
+			err = ErrInterrupted
+		}
+		return ch, err
+	}
 	// One timer per admission, not per chunk: a non-stream copy of a streamed execution calls
 	// Next for every chunk.
 	if a.check == nil {

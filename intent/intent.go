@@ -113,8 +113,17 @@ type Deps struct {
 	// Queue tells how long the job at the head of the JOBS queue has waited (jobs.QueueWatch),
 	// for Options.MaxQueueWait; nil: not bounded.
 	Queue QueueWaiter
+	// Local runs a bypassed request's execution in this process (workers.Pool.RunLocal); nil
+	// (a node without workers) sends every execution through JOBS.
+	Local LocalRunner
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+}
+
+// LocalRunner runs an execution whose record is not stored, for the one client following
+// out's feed, on this node; false when it cannot now (it started nothing).
+type LocalRunner interface {
+	RunLocal(job *jobs.Job, rec *kv.Record, out *jobs.LocalPublisher) bool
 }
 
 // QueueWaiter reports the current wait of the job queue's head.
@@ -140,6 +149,7 @@ type Core struct {
 	// followers counts each live execution's copies on this node; nil without metrics.
 	followers *followers
 	queue     QueueWaiter
+	local     LocalRunner // nil: no workers here
 	// executions counts the new executions admitted here and not answered (MaxExecutions).
 	executions atomic.Int64
 	// bodyBytes sums their request bodies (MaxBodyBytesInFlight).
@@ -152,7 +162,7 @@ type Core struct {
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, now: d.Now,
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, now: d.Now,
 		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now
@@ -217,12 +227,18 @@ type Admission struct {
 	settle func()         // ends a new execution's budget reservation; nil otherwise
 	// redriven: a joined request whose admission took the lapsed execution over (it runs again)
 	redriven bool
-	leave    func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
-	check    *time.Timer // Next's record check after a silence; stopped by Close
+	// local: a bypass run on this node with no record (Core.runLocal): its feed is all there is
+	local bool
+	leave func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
+	check *time.Timer // Next's record check after a silence; stopped by Close
 }
 
 // Follower is the live feed of the execution; nil for a replay (answer from Rec).
 func (a *Admission) Follower() *jobs.Follower { return a.fl }
+
+// Local reports whether the execution runs on this node with no record (a bypass run where it
+// was admitted): its feed is all there is, and nothing of it can be read back.
+func (a *Admission) Local() bool { return a.local }
 
 // Close stops following the execution (the execution goes on for its other copies).
 func (a *Admission) Close() {

@@ -153,6 +153,17 @@ func decodeChunk(h nats.Header, data []byte) (Chunk, error) {
 	return c, nil
 }
 
+// newChunk is chunk idx of an execution as its writer makes it: the first and the terminal
+// chunk say how the answer was obtained (meta, and retryAfter on a terminal error).
+func newChunk(idx int, kind Kind, status int, payload []byte, meta Meta, retryAfter int) Chunk {
+	c := Chunk{Idx: idx, Kind: kind, Status: status, Payload: payload}
+	if c.Idx == 0 || c.Terminal() {
+		c.Meta = meta
+		c.Meta.RetryAfter = retryAfter
+	}
+	return c
+}
+
 // Publisher appends the chunks of one execution epoch. Each publish expects the subject's last
 // sequence to be the one this publisher wrote before, so once a taker has written a fence to
 // the subject, every further write of the old owner is refused (ErrFenced). Not safe for
@@ -208,11 +219,7 @@ func (p *Publisher) Publish(ctx context.Context, kind Kind, status int, payload 
 
 // PublishRetry is Publish with a Retry-After (seconds) for a terminal error.
 func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, payload []byte, retryAfter int) error {
-	c := Chunk{Idx: p.Next(), Kind: kind, Status: status, Payload: payload}
-	if c.Idx == 0 || c.Terminal() {
-		c.Meta = p.meta
-		c.Meta.RetryAfter = retryAfter
-	}
+	c := newChunk(p.Next(), kind, status, payload, p.meta, retryAfter)
 	// An election's errors are retried with the same expected last sequence, so a retry can
 	// never append a chunk twice. A try whose answer was lost may have landed all the same:
 	// its retry is then refused as out of sequence, and the subject's last chunk tells

@@ -181,9 +181,14 @@ func (h *Hub) Following(subject string) bool {
 	return !f.done
 }
 
-// Close stops every source and wakes every follower with ErrHubClosed.
+// Close stops every source and wakes every follower with ErrHubClosed. A second Close does
+// nothing.
 func (h *Hub) Close() {
 	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
 	h.closed = true
 	feeds := make([]*feed, 0, len(h.feeds))
 	for _, f := range h.feeds {
@@ -441,6 +446,12 @@ func (f *feed) deliver(h nats.Header, data []byte) {
 		f.recover()
 		return
 	}
+	f.appendUnlock(c)
+}
+
+// appendUnlock adds c, the feed's next chunk, wakes the followers and releases f.mu (held by
+// the caller); a terminal chunk ends the feed.
+func (f *feed) appendUnlock(c Chunk) {
 	c.shared = &derived{}
 	f.chunks = append(f.chunks, c)
 	terminal := c.Terminal()

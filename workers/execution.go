@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/dashboard"
@@ -30,13 +29,33 @@ const coalesceBytes = 16 << 10
 // errFenced means this worker lost its record (lease taken over or job cancelled).
 var errFenced = errors.New("workers: fenced")
 
+// output is where an execution's chunks go: its subject in CHUNKS (jobs.Publisher), or the
+// in-memory feed of a request run where it was admitted (jobs.LocalPublisher).
+type output interface {
+	SetMeta(m jobs.Meta)
+	Publish(ctx context.Context, kind jobs.Kind, status int, payload []byte) error
+	PublishRetry(ctx context.Context, kind jobs.Kind, status int, payload []byte, retryAfter int) error
+	Next() int
+	ExpiresAlone() bool
+}
+
+// acker settles the job message an execution runs (jetstream.Msg).
+type acker interface {
+	Ack() error
+	NakWithDelay(delay time.Duration) error
+	InProgress() error
+}
+
 // execution is one epoch of one job on this worker.
 type execution struct {
 	pool *Pool
 	job  *jobs.Job
-	msg  jetstream.Msg
+	msg  acker
 	log  zerolog.Logger
-	pub  *jobs.Publisher
+	pub  output
+	// local: the execution runs for its one client where it was admitted (Pool.RunLocal): no
+	// record is stored, no job message settled, no lease renewed, no progress written.
+	local bool
 
 	mu  sync.Mutex // guards rec, rev and unsure: the renewer and the main flow both write the record
 	rec *kv.Record
@@ -66,19 +85,19 @@ type execution struct {
 func (ex *execution) run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ex.pub = jobs.NewPublisher(ex.pool.js, ex.job)
-	ex.pub.SetFinalTTL(ex.pool.opts.DiscardChunksAfter)
-	renewDone := make(chan struct{})
-	go func() {
-		defer close(renewDone)
-		ex.renewLoop(ctx, cancel)
-	}()
-	defer func() {
-		cancel()
-		<-renewDone
-	}()
-	stopProgress := ex.startProgress(ctx)
-	defer stopProgress()
+	if !ex.local {
+		renewDone := make(chan struct{})
+		go func() {
+			defer close(renewDone)
+			ex.renewLoop(ctx, cancel)
+		}()
+		defer func() {
+			cancel()
+			<-renewDone
+		}()
+		stopProgress := ex.startProgress(ctx)
+		defer stopProgress()
+	}
 
 	ans, fail := ex.dispatch(ctx, ex.job.Body)
 	if fail != nil {
@@ -171,6 +190,13 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	if terminal == jobs.KindResult {
 		payload = res.Body
 	}
+	if ex.local {
+		// Nothing stored: the charge the record would have let the sweep make is made before
+		// the client is answered, so an answer given is an answer billed.
+		ex.chargeFinal()
+		ex.settle(ex.announce(ctx, terminal, res.Status, payload, 0))
+		return
+	}
 	if h := ex.pool.testHookBeforeAnnounce; h != nil && h() {
 		return // the test's worker dies here: outcome stored, no terminal chunk, no ack
 	}
@@ -240,9 +266,14 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 		ex.abandon(err)
 		return
 	}
+	if ex.local { // billed before the client learns of it, as in finishCompleted
+		ex.chargeFinal()
+	}
 	announced := ex.announce(ctx, jobs.KindError, http.StatusOK, res.Body, 0)
 	ex.discard()
-	ex.chargeFinal()
+	if !ex.local {
+		ex.chargeFinal()
+	}
 	ex.settle(announced)
 }
 
@@ -267,8 +298,8 @@ func (ex *execution) chargeFinal() {
 	ex.mu.Lock()
 	rec, rev := ex.rec, ex.rev
 	ex.mu.Unlock()
-	if rec != nil && ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body, false) {
-		ex.pool.noteCharged(ex.job.Key, rev)
+	if rec != nil && ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body, false) && !ex.local {
+		ex.pool.noteCharged(ex.job.Key, rev) // the charge sweep need not read this record
 	}
 }
 
@@ -351,6 +382,10 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 // write's conflict may be against our own record: it is checked (kv.Landed, then ownRecord)
 // before concluding we were fenced.
 func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Time) error {
+	if ex.local { // the record lives in this execution only
+		ex.rec, ex.rev = next, ex.rev+1
+		return nil
+	}
 	for {
 		rev, err := ex.pool.store.UpdateBefore(ctx, ex.job.Key, next, ex.rev, until)
 		if !errors.Is(err, kv.ErrConflict) {

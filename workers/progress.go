@@ -35,6 +35,9 @@ func (ex *execution) noteSent(backend string, attempt int) {
 
 // publishProgressLocked writes cur; the caller holds progress.mu.
 func (ex *execution) publishProgressLocked() {
+	if ex.local {
+		return // nobody can ask for it: a local execution has no job the status API finds
+	}
 	p := &ex.progress
 	p.written, p.tokens = time.Now(), p.cur.Tokens
 	cur := p.cur

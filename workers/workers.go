@@ -105,6 +105,13 @@ type Pool struct {
 	running   map[string][]int
 	// inflight is the dashboard's view of this pool (inflight.go).
 	inflight inflight
+	// slots bound the executions in flight, jobs' and local ones' (Options.Concurrency).
+	slots chan struct{}
+	// localMu guards localCtx: the context of local executions while Run runs, nil before and
+	// once it began to stop. localWG counts the local executions; Run waits for them.
+	localMu  sync.Mutex
+	localCtx context.Context
+	localWG  sync.WaitGroup
 	// testHookBeforeCharge, when set (tests), is called after a COMPLETED outcome was stored
 	// and announced; true makes the worker stop there as if it died.
 	testHookBeforeCharge func() bool
@@ -131,7 +138,7 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 		opts.ChargeGrace = 30 * time.Second
 	}
 	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases(),
-		charged: map[string]chargedAt{}, running: map[string][]int{}}
+		charged: map[string]chargedAt{}, running: map[string][]int{}, slots: make(chan struct{}, opts.Concurrency)}
 	if opts.DiscardChunksAfter > 0 {
 		p.discard = jobs.NewDiscarder(js, opts.DiscardChunksAfter, opts.Log)
 	}
@@ -206,11 +213,10 @@ func (p *Pool) Run(ctx context.Context) error {
 	defer func() { _ = answer.Unsubscribe() }()
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelJobs()
-	sem := make(chan struct{}, p.opts.Concurrency)
 	var wg sync.WaitGroup
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
-		case sem <- struct{}{}:
+		case p.slots <- struct{}{}:
 		case <-ctx.Done():
 			_ = m.Nak()
 			return
@@ -218,13 +224,14 @@ func (p *Pool) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer func() { <-sem }()
+			defer func() { <-p.slots }()
 			p.handle(jobCtx, m)
 		}()
 	}, jetstream.PullMaxMessages(p.opts.Concurrency), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return fmt.Errorf("workers: consume: %w", err)
 	}
+	p.openLocal(jobCtx)
 	sweepDone, postDone, discardDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(discardDone)
@@ -241,6 +248,7 @@ func (p *Pool) Run(ctx context.Context) error {
 		p.postLoop(ctx)
 	}()
 	<-ctx.Done()
+	p.closeLocal()
 	<-sweepDone
 	p.leases.Close(context.Background()) // the sweeps' consumer on the bucket
 	<-postDone
@@ -248,7 +256,7 @@ func (p *Pool) Run(ctx context.Context) error {
 	cc.Stop()
 	<-cc.Closed()
 	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	go func() { wg.Wait(); p.localWG.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(p.opts.ShutdownGrace):
@@ -389,7 +397,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	if id := tracing.TraceID(ctx); id != "" {
 		log = log.With().Str(fieldTraceID, id).Logger()
 	}
-	ex := &execution{pool: p, job: job, msg: m, rec: rec, rev: rev, log: log}
+	pub := jobs.NewPublisher(p.js, job)
+	pub.SetFinalTTL(p.opts.DiscardChunksAfter)
+	ex := &execution{pool: p, job: job, msg: m, pub: pub, rec: rec, rev: rev, log: log}
 	p.setRunning(job.Key, job.Epoch, true)
 	defer p.setRunning(job.Key, job.Epoch, false)
 	p.trackStart(ex)

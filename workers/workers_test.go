@@ -69,8 +69,8 @@ func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options
 	return &rig{srv: srv, store: store, mock: mock}
 }
 
-// run runs pool until the test ends.
-func run(t *testing.T, pool *workers.Pool) {
+// run runs pool until the test ends, or until stop (which waits for Run to return).
+func run(t *testing.T, pool *workers.Pool) (stop func()) {
 	t.Helper()
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -80,7 +80,9 @@ func run(t *testing.T, pool *workers.Pool) {
 			t.Errorf("run: %v", err)
 		}
 	}()
-	t.Cleanup(func() { cancel(); <-done })
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 // claim creates a PENDING record for body and returns its key, record and revision.
