@@ -53,9 +53,9 @@ type execution struct {
 	msg  acker
 	log  zerolog.Logger
 	pub  output
-	// local: the execution runs for its one client where it was admitted (Pool.RunLocal): no
-	// record is stored, no job message settled, no lease renewed, no progress written.
-	local bool
+	// unrecorded: the execution has no stored record (a bypass run where it was admitted,
+	// Pool.RunLocal): its record writes stay here, no lease is renewed, no progress written.
+	unrecorded bool
 
 	mu  sync.Mutex // guards rec, rev and unsure: the renewer and the main flow both write the record
 	rec *kv.Record
@@ -85,7 +85,7 @@ type execution struct {
 func (ex *execution) run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if !ex.local {
+	if !ex.unrecorded {
 		renewDone := make(chan struct{})
 		go func() {
 			defer close(renewDone)
@@ -190,7 +190,7 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	if terminal == jobs.KindResult {
 		payload = res.Body
 	}
-	if ex.local {
+	if ex.unrecorded {
 		// Nothing stored: the charge the record would have let the sweep make is made before
 		// the client is answered, so an answer given is an answer billed.
 		ex.chargeFinal()
@@ -266,12 +266,12 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 		ex.abandon(err)
 		return
 	}
-	if ex.local { // billed before the client learns of it, as in finishCompleted
+	if ex.unrecorded { // billed before the client learns of it, as in finishCompleted
 		ex.chargeFinal()
 	}
 	announced := ex.announce(ctx, jobs.KindError, http.StatusOK, res.Body, 0)
 	ex.discard()
-	if !ex.local {
+	if !ex.unrecorded {
 		ex.chargeFinal()
 	}
 	ex.settle(announced)
@@ -298,7 +298,7 @@ func (ex *execution) chargeFinal() {
 	ex.mu.Lock()
 	rec, rev := ex.rec, ex.rev
 	ex.mu.Unlock()
-	if rec != nil && ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body, false) && !ex.local {
+	if rec != nil && ex.pool.charge(context.Background(), ex.job.Key, rec, rev, ex.job.Body, false) && !ex.unrecorded {
 		ex.pool.noteCharged(ex.job.Key, rev) // the charge sweep need not read this record
 	}
 }
@@ -382,7 +382,7 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 // write's conflict may be against our own record: it is checked (kv.Landed, then ownRecord)
 // before concluding we were fenced.
 func (ex *execution) update(ctx context.Context, next *kv.Record, until time.Time) error {
-	if ex.local { // the record lives in this execution only
+	if ex.unrecorded { // the record lives in this execution only
 		ex.rec, ex.rev = next, ex.rev+1
 		return nil
 	}

@@ -35,7 +35,7 @@ func (ex *execution) noteSent(backend string, attempt int) {
 
 // publishProgressLocked writes cur; the caller holds progress.mu.
 func (ex *execution) publishProgressLocked() {
-	if ex.local {
+	if ex.unrecorded {
 		return // nobody can ask for it: a local execution has no job the status API finds
 	}
 	p := &ex.progress

@@ -389,17 +389,28 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		log.Warn().Int("previous_epoch", wire.Epoch).AnErr("owner_unheard", unheard).Str("server", p.js.Conn().ConnectedServerName()).
 			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry")
 	}
-	// The execution continues the trace of the request that created it (the record keeps its
-	// traceparent); its backend attempts are child spans (internal/backend).
+	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job), rec: rec, rev: rev, log: log})
+}
+
+// publisher writes job's chunks to CHUNKS; a lone terminal chunk expires after the discard
+// grace.
+func (p *Pool) publisher(job *jobs.Job) *jobs.Publisher {
+	pub := jobs.NewPublisher(p.js, job)
+	pub.SetFinalTTL(p.opts.DiscardChunksAfter)
+	return pub
+}
+
+// execute runs ex, known to takers elsewhere as running here (jobs.Running) and to the
+// dashboard. It continues the trace of the request that created it (the record keeps its
+// traceparent); its backend attempts are child spans (internal/backend).
+func (p *Pool) execute(ctx context.Context, ex *execution) {
+	job := ex.job
 	ctx, span := p.opts.Tracer.StartFrom(ctx, job.Header, "oncegate.execution")
 	defer span.End()
 	span.SetAttributes(attribute.String("oncegate.job_id", job.ID), attribute.Int("oncegate.epoch", job.Epoch))
 	if id := tracing.TraceID(ctx); id != "" {
-		log = log.With().Str(fieldTraceID, id).Logger()
+		ex.log = ex.log.With().Str(fieldTraceID, id).Logger()
 	}
-	pub := jobs.NewPublisher(p.js, job)
-	pub.SetFinalTTL(p.opts.DiscardChunksAfter)
-	ex := &execution{pool: p, job: job, msg: m, pub: pub, rec: rec, rev: rev, log: log}
 	p.setRunning(job.Key, job.Epoch, true)
 	defer p.setRunning(job.Key, job.Epoch, false)
 	p.trackStart(ex)
