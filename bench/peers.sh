@@ -16,6 +16,7 @@
 #   og-synced   oncegate, every write synced (the default)
 #   og-1s       oncegate with nats.sync: 1s
 #   og-bypass   og-synced, every request with X-Allow-Duplicate: true (deduplication off)
+#   og-bypass-1s  og-1s, every request with X-Allow-Duplicate: true (not in the default TARGETS)
 #   og-replay   og-synced, 100 completed intents requested again (the replay scenario)
 # nginx and Bifrost are skipped when not installed: NGINX (default: nginx on PATH) and
 # BIFROST (default: bifrost-http on PATH) name the binaries; Bifrost needs the config.schema.json
@@ -79,7 +80,7 @@ for t in $TARGETS; do
 		[ -n "$BIFROST" ] && [ -x "$BIFROST" ] || { echo "skipping bifrost: no bifrost-http (BIFROST=...)"; continue; }
 		[ -f "$BIFROST_SCHEMA" ] || { echo "skipping bifrost: no config.schema.json at '$BIFROST_SCHEMA' (BIFROST_SCHEMA=...)"; continue; }
 		;;
-	og-synced | og-1s | og-bypass | og-replay) ;;
+	og-synced | og-1s | og-bypass | og-bypass-1s | og-replay) ;;
 	*) die "unknown target $t" ;;
 	esac
 	runnable+=("$t")
@@ -163,8 +164,8 @@ start() {
 		;;
 	og-*)
 		local cfg=$here/oncegate-synced.yaml
-		[ "$1" = og-1s ] && cfg=$here/oncegate-1s.yaml
-		[ "$1" = og-bypass ] && extra_args=(--header "X-Allow-Duplicate: true")
+		case $1 in og-1s | og-bypass-1s) cfg=$here/oncegate-1s.yaml ;; esac
+		case $1 in og-bypass*) extra_args=(--header "X-Allow-Duplicate: true") ;; esac
 		[ "$1" = og-replay ] && extra_args=(--scenario replay --keys-pool 100)
 		local dd=$OUT/data-$1
 		rm -rf "$dd"
