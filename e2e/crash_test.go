@@ -25,29 +25,10 @@ func TestWholeProcessCrashLosesNoAcceptedJob(t *testing.T) {
 	}
 	bin := oncegateBinary(t)
 	addr := testkit.FreeAddr(t)
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "oncegate.yaml")
-	cfg := fmt.Sprintf(`listen: %s
-data_dir: %s
-log_level: warn
-workers: {concurrency: 8, sweep_every: 1s}
-idempotency: {lease: 2s, renew_every: 500ms}
-backends:
+	cfgPath := crashConfig(t, addr, `backends:
   - {name: slow, type: mock, models: [oncegate-mock-crash], mock: {inter_token: 50ms, tokens: 40}}
-`, addr, filepath.Join(dir, "data"))
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	start := func(name string) *proc {
-		p := startProc(t, name, bin, "serve", "--config", cfgPath)
-		testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
-			if r := send(http.MethodGet, "http://"+addr+"/readyz", "", nil); r.Status != http.StatusOK {
-				return fmt.Errorf("gateway not ready: /readyz %d %v", r.Status, r.Err)
-			}
-			return nil
-		})
-		return p
-	}
+`)
+	start := func(name string) *proc { return startServe(t, name, bin, cfgPath, "http://"+addr) }
 	base := "http://" + addr
 	body := chatBody("oncegate-mock-crash", "survive the crash", "")
 	hdr := map[string]string{"Idempotency-Key": "crash-1"}
@@ -106,4 +87,108 @@ backends:
 	if resp.Status != http.StatusOK || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
 		t.Fatalf("same-key retry: %d %s %s", resp.Status, resp.Header.Get("Oncegate-Idempotency"), b)
 	}
+}
+
+// TestCrashMidBypassIsNotRedriven: a bypassed request runs on the node that admitted it, with
+// no record and no job message, so a SIGKILL of that node mid-call leaves nothing to re-drive:
+// after a restart and several lease lengths of sweeps the backend has still been called once
+// (on the job path the sweep found the PENDING record without its job and ran the bypass again
+// for a client long gone), and the next bypass executes as usual. The backend is a process of
+// its own, so its count spans the gateway's restart.
+func TestCrashMidBypassIsNotRedriven(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary twice")
+	}
+	bin := oncegateBinary(t)
+	mockAddr, addr := testkit.FreeAddr(t), testkit.FreeAddr(t)
+	startProc(t, "mock", bin, "mock", "--listen", mockAddr, "--tokens", "40", "--inter-token", "100ms")
+	mockStats := func() (requests int) {
+		var st struct{ Requests int }
+		r := send(http.MethodGet, "http://"+mockAddr+"/stats", "", nil)
+		if err := json.Unmarshal(r.Body, &st); r.Status != http.StatusOK || err != nil {
+			t.Fatalf("mock stats: %d %v %s", r.Status, r.Err, r.Body)
+		}
+		return st.Requests
+	}
+	cfgPath := crashConfig(t, addr, fmt.Sprintf(`backends:
+  - {name: up, type: openai, base_url: "http://%s/v1", models: [oncegate-mock-up], timeout: 60s}
+routes:
+  - {model: oncegate-mock, backends: [up]}
+`, mockAddr))
+	base := "http://" + addr
+	start := func(name string) *proc { return startServe(t, name, bin, cfgPath, base) }
+	testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
+		if r := send(http.MethodGet, "http://"+mockAddr+"/stats", "", nil); r.Status != http.StatusOK {
+			return fmt.Errorf("mock process not serving: %d %v", r.Status, r.Err)
+		}
+		return nil
+	})
+	body := chatBody("oncegate-mock", "bypass, then the node dies", "")
+	bypass := map[string]string{"X-Allow-Duplicate": "true"}
+
+	first := start("first")
+	gone := make(chan result, 1)
+	go func() { gone <- send(http.MethodPost, base+chatPath, body, bypass) }()
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		if n := mockStats(); n != 1 {
+			return fmt.Errorf("the backend has %d requests, want the bypass's 1", n)
+		}
+		return nil
+	})
+	first.kill(t) // 40 tokens × 100 ms: the call is 4 s long, so it is still running
+	if r := <-gone; r.Err == nil {
+		t.Fatalf("the bypass was answered (%d) although its node was killed mid-call", r.Status)
+	}
+
+	second := start("restarted")
+	defer func() {
+		if code := second.sigterm(t, 20*time.Second); code != 0 {
+			t.Errorf("restarted gateway exit code %d, want 0", code)
+		}
+	}()
+	// Nothing to observe but an absence: three lease lengths, six sweeps.
+	time.Sleep(6 * time.Second)
+	if n := mockStats(); n != 1 {
+		t.Fatalf("the backend has %d requests after the restart, want 1: the killed bypass was run again", n)
+	}
+	r := postChat(t, base, chatBody("oncegate-mock", "a bypass after the restart", `"mock":{"inter_token_ms":0}`), bypass)
+	if r.Status != http.StatusOK || r.Header.Get("Oncegate-Idempotency") != "bypassed" {
+		t.Fatalf("bypass after the restart: %d %s %s", r.Status, r.Header.Get("Oncegate-Idempotency"), r.Body)
+	}
+	if n := mockStats(); n != 2 {
+		t.Fatalf("the backend has %d requests, want 2", n)
+	}
+}
+
+// startServe starts `oncegate serve --config cfgPath` as a process named name and waits until
+// base answers /readyz.
+func startServe(t *testing.T, name, bin, cfgPath, base string) *proc {
+	t.Helper()
+	p := startProc(t, name, bin, "serve", "--config", cfgPath)
+	testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
+		if r := send(http.MethodGet, base+"/readyz", "", nil); r.Status != http.StatusOK {
+			return fmt.Errorf("gateway not ready: /readyz %d %v", r.Status, r.Err)
+		}
+		return nil
+	})
+	return p
+}
+
+// crashConfig writes the config of a crash test's gateway, listening on addr with its data in
+// a temporary directory, a 2 s lease and a sweep every second, and backends (the YAML of its
+// backends and routes); it returns the file's path.
+func crashConfig(t *testing.T, addr, backends string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "oncegate.yaml")
+	cfg := fmt.Sprintf(`listen: %s
+data_dir: %s
+log_level: warn
+workers: {concurrency: 8, sweep_every: 1s}
+idempotency: {lease: 2s, renew_every: 500ms}
+`, addr, filepath.Join(dir, "data")) + backends
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return cfgPath
 }
