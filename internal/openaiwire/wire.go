@@ -12,6 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
+
+	"github.com/oncegate/oncegate/internal/jsonscan"
 )
 
 // ErrTruncated is returned when an event stream ends without `data: [DONE]`.
@@ -181,13 +184,41 @@ func UsageOnly(data []byte) (*Usage, bool) {
 	return p.Usage, true
 }
 
-// UsageOf reads the usage of a chat.completion body, if any.
+// UsageOf reads the usage of a chat.completion body, if any: what json.Unmarshal of the body
+// into {choices, usage} gives (nil where that fails), for one validating scan of the body and
+// a decode of its "usage" members only, instead of a scan plus a decode of every member (it
+// runs on every non-stream answer). As encoding/json does, a key matches case-insensitively,
+// the last "usage" wins, and a "choices" that is not an array (or null) or a "usage" that does
+// not decode fails the whole.
 func UsageOf(body []byte) *Usage {
-	var p usageProbe
-	if json.Unmarshal(body, &p) != nil {
+	members, err := jsonscan.Object(body)
+	if err != nil {
 		return nil
 	}
-	return p.Usage
+	var u *Usage
+	for _, m := range members {
+		switch {
+		case keyIs(m, "usage"):
+			if json.Unmarshal(m.Value, &u) != nil {
+				return nil
+			}
+		case keyIs(m, "choices"):
+			if m.Value[0] != '[' && string(m.Value) != "null" {
+				return nil
+			}
+		}
+	}
+	return u
+}
+
+// keyIs reports whether m's key matches name as encoding/json matches a field's name (Unicode
+// case folding), decoding the key only when it has escapes.
+func keyIs(m jsonscan.Member, name string) bool {
+	raw := m.Key[1 : len(m.Key)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return bytes.EqualFold(raw, []byte(name))
+	}
+	return strings.EqualFold(m.Name(), name)
 }
 
 // ErrorBody is an OpenAI error body.

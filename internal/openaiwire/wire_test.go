@@ -202,3 +202,78 @@ func FuzzEventReader(f *testing.F) {
 		_, _, _ = Synthesize(in)
 	})
 }
+
+// usageOfReference is UsageOf as it was: json.Unmarshal of the whole body into the probe.
+func usageOfReference(body []byte) *Usage {
+	var p usageProbe
+	if json.Unmarshal(body, &p) != nil {
+		return nil
+	}
+	return p.Usage
+}
+
+// usageCases are bodies UsageOf must read as json.Unmarshal does.
+var usageCases = []string{
+	`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`,
+	`{"choices":[],"usage":null}`,
+	`{"usage":{"prompt_tokens":1},"USAGE":{"prompt_tokens":2}}`, // the last match wins, in any case
+	`{"usage":{"prompt_tokens":1},"usage":null}`,                // null after a value clears it
+	`{"uſage":{"prompt_tokens":4}}`,                             // Unicode folding, as encoding/json
+	`{"usage":{"prompt_tokens":1.5}}`,                           // not an int: the whole fails
+	`{"usage":"none"}`,                                          // not an object
+	`{"choices":5,"usage":{"prompt_tokens":1}}`,                 // choices not an array: the whole fails
+	`{"Choices":null,"usage":{"total_tokens":7}}`,
+	`{"usage":{"prompt_tokens":1,"prompt_tokens":9,"extra":[1,{"a":2}]}}`,
+	`[{"usage":{"prompt_tokens":1}}]`,
+	`null`,
+	`{"usage":{"prompt_tokens":1}} trailing`,
+	`{"usage":{"prompt_tokens":1e400}}`,
+	"{\"usage\":{\"prompt_tokens\":1},\"s\":\"\xff\"}", // invalid UTF-8 in a string is still valid JSON
+	``,
+}
+
+// TestUsageOf: UsageOf reads what json.Unmarshal into the probe reads, on bodies chosen for the
+// ways a key can match and a member can fail.
+func TestUsageOf(t *testing.T) {
+	for _, body := range usageCases {
+		got, want := UsageOf([]byte(body)), usageOfReference([]byte(body))
+		if (got == nil) != (want == nil) || (got != nil && *got != *want) {
+			t.Errorf("UsageOf(%q) = %+v, want %+v", body, got, want)
+		}
+	}
+}
+
+// FuzzUsageOf: UsageOf agrees with json.Unmarshal into the probe on any input.
+func FuzzUsageOf(f *testing.F) {
+	for _, body := range usageCases {
+		f.Add([]byte(body))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, want := UsageOf(body), usageOfReference(body)
+		if (got == nil) != (want == nil) || (got != nil && *got != *want) {
+			t.Fatalf("UsageOf(%q) = %+v, want %+v", body, got, want)
+		}
+	})
+}
+
+// BenchmarkUsageOf: a non-stream answer of the mock (16 tokens), read by UsageOf and by the
+// reference (json.Unmarshal of the whole body).
+func BenchmarkUsageOf(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-0b7a2c","object":"chat.completion","created":1764806400,"model":"oncegate-mock",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("token ", 16) + `"},` +
+		`"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28},` +
+		`"system_fingerprint":"fp_oncegate"}`)
+	for _, bc := range []struct {
+		name string
+		fn   func([]byte) *Usage
+	}{{"scan", UsageOf}, {"unmarshal", usageOfReference}} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if bc.fn(body) == nil {
+					b.Fatal("no usage")
+				}
+			}
+		})
+	}
+}
