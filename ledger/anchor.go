@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 )
 
@@ -18,6 +19,11 @@ type VerifyOptions struct {
 	// checked; without it a keyed entry's hash cannot be checked (Report.Unchecked), only its
 	// link to its neighbours.
 	Secret []byte
+	// Retired are the secrets Secret replaced, oldest first (ledger.retired_secrets): an entry
+	// keyed under one verifies if it is dated no later than its Until and its tenant's chain had
+	// not moved on to a newer secret already; a heads file signed under one, if it was created
+	// no later than its Until. So a retired secret that leaked cannot sign what comes after it.
+	Retired []RetiredSecret
 	// RequireKeyed makes an unkeyed entry a finding: for a ledger keyed from its first entry,
 	// where an unkeyed chain can only be one recomputed without the secret.
 	RequireKeyed bool
@@ -25,6 +31,53 @@ type VerifyOptions struct {
 	// be there with at least their count of entries, the entry at that count having their
 	// hash. Entries appended after an anchored head are fine. Nil: no anchor.
 	Heads *Heads
+}
+
+// RetiredSecret is a ledger secret no longer used for new entries: the entries and heads
+// files dated up to Until were signed under it.
+type RetiredSecret struct {
+	Secret []byte
+	Until  time.Time
+}
+
+// keys are the secrets Check verifies under, oldest first, the current one last (nil when
+// there is no current secret: keyed entries are then not checked).
+type keys struct {
+	all   []RetiredSecret // the current one with a zero Until
+	avail bool
+}
+
+func newKeys(o VerifyOptions) keys {
+	if len(o.Secret) == 0 {
+		return keys{}
+	}
+	all := append(slices.Clone(o.Retired), RetiredSecret{Secret: o.Secret})
+	return keys{all: all, avail: true}
+}
+
+// current is the secret new entries are keyed under.
+func (k keys) current() []byte { return k.all[len(k.all)-1].Secret }
+
+// entryGeneration is the index in k.all of the secret e's keyed hash matches, among those e
+// may be keyed under: not older than from (the generation its chain's previous keyed entry
+// had), a retired one only for an entry dated up to its Until. why says which rule a match
+// under another secret broke; -1 and why empty: no secret matches.
+func (k keys) entryGeneration(e *Entry, from int) (gen int, why string) {
+	for i := len(k.all) - 1; i >= 0; i-- {
+		got := KeyedHashOf(k.all[i].Secret, e)
+		if !hmac.Equal([]byte(got), []byte(e.Hash)) {
+			continue
+		}
+		switch last := i == len(k.all)-1; {
+		case !last && e.Time.After(k.all[i].Until):
+			return -1, fmt.Sprintf("keyed under a secret retired at %s, and dated after it: signed with a retired secret",
+				k.all[i].Until.UTC().Format(time.RFC3339))
+		case i < from:
+			return -1, "keyed under an older secret than the tenant's previous entry: signed with a retired secret"
+		}
+		return i, ""
+	}
+	return -1, ""
 }
 
 // Head is one tenant's chain head: its last entry's sequence, hash and time, and how many
@@ -98,6 +151,7 @@ type tenantState struct {
 	head   Head
 	broken bool // a finding was made: its later entries are not checked (one finding per tenant)
 	keyed  bool // a keyed entry was seen
+	gen    int  // the index in keys.all of the secret its last keyed entry matched
 	// atAnchor is the hash and seq of the entry at the anchored count, once read.
 	anchor      *Head
 	atAnchor    string
@@ -123,10 +177,7 @@ type tenantState struct {
 // counted but not checked.
 func Check(entries []Entry, o VerifyOptions) *Report {
 	r := &Report{Entries: len(entries)}
-	secret := o.Secret
-	if len(secret) == 0 {
-		secret = nil
-	}
+	ks := newKeys(o)
 	tenants := map[string]*tenantState{}
 	var order []*tenantState
 	anchors := map[string]*Head{}
@@ -151,10 +202,10 @@ func Check(entries []Entry, o VerifyOptions) *Report {
 		} else {
 			r.Unkeyed++
 		}
-		if reason := checkEntry(e, st, secret, o.RequireKeyed, &lastSeq, ids); reason != "" && !st.broken {
+		if reason := checkEntry(e, st, ks, o.RequireKeyed, &lastSeq, ids); reason != "" && !st.broken {
 			st.broken = true
 			r.Findings = append(r.Findings, &ChainError{Index: i, Seq: e.Seq, ID: e.ID, Tenant: e.Tenant, Reason: reason})
-		} else if keyed && secret == nil && !st.broken {
+		} else if keyed && !ks.avail && !st.broken {
 			r.Unchecked++
 		}
 		st.keyed = st.keyed || keyed
@@ -168,14 +219,14 @@ func Check(entries []Entry, o VerifyOptions) *Report {
 		r.Heads = append(r.Heads, st.head)
 	}
 	if o.Heads != nil {
-		r.checkAnchor(o.Heads, tenants, secret)
+		r.checkAnchor(o.Heads, tenants, ks)
 	}
 	return r
 }
 
 // checkEntry checks e against its tenant's chain so far; a reason on a finding. It moves
 // lastSeq and records e's id.
-func checkEntry(e *Entry, st *tenantState, secret []byte, requireKeyed bool, lastSeq *uint64, ids map[idDigest]struct{}) string {
+func checkEntry(e *Entry, st *tenantState, ks keys, requireKeyed bool, lastSeq *uint64, ids map[idDigest]struct{}) string {
 	if e.Seq != 0 {
 		if e.Seq <= *lastSeq {
 			return fmt.Sprintf("sequence %d after %d: entries reordered or repeated", e.Seq, *lastSeq)
@@ -189,11 +240,16 @@ func checkEntry(e *Entry, st *tenantState, secret []byte, requireKeyed bool, las
 		return ""
 	}
 	switch {
-	case Keyed(e) && secret != nil:
-		if got := KeyedHashOf(secret, e); !hmac.Equal([]byte(got), []byte(e.Hash)) {
+	case Keyed(e) && ks.avail:
+		gen, why := ks.entryGeneration(e, st.gen)
+		switch {
+		case why != "":
+			return why
+		case gen < 0:
 			return fmt.Sprintf("keyed hash mismatch: the entry was altered, or its chain recomputed without the secret, or hashed under another secret (stored %s, computed %s)",
-				short(e.Hash), short(got))
+				short(e.Hash), short(KeyedHashOf(ks.current(), e)))
 		}
+		st.gen = gen
 	case Keyed(e):
 		// Not checkable without the secret: Report.Unchecked.
 	default:
@@ -221,16 +277,18 @@ func checkEntry(e *Entry, st *tenantState, secret []byte, requireKeyed bool, las
 }
 
 // checkAnchor adds the findings of the tenants' chains against h.
-func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, secret []byte) {
+func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, ks keys) {
 	switch {
 	case h.MAC == "":
 		r.HeadsMAC = MACAbsent
-	case secret == nil:
+	case !ks.avail:
 		r.HeadsMAC = MACUnchecked
-	case !hmac.Equal([]byte(h.MAC), []byte(h.mac(secret))):
-		r.Findings = append(r.Findings, &AnchorError{Reason: "the MAC does not match: the heads file was altered, or signed under another secret"})
 	default:
 		r.HeadsMAC = MACValid
+		if reason := ks.headsMAC(h); reason != "" {
+			r.HeadsMAC = ""
+			r.Findings = append(r.Findings, &AnchorError{Reason: reason})
+		}
 	}
 	for i := range h.Heads {
 		a := &h.Heads[i]
@@ -254,6 +312,22 @@ func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, secret [
 		}
 		r.Findings = append(r.Findings, &AnchorError{Tenant: a.Tenant, Reason: reason})
 	}
+}
+
+// headsMAC checks h's MAC under the current secret, or a retired one that was current when h
+// was created; a reason when it fails.
+func (k keys) headsMAC(h *Heads) string {
+	for i := len(k.all) - 1; i >= 0; i-- {
+		if !hmac.Equal([]byte(h.MAC), []byte(h.mac(k.all[i].Secret))) {
+			continue
+		}
+		if i < len(k.all)-1 && h.Created.After(k.all[i].Until) {
+			return fmt.Sprintf("the MAC is under a secret retired at %s, and the file was created after it: signed with a retired secret",
+				k.all[i].Until.UTC().Format(time.RFC3339))
+		}
+		return ""
+	}
+	return "the MAC does not match: the heads file was altered, or signed under another secret"
 }
 
 // short is a hash for a message: its scheme prefix and 12 hex digits.

@@ -430,3 +430,95 @@ func TestAnchorLive(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckRotatedSecret: a ledger keyed under otherSecret, then under testSecret from its
+// fifth entry on (a rotation at 10:00:03), verifies with the new secret and the retired one;
+// each way of signing with the retired secret after its retirement is a finding, as is an old
+// entry checked without the retired secret. A heads file verifies under the secret that was
+// current when it was written.
+func TestCheckRotatedSecret(t *testing.T) {
+	until := time.Date(2026, 3, 1, 10, 0, 3, 0, time.UTC)
+	retired := []ledger.RetiredSecret{{Secret: otherSecret, Until: until}}
+	rotated := func(t *testing.T) []ledger.Entry {
+		es := readGolden(t, "clean", ledger.FormatJSONL)
+		for _, tenant := range []string{"acme", "globex"} {
+			es = ledgerkit.Rechain(es, tenant, 0, otherSecret)
+			es = ledgerkit.Rechain(es, tenant, 4, testSecret)
+		}
+		if es[3].Time != until || !es[4].Time.After(until) {
+			t.Fatalf("the golden ledger's times moved: entry 3 at %s, entry 4 at %s", es[3].Time, es[4].Time)
+		}
+		return es
+	}
+	tests := []struct {
+		name   string
+		ledger func(t *testing.T) []ledger.Entry
+		opts   ledger.VerifyOptions
+		want   []string // the findings' texts, in order (none: it verifies)
+	}{
+		{name: "both secrets", ledger: rotated, opts: ledger.VerifyOptions{Secret: testSecret, Retired: retired}},
+		{name: "the new secret only", ledger: rotated, opts: ledger.VerifyOptions{Secret: testSecret},
+			want: []string{`seq 1`, "keyed hash mismatch", `seq 2`, "keyed hash mismatch"}},
+		{name: "an entry under the retired secret dated after its retirement", ledger: rotated,
+			opts: ledger.VerifyOptions{Secret: testSecret, Retired: []ledger.RetiredSecret{{Secret: otherSecret, Until: until.Add(-time.Second)}}},
+			want: []string{`seq 4`, "retired at 2026-03-01T10:00:02Z, and dated after it"}},
+		{name: "a dormant tenant's entry signed with the retired secret later", ledger: func(t *testing.T) []ledger.Entry {
+			es := rotated(t)
+			return ledgerkit.Rechain(es, "globex", 0, otherSecret) // globex's entry of 10:00:06 under the old secret
+		}, opts: ledger.VerifyOptions{Secret: testSecret, Retired: retired},
+			want: []string{`seq 7`, "retired at 2026-03-01T10:00:03Z, and dated after it"}},
+		{name: "appended under the retired secret, backdated", ledger: func(t *testing.T) []ledger.Entry {
+			es := rotated(t)
+			last := es[lastOf(es, "acme")]
+			forged := last
+			forged.ID, forged.Seq, forged.PrevHash, forged.Time = "forged-1", last.Seq+1, last.Hash, until.Add(-time.Second)
+			forged.Hash = ledger.KeyedHashOf(otherSecret, &forged)
+			return append(es, forged)
+		}, opts: ledger.VerifyOptions{Secret: testSecret, Retired: retired},
+			want: []string{`seq 10`, "older secret than the tenant's previous entry"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := ledger.Check(tc.ledger(t), tc.opts)
+			var got []string
+			for _, f := range r.Findings {
+				got = append(got, f.Error())
+			}
+			if len(tc.want) == 0 {
+				if len(got) > 0 || r.Err() != nil || r.Keyed != 9 {
+					t.Fatalf("findings %q, err %v, %d keyed; want none, all 9 keyed", got, r.Err(), r.Keyed)
+				}
+				return
+			}
+			if len(got) != len(tc.want)/2 {
+				t.Fatalf("findings %q, want %d", got, len(tc.want)/2)
+			}
+			for i, f := range got {
+				if !strings.Contains(f, tc.want[2*i]) || !strings.Contains(f, tc.want[2*i+1]) {
+					t.Errorf("finding %d: %q, want it to say %q and %q", i, f, tc.want[2*i], tc.want[2*i+1])
+				}
+			}
+		})
+	}
+
+	t.Run("heads", func(t *testing.T) {
+		es := rotated(t)
+		r := ledger.Check(es, ledger.VerifyOptions{Secret: testSecret, Retired: retired})
+		for _, tc := range []struct {
+			name    string
+			created time.Time
+			wantMAC string
+			finding string
+		}{
+			{"signed before the retirement", until, ledger.MACValid, ""},
+			{"signed after the retirement", until.Add(time.Second), "", "signed with a retired secret"},
+		} {
+			h := ledger.NewHeads(r.Heads, tc.created, otherSecret)
+			got := ledger.Check(es, ledger.VerifyOptions{Secret: testSecret, Retired: retired, Heads: h})
+			err := got.Err()
+			if got.HeadsMAC != tc.wantMAC || (tc.finding == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.finding)) {
+				t.Errorf("%s: heads MAC %q, err %v; want %q, finding %q", tc.name, got.HeadsMAC, err, tc.wantMAC, tc.finding)
+			}
+		}
+	})
+}

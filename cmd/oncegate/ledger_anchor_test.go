@@ -56,21 +56,25 @@ func writeHeads(t *testing.T, es []ledger.Entry, secret []byte) string {
 	return path
 }
 
+// goldenExport is the clean golden export of the ledger package's tests.
+func goldenExport(t *testing.T) []ledger.Entry {
+	t.Helper()
+	f, err := os.Open(filepath.Join("..", "..", "testdata", "ledger", "export-clean.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	es, err := ledger.ReadExport(f, ledger.FormatJSONL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return es
+}
+
 // TestLedgerVerifyHeads: verify --heads on tampered copies of the golden export, one line per
 // finding and exit 1; the clean one, and one grown since the anchor, exit 0.
 func TestLedgerVerifyHeads(t *testing.T) {
-	golden := func(t *testing.T) []ledger.Entry {
-		f, err := os.Open(filepath.Join("..", "..", "testdata", "ledger", "export-clean.jsonl"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		es, err := ledger.ReadExport(f, ledger.FormatJSONL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return es
-	}
+	golden := goldenExport
 	tests := []struct {
 		name   string
 		build  func(t *testing.T) (export, heads string)
@@ -233,4 +237,32 @@ func TestLedgerHeadLive(t *testing.T) {
 		t.Fatalf("verify, globex removed: exit %d\n%s%s", code, out, errOut)
 	}
 	t.Log(errOut)
+}
+
+// TestLedgerVerifyRotated: an export keyed under an old secret and, from its fifth entry, a
+// new one verifies with --config naming the new secret and the old one in
+// ledger.retired_secrets; with the new secret alone the old entries are findings.
+func TestLedgerVerifyRotated(t *testing.T) {
+	es := goldenExport(t)
+	oldSecret := strings.Repeat("o", 40)
+	for _, tenant := range []string{"acme", "globex"} {
+		es = ledgerkit.Rechain(ledgerkit.Rechain(es, tenant, 0, []byte(oldSecret)), tenant, 4, []byte(cliSecret))
+	}
+	export := writeExport(t, es)
+	cfg := filepath.Join(t.TempDir(), "oncegate.yaml")
+	if err := os.WriteFile(cfg, []byte(`ledger:
+  secret: "`+cliSecret+`"
+  retired_secrets:
+    - {secret: "`+oldSecret+`", until: 2026-03-01T10:00:03Z}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errOut := runLedgerEnv(t, nil, "verify", export, "--config", cfg)
+	if code != 0 || !strings.Contains(out, "9 keyed entries checked with the ledger secret") {
+		t.Fatalf("with the retired secret: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, out, errOut = runLedgerEnv(t, map[string]string{"ONCEGATE_LEDGER_SECRET": cliSecret}, "verify", export)
+	if code != 1 || !strings.Contains(errOut, "keyed hash mismatch") {
+		t.Fatalf("with the new secret alone: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -51,7 +52,7 @@ const ledgerUsage = `usage:
                      the gateway must NOT be running on DIR at the same time (stop it first, or
                      use --nats-url against its --nats-listen address)
   The ledger secret (verify, head) is ONCEGATE_LEDGER_SECRET, else ledger.secret of
-  --config FILE.
+  --config FILE; the secrets it replaced are that file's ledger.retired_secrets.
 
   Exit status: 0 done, 1 failed (verify: a finding), 2 bad usage, 3 reconcile found
   unexplained provider usage, 4 verify found nothing but could not check keyed entries or
@@ -132,17 +133,18 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		fmt.Fprintf(stderr, "oncegate ledger %s: unexpected argument %q\n", sub, rest[wantArgs])
 		return 2
 	}
-	var secret []byte
+	var keys ledger.VerifyOptions // the secret and the retired ones
 	if sub == "verify" || sub == "head" {
 		var err error
-		if secret, err = ledgerSecret(*configPath, getenv); err != nil {
+		if keys, err = ledgerKeys(*configPath, getenv); err != nil {
 			fmt.Fprintf(stderr, "oncegate ledger %s: %v\n", sub, err)
 			return 2
 		}
 	}
 	switch sub {
 	case "verify":
-		opts := ledger.VerifyOptions{Secret: secret, RequireKeyed: *requireKeyed}
+		opts := keys
+		opts.RequireKeyed = *requireKeyed
 		if *headsPath != "" {
 			h, err := readHeadsFile(*headsPath)
 			if err != nil {
@@ -171,7 +173,7 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 			if err != nil {
 				return err
 			}
-			return ledgerHead(es, secret, *outPath, stdout, stderr)
+			return ledgerHead(es, keys, *outPath, stdout, stderr)
 		})
 	case "export":
 		f := *format
@@ -235,27 +237,36 @@ func formatOf(path, explicit string) string {
 	return ledger.FormatJSONL
 }
 
-// ledgerSecret is the ledger secret: ONCEGATE_LEDGER_SECRET, else ledger.secret of the config
-// file at path (which applies the environment too); nil when neither is set.
-func ledgerSecret(path string, getenv func(string) string) ([]byte, error) {
+// ledgerKeys are the ledger secret — ONCEGATE_LEDGER_SECRET, else ledger.secret of the config
+// file at path (which applies the environment too); none when neither is set — and the
+// retired ones, ledger.retired_secrets of that file.
+func ledgerKeys(path string, getenv func(string) string) (ledger.VerifyOptions, error) {
 	var s string
 	if getenv != nil {
 		s = getenv(config.EnvLedgerSecret)
 	}
-	if s == "" && path != "" {
+	var keys ledger.VerifyOptions
+	if path != "" {
 		cfg, err := config.LoadWith(path, getenv)
 		if err != nil {
-			return nil, err
+			return keys, err
 		}
-		s = cfg.Ledger.Secret
+		s = cmp.Or(s, cfg.Ledger.Secret)
+		for _, r := range cfg.Ledger.RetiredSecrets {
+			keys.Retired = append(keys.Retired, ledger.RetiredSecret{Secret: []byte(r.Secret), Until: r.Until.Time})
+		}
 	}
 	if s == "" {
-		return nil, nil
+		if len(keys.Retired) > 0 {
+			return keys, fmt.Errorf("ledger.retired_secrets without a ledger secret (%s or ledger.secret)", config.EnvLedgerSecret)
+		}
+		return keys, nil
 	}
 	if err := ledger.CheckSecret([]byte(s)); err != nil {
-		return nil, fmt.Errorf("%s: %w", config.EnvLedgerSecret, err)
+		return keys, fmt.Errorf("%s: %w", config.EnvLedgerSecret, err)
 	}
-	return []byte(s), nil
+	keys.Secret = []byte(s)
+	return keys, nil
 }
 
 func readHeadsFile(path string) (*ledger.Heads, error) {
@@ -346,9 +357,9 @@ func (v *verifyRun) report(name string, es []ledger.Entry) int {
 }
 
 // ledgerHead anchors es: it writes each tenant's head to out (stdout when empty), with a MAC
-// when secret is set. A chain that does not verify is not anchored.
-func ledgerHead(es []ledger.Entry, secret []byte, out string, stdout, stderr io.Writer) error {
-	r := ledger.Check(es, ledger.VerifyOptions{Secret: secret})
+// under keys.Secret when it is set. A chain that does not verify under keys is not anchored.
+func ledgerHead(es []ledger.Entry, keys ledger.VerifyOptions, out string, stdout, stderr io.Writer) error {
+	r := ledger.Check(es, keys)
 	if len(r.Findings) > 0 {
 		for _, f := range r.Findings {
 			fmt.Fprintf(stderr, "oncegate ledger head: %v\n", f)
@@ -359,7 +370,7 @@ func ledgerHead(es []ledger.Entry, secret []byte, out string, stdout, stderr io.
 		fmt.Fprintf(stderr, "oncegate ledger head: %d keyed entries not checked without the ledger secret (set %s); the heads are unsigned\n",
 			r.Unchecked, config.EnvLedgerSecret)
 	}
-	h := ledger.NewHeads(r.Heads, time.Now(), secret)
+	h := ledger.NewHeads(r.Heads, time.Now(), keys.Secret)
 	signed := "unsigned (no ledger secret)"
 	if h.MAC != "" {
 		signed = "with an HMAC"

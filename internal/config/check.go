@@ -176,7 +176,8 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		t = t.Elem()
 	}
 	switch {
-	case t == durationType, t.Kind() != reflect.Struct && t.Kind() != reflect.Slice && t.Kind() != reflect.Map,
+	case t == durationType, reflect.PointerTo(t).Implements(unmarshaler), // decoded by its own UnmarshalYAML
+		t.Kind() != reflect.Struct && t.Kind() != reflect.Slice && t.Kind() != reflect.Map,
 		t.Kind() == reflect.Slice && t.Elem().Kind() != reflect.Struct:
 		w.leaf(n, t, path)
 	case t.Kind() == reflect.Struct:

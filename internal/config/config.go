@@ -414,9 +414,38 @@ type Ledger struct {
 	TallyEvery Duration `yaml:"tally_every"`
 	// Secret keys the ledger's hash chain (HMAC-SHA-256) and signs the heads `oncegate ledger
 	// head` exports: nobody without it can recompute the chain after an edit. At least 32
-	// bytes; empty = unkeyed (SHA-256). Overridden by ONCEGATE_LEDGER_SECRET. Once set, keep it:
-	// `ledger verify` reports unkeyed entries after keyed ones.
+	// bytes; empty = unkeyed (SHA-256). Overridden by ONCEGATE_LEDGER_SECRET. Once set, keep it
+	// (`ledger verify` reports unkeyed entries after keyed ones), or rotate it (RetiredSecrets).
 	Secret string `yaml:"secret,omitempty"`
+	// RetiredSecrets are the secrets Secret replaced, oldest first, for `ledger verify`: each
+	// verifies what was signed with it up to its until, nothing after. Rotating: set the new
+	// secret, move the old one here with until a time after the last node stopped writing with
+	// it, restart the nodes.
+	RetiredSecrets []RetiredSecret `yaml:"retired_secrets,omitempty"`
+}
+
+// RetiredSecret is a ledger secret no longer used for new entries, and when it stopped being.
+type RetiredSecret struct {
+	Secret string    `yaml:"secret"`
+	Until  Timestamp `yaml:"until"`
+}
+
+// Timestamp is a time written in RFC 3339 (2026-12-04T20:00:00Z).
+type Timestamp struct{ time.Time }
+
+// MarshalYAML encodes t in RFC 3339.
+func (t Timestamp) MarshalYAML() (any, error) { return t.Format(time.RFC3339Nano), nil }
+
+// UnmarshalYAML decodes an RFC 3339 time.
+func (t *Timestamp) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		if v, err := time.Parse(time.RFC3339Nano, n.Value); err == nil {
+			t.Time = v
+			return nil
+		}
+	}
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf(
+		"line %d: cannot unmarshal %s into a time (want RFC 3339, like \"2026-12-04T20:00:00Z\")", n.Line, describeNode(n))}}
 }
 
 // MinLedgerSecret is the shortest ledger.secret accepted, in bytes (ledger.MinSecretLen).

@@ -331,6 +331,13 @@ func TestValidEdgeCases(t *testing.T) {
 		{"route to mock", func(c *Config) {
 			c.Routes = []Route{{Model: "oncegate-mock", Backends: []string{"mock"}, Dedup: ptr(false)}}
 		}},
+		{"retired ledger secrets", func(c *Config) {
+			c.Ledger.Secret = strings.Repeat("c", 32)
+			c.Ledger.RetiredSecrets = []RetiredSecret{
+				{Secret: strings.Repeat("a", 32), Until: Timestamp{time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}},
+				{Secret: strings.Repeat("b", 32), Until: Timestamp{time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}},
+			}
+		}},
 		{"tenant ids", func(c *Config) {
 			c.Tenants = []Tenant{
 				{ID: "Acme.Corp_1-x", APIKeysSHA256: []string{strings.Repeat("a", 64)}},
@@ -571,7 +578,10 @@ func TestDurationYAML(t *testing.T) {
 }
 
 func TestMarshalRoundTrip(t *testing.T) {
-	for _, c := range []*Config{Default(), resolveTestConfig()} {
+	rotated := Default()
+	rotated.Ledger.Secret = strings.Repeat("c", 32)
+	rotated.Ledger.RetiredSecrets = []RetiredSecret{{Secret: strings.Repeat("a", 32), Until: Timestamp{time.Date(2026, 11, 1, 12, 30, 0, 0, time.UTC)}}}
+	for _, c := range []*Config{Default(), resolveTestConfig(), rotated} {
 		out, err := yaml.Marshal(c)
 		if err != nil {
 			t.Fatal(err)

@@ -702,6 +702,24 @@ func (v *validator) ledger(l *Ledger) {
 		// The length only: a secret is never echoed.
 		v.add("ledger.secret", "must be at least %d bytes (e.g. `openssl rand -hex 32`), got %d bytes", MinLedgerSecret, n)
 	}
+	if len(l.RetiredSecrets) > 0 && l.Secret == "" {
+		v.add("ledger.retired_secrets", "needs ledger.secret, the secret that replaced them")
+	}
+	for i, r := range l.RetiredSecrets {
+		field := fmt.Sprintf("ledger.retired_secrets[%d]", i)
+		switch {
+		case len(r.Secret) < MinLedgerSecret:
+			v.add(field+".secret", "must be at least %d bytes, got %d bytes", MinLedgerSecret, len(r.Secret))
+		case r.Secret == l.Secret:
+			v.add(field+".secret", "is the current ledger.secret: a retired secret must differ from it")
+		}
+		switch {
+		case r.Until.IsZero():
+			v.add(field+".until", "must be set: when the secret stopped signing (RFC 3339, e.g. 2026-12-04T20:00:00Z)")
+		case i > 0 && !r.Until.After(l.RetiredSecrets[i-1].Until.Time):
+			v.add(field+".until", "must be after the until of the secret before it (oldest first), got %s", r.Until.Format(time.RFC3339))
+		}
+	}
 	for m, p := range l.Prices {
 		if p.InputPerMillion < 0 || p.OutputPerMillion < 0 {
 			v.add("ledger.prices."+m, "prices must be >= 0 micro-units per million tokens")
