@@ -40,44 +40,48 @@ type RetiredSecret struct {
 	Until  time.Time
 }
 
-// keys are the secrets Check verifies under, oldest first, the current one last (nil when
-// there is no current secret: keyed entries are then not checked).
-type keys struct {
-	all   []RetiredSecret // the current one with a zero Until
-	avail bool
-}
+// keys are the secrets Check verifies under, oldest first, the current one last with a zero
+// Until; empty when there is no current secret (keyed entries are then not checked).
+type keys []RetiredSecret
 
 func newKeys(o VerifyOptions) keys {
 	if len(o.Secret) == 0 {
-		return keys{}
+		return nil
 	}
-	all := append(slices.Clone(o.Retired), RetiredSecret{Secret: o.Secret})
-	return keys{all: all, avail: true}
+	return append(slices.Clone(keys(o.Retired)), RetiredSecret{Secret: o.Secret})
 }
 
 // current is the secret new entries are keyed under.
-func (k keys) current() []byte { return k.all[len(k.all)-1].Secret }
+func (k keys) current() []byte { return k[len(k)-1].Secret }
 
-// entryGeneration is the index in k.all of the secret e's keyed hash matches, among those e
-// may be keyed under: not older than from (the generation its chain's previous keyed entry
-// had), a retired one only for an entry dated up to its Until. why says which rule a match
-// under another secret broke; -1 and why empty: no secret matches.
-func (k keys) entryGeneration(e *Entry, from int) (gen int, why string) {
-	for i := len(k.all) - 1; i >= 0; i-- {
-		got := KeyedHashOf(k.all[i].Secret, e)
-		if !hmac.Equal([]byte(got), []byte(e.Hash)) {
+// signer is the index of the secret under which mac(secret) is stored, newest first; -1 if
+// none. why is set when that secret is a retired one and at is after its Until.
+func (k keys) signer(stored string, mac func(secret []byte) string, at time.Time) (i int, why string) {
+	for i = len(k) - 1; i >= 0; i-- {
+		if !hmac.Equal([]byte(stored), []byte(mac(k[i].Secret))) {
 			continue
 		}
-		switch last := i == len(k.all)-1; {
-		case !last && e.Time.After(k.all[i].Until):
-			return -1, fmt.Sprintf("keyed under a secret retired at %s, and dated after it: signed with a retired secret",
-				k.all[i].Until.UTC().Format(time.RFC3339))
-		case i < from:
-			return -1, "keyed under an older secret than the tenant's previous entry: signed with a retired secret"
+		if i < len(k)-1 && at.After(k[i].Until) {
+			why = fmt.Sprintf("retired at %s", k[i].Until.UTC().Format(time.RFC3339))
 		}
-		return i, ""
+		return i, why
 	}
 	return -1, ""
+}
+
+// entryGeneration is the index in k of the secret e's keyed hash matches, among those e may be
+// keyed under: not older than from (the generation its chain's previous keyed entry had), a
+// retired one only for an entry dated up to its Until. why says which rule a match broke; -1
+// and why empty: no secret matches.
+func (k keys) entryGeneration(e *Entry, from int) (gen int, why string) {
+	i, retired := k.signer(e.Hash, func(secret []byte) string { return KeyedHashOf(secret, e) }, e.Time)
+	switch {
+	case retired != "":
+		return -1, "keyed under a secret " + retired + ", and dated after it: signed with a retired secret"
+	case i >= 0 && i < from:
+		return -1, "keyed under an older secret than the tenant's previous entry: signed with a retired secret"
+	}
+	return i, ""
 }
 
 // Head is one tenant's chain head: its last entry's sequence, hash and time, and how many
@@ -151,7 +155,7 @@ type tenantState struct {
 	head   Head
 	broken bool // a finding was made: its later entries are not checked (one finding per tenant)
 	keyed  bool // a keyed entry was seen
-	gen    int  // the index in keys.all of the secret its last keyed entry matched
+	gen    int  // the index in keys of the secret its last keyed entry matched
 	// atAnchor is the hash and seq of the entry at the anchored count, once read.
 	anchor      *Head
 	atAnchor    string
@@ -205,7 +209,7 @@ func Check(entries []Entry, o VerifyOptions) *Report {
 		if reason := checkEntry(e, st, ks, o.RequireKeyed, &lastSeq, ids); reason != "" && !st.broken {
 			st.broken = true
 			r.Findings = append(r.Findings, &ChainError{Index: i, Seq: e.Seq, ID: e.ID, Tenant: e.Tenant, Reason: reason})
-		} else if keyed && !ks.avail && !st.broken {
+		} else if keyed && len(ks) == 0 && !st.broken {
 			r.Unchecked++
 		}
 		st.keyed = st.keyed || keyed
@@ -240,7 +244,7 @@ func checkEntry(e *Entry, st *tenantState, ks keys, requireKeyed bool, lastSeq *
 		return ""
 	}
 	switch {
-	case Keyed(e) && ks.avail:
+	case Keyed(e) && len(ks) > 0:
 		gen, why := ks.entryGeneration(e, st.gen)
 		switch {
 		case why != "":
@@ -281,7 +285,7 @@ func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, ks keys)
 	switch {
 	case h.MAC == "":
 		r.HeadsMAC = MACAbsent
-	case !ks.avail:
+	case len(ks) == 0:
 		r.HeadsMAC = MACUnchecked
 	default:
 		r.HeadsMAC = MACValid
@@ -317,17 +321,13 @@ func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, ks keys)
 // headsMAC checks h's MAC under the current secret, or a retired one that was current when h
 // was created; a reason when it fails.
 func (k keys) headsMAC(h *Heads) string {
-	for i := len(k.all) - 1; i >= 0; i-- {
-		if !hmac.Equal([]byte(h.MAC), []byte(h.mac(k.all[i].Secret))) {
-			continue
-		}
-		if i < len(k.all)-1 && h.Created.After(k.all[i].Until) {
-			return fmt.Sprintf("the MAC is under a secret retired at %s, and the file was created after it: signed with a retired secret",
-				k.all[i].Until.UTC().Format(time.RFC3339))
-		}
-		return ""
+	switch i, retired := k.signer(h.MAC, h.mac, h.Created); {
+	case retired != "":
+		return "the MAC is under a secret " + retired + ", and the file was created after it: signed with a retired secret"
+	case i < 0:
+		return "the MAC does not match: the heads file was altered, or signed under another secret"
 	}
-	return "the MAC does not match: the heads file was altered, or signed under another secret"
+	return ""
 }
 
 // short is a hash for a message: its scheme prefix and 12 hex digits.

@@ -190,22 +190,29 @@ func (ex *execution) finishCompleted(ctx context.Context, res *kv.Result, termin
 	if terminal == jobs.KindResult {
 		payload = res.Body
 	}
+	ex.announceCharged(ctx, terminal, res.Status, payload)
+}
+
+// announceCharged announces a billable outcome once it is stored, charges it and settles the
+// job. A recorded execution is charged after its terminal chunk (the client does not wait for
+// the ledger; should the worker die first, the record lets the charge sweep make it). An
+// unrecorded one is charged before: nothing else would charge it, and an answer given must be
+// an answer billed.
+func (ex *execution) announceCharged(ctx context.Context, kind jobs.Kind, status int, payload []byte) {
 	if ex.unrecorded {
-		// Nothing stored: the charge the record would have let the sweep make is made before
-		// the client is answered, so an answer given is an answer billed.
 		ex.chargeFinal()
-		ex.settle(ex.announce(ctx, terminal, res.Status, payload, 0))
-		return
 	}
 	if h := ex.pool.testHookBeforeAnnounce; h != nil && h() {
 		return // the test's worker dies here: outcome stored, no terminal chunk, no ack
 	}
-	announced := ex.announce(ctx, terminal, res.Status, payload, 0)
+	announced := ex.announce(ctx, kind, status, payload, 0)
 	ex.discard()
 	if h := ex.pool.testHookBeforeCharge; h != nil && h() {
 		return // the test's worker dies here: outcome stored and announced, no charge, no ack
 	}
-	ex.chargeFinal()
+	if !ex.unrecorded {
+		ex.chargeFinal()
+	}
 	ex.settle(announced)
 }
 
@@ -266,15 +273,7 @@ func (ex *execution) finishFailedAfterOutput(ctx context.Context, res *kv.Result
 		ex.abandon(err)
 		return
 	}
-	if ex.unrecorded { // billed before the client learns of it, as in finishCompleted
-		ex.chargeFinal()
-	}
-	announced := ex.announce(ctx, jobs.KindError, http.StatusOK, res.Body, 0)
-	ex.discard()
-	if !ex.unrecorded {
-		ex.chargeFinal()
-	}
-	ex.settle(announced)
+	ex.announceCharged(ctx, jobs.KindError, http.StatusOK, res.Body)
 }
 
 // discard schedules the removal of this epoch's chunks: the outcome is stored and the
