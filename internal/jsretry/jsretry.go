@@ -39,7 +39,8 @@ const (
 // no answer in time, nobody to answer (no leader, a reconnect), or the server saying so (503,
 // 10008 cluster not available, 10009 not leader, 10163 last sequence not ready, 10158 the
 // same message id still in process: a retry after a lost answer came before its first try
-// was applied).
+// was applied; 10167 too many requests: the stream's ingest queue was full, 128 MiB by
+// default, which 48 concurrent 4 MiB requests filled, and the message was dropped unapplied).
 func Transient(err error) bool {
 	if err == nil {
 		return false
@@ -56,7 +57,8 @@ func Transient(err error) bool {
 	}
 	switch apiErr.ErrorCode {
 	case jsErrClusterNotAvailable, jsErrClusterNotLeader, jsErrLastSeqNotReady, jsErrClusterIncomplete,
-		jsErrDuplicateInProcess: // an earlier try with this Nats-Msg-Id is still being applied
+		jsErrDuplicateInProcess,    // an earlier try with this Nats-Msg-Id is still being applied
+		jsErrStreamTooManyRequests: // back-pressure: the backoff lets the stream catch up
 		return true
 	case jetstream.JSErrCodeJetStreamNotEnabled, jetstream.JSErrCodeJetStreamNotEnabledForAccount,
 		jsErrStoreFailed, jsErrInsufficientResources:
@@ -74,6 +76,7 @@ const (
 	jsErrStoreFailed           jetstream.ErrorCode = 10077
 	jsErrLastSeqNotReady       jetstream.ErrorCode = 10163
 	jsErrDuplicateInProcess    jetstream.ErrorCode = 10158 // a 409
+	jsErrStreamTooManyRequests jetstream.ErrorCode = 10167 // a 429
 )
 
 // Ambiguous reports whether a failed request may still have been applied: its answer did not
