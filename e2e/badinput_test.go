@@ -110,6 +110,14 @@ func TestBadInput(t *testing.T) {
 		// reading the body, and closes the connection. A client still writing the body then can
 		// get a reset before it reads the 413 (seen once in CI), which is not what is tested.
 		{name: "body over the limit", raw: strings.TrimSuffix(rawChat(addr, "X-Test: over-limit", big), big), status: 413},
+		// An encoded body is decoded up to the same limit: a small gzip of a large prompt is
+		// refused when it grows past it (Fiber's own decoding has no bound).
+		{name: "gzip growing past the limit", body: gzipped(big), hdr: map[string]string{"Content-Encoding": "gzip"}, status: 413, code: "request_too_large"},
+		{name: "deflate growing past the limit", body: zlibbed(big), hdr: map[string]string{"Content-Encoding": "deflate"}, status: 413, code: "request_too_large"},
+		{name: "gzip header on a plain body", body: valid, hdr: map[string]string{"Content-Encoding": "gzip"}, status: 400, code: "invalid_content_encoding"},
+		{name: "truncated gzip", body: gzipped(valid)[:40], hdr: map[string]string{"Content-Encoding": "gzip"}, status: 400, code: "invalid_content_encoding"},
+		{name: "brotli", body: valid, hdr: map[string]string{"Content-Encoding": "br"}, status: 415, code: "unsupported_content_encoding"},
+		{name: "two encodings", body: gzipped(gzipped(valid)), hdr: map[string]string{"Content-Encoding": "gzip, gzip"}, status: 415, code: "unsupported_content_encoding"},
 		{name: "GET on chat completions", method: http.MethodGet, body: "", status: 405},
 		{name: "PUT on chat completions", method: http.MethodPut, body: valid, status: 405},
 		{name: "DELETE on chat completions", method: http.MethodDelete, body: "", status: 405},

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"strconv"
@@ -129,8 +128,8 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 	return g, nil
 }
 
-// readJSONRequest authenticates a request whose body is a JSON object and copies it: the
-// tenant, the body and its fingerprint (canonicalFingerprint), and the body's top-level
+// readJSONRequest authenticates a request whose body is a JSON object and takes it (takeBody):
+// the tenant, the body and its fingerprint (canonicalFingerprint), and the body's top-level
 // members.
 func (s *Server) readJSONRequest(c *fiber.Ctx) (*generation, bodyFields, error) {
 	return s.readJSONRequestWith(c, isTransportField)
@@ -146,7 +145,11 @@ func (s *Server) readJSONRequestWith(c *fiber.Ctx, transport func(string) bool) 
 	if err != nil {
 		return nil, nil, err
 	}
-	g := &generation{Request: intent.Request{Tenant: tenant, Body: bytes.Clone(c.Body())}}
+	body, err := s.takeBody(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	g := &generation{Request: intent.Request{Tenant: tenant, Body: body}}
 	fp, fields, err := fingerprintOf(g.Body, transport)
 	if err != nil {
 		return nil, nil, invalidJSON(err)

@@ -64,6 +64,8 @@ func retryIf(ok bool) retryAdvice {
 // Errors of this package. Each is a row of errorTable, which says what the client sees.
 var (
 	errUnsupportedMediaType = errors.New("httpapi: Content-Type is not application/json")
+	errUnsupportedEncoding  = errors.New("httpapi: unsupported Content-Encoding")
+	errBadEncoding          = errors.New("httpapi: the body does not decode as its Content-Encoding says")
 	errMissingAPIKey        = errors.New("httpapi: no API key")
 	errInvalidAPIKey        = errors.New("httpapi: invalid API key")
 	errAdminKeyRequired     = errors.New("httpapi: no valid admin API key")
@@ -165,6 +167,8 @@ var errorTable = []struct {
 	{intent.ErrNoRecord, notFound("no record for this Idempotency-Key")},
 
 	{errUnsupportedMediaType, invalid(http.StatusUnsupportedMediaType, "unsupported_media_type", "", "Content-Type must be application/json")},
+	{errUnsupportedEncoding, invalid(http.StatusUnsupportedMediaType, "unsupported_content_encoding", "", "Content-Encoding must be identity, gzip or deflate")},
+	{errBadEncoding, badRequest("invalid_content_encoding", "", "the request body does not decode as its Content-Encoding says")},
 	{errMissingAPIKey, invalid(http.StatusUnauthorized, "missing_api_key", "", "an API key is required (Authorization: Bearer <key> or x-api-key)")},
 	{errInvalidAPIKey, invalid(http.StatusUnauthorized, "invalid_api_key", "", "invalid API key")},
 	{errAdminKeyRequired, invalid(http.StatusUnauthorized, "invalid_api_key", "", "an admin API key is required")},

@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -86,7 +85,10 @@ func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation
 	if err != nil {
 		return nil, false, err
 	}
-	body := bytes.Clone(c.Body())
+	body, err := s.takeBody(c)
+	if err != nil {
+		return nil, false, err
+	}
 	fp, _, err := fingerprintOf(body, isResponsesTransportField)
 	if err != nil {
 		return nil, false, invalidJSON(err)
