@@ -189,7 +189,8 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 // launch subscribes to the epoch's chunks, then publishes its job (that order means no chunk
 // can be missed), and indexes the job id. data is rec as stored at rev (nil: encode it here).
 // A new claim's request too large for its record is stored first (a job never runs that a
-// re-drive could not run again); the job carries it beside the record (jobs.Job.Request).
+// re-drive could not run again); the job names it (jobs.Job.RequestStored) and its worker
+// reads it from there, so the request is not in JOBS as well.
 func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
 	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
 		if err := c.store.PutRequest(ctx, key, rec); err != nil {

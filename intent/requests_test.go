@@ -36,7 +36,8 @@ func (e *env) storedBytes(t *testing.T, key string) int {
 	return len(entry.Value())
 }
 
-// jobRequest takes key's job from JOBS and returns the request its message carries.
+// jobRequest takes key's job from JOBS and returns the request it runs: the one its record
+// carries, or the one in REQUESTS that it names (it must not carry that one as well).
 func (e *env) jobRequest(t *testing.T, key string) (*kv.Record, []byte) {
 	t.Helper()
 	job := e.take(t, key)
@@ -44,18 +45,22 @@ func (e *env) jobRequest(t *testing.T, key string) (*kv.Record, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.RequestAt > 0 {
-		if len(rec.Request) > 0 {
-			t.Fatalf("the job's record carries %d request bytes besides the request beside it", len(rec.Request))
-		}
-		return rec, job.Request
+	if rec.RequestAt == 0 {
+		return rec, rec.Request
 	}
-	return rec, rec.Request
+	if len(rec.Request) > 0 || len(job.Request) > 0 || !job.RequestStored {
+		t.Fatalf("the job of a stored request carries %d+%d request bytes, names REQUESTS: %v; want 0, true", len(rec.Request), len(job.Request), job.RequestStored)
+	}
+	body, err := e.store.Request(context.Background(), key, rec.RequestAt)
+	if err != nil {
+		t.Fatalf("the request the job names: %v", err)
+	}
+	return rec, body
 }
 
 // TestLargeRequestIsStoredOut: a request too large for its record is stored in REQUESTS, so
-// the record stays small (every renewal and read pays for it), while the job message still
-// carries it to the worker; a takeover re-drives it with the stored bytes.
+// the record stays small (every renewal and read pays for it), and the job message names it
+// (its worker reads it there); a takeover re-drives it with the stored bytes.
 func TestLargeRequestIsStoredOut(t *testing.T) {
 	e := newEnv(t, nil)
 	req := largeRequest(t.Name())
@@ -71,7 +76,7 @@ func TestLargeRequestIsStoredOut(t *testing.T) {
 		t.Fatalf("the stored record is %d bytes for a %d-byte request", n, len(req.Body))
 	}
 	if _, body := e.jobRequest(t, req.Key); !bytes.Equal(body, req.Body) {
-		t.Fatalf("the job carries %d request bytes, want the %d sent", len(body), len(req.Body))
+		t.Fatalf("the job runs %d request bytes, want the %d sent", len(body), len(req.Body))
 	}
 
 	// Its worker took the job and vanished: a copy's takeover reads the request back.
@@ -81,7 +86,7 @@ func TestLargeRequestIsStoredOut(t *testing.T) {
 		t.Fatalf("copy: %s, record epoch %d, %d takeovers; want joined epoch 2 after a takeover", adm.Outcome, rec.Epoch, rec.Takeovers)
 	}
 	if jrec, body := e.jobRequest(t, req.Key); jrec.Epoch != 2 || !bytes.Equal(body, req.Body) {
-		t.Fatalf("the re-driven job (epoch %d) carries %d request bytes, want %d", jrec.Epoch, len(body), len(req.Body))
+		t.Fatalf("the re-driven job (epoch %d) runs %d request bytes, want %d", jrec.Epoch, len(body), len(req.Body))
 	}
 }
 
@@ -131,7 +136,7 @@ func TestLostStoredRequest(t *testing.T) {
 					t.Fatalf("the reclaim's stored request: %d bytes, %v", len(got), err)
 				}
 				if _, body := e.jobRequest(t, req.Key); !bytes.Equal(body, req.Body) {
-					t.Fatalf("the new job carries %d request bytes, want %d", len(body), len(req.Body))
+					t.Fatalf("the new job runs %d request bytes, want %d", len(body), len(req.Body))
 				}
 			default:
 				if rec.State != kv.Failed || rec.Result.Retryable || rec.Result.Status != http.StatusServiceUnavailable || len(rec.Unfinished) != 1 {

@@ -66,6 +66,16 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	return job, next, nrev, nil
 }
 
+// FailLostRequest fails epoch rec.Epoch of key, which a worker was about to run from its job
+// when the request the record stores in REQUESTS was gone (kv.ErrRequestLost), as a takeover
+// fails one (requestLost), then fences the epoch so that its followers read the record.
+func FailLostRequest(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, rev uint64, now time.Time) error {
+	if _, err := store.Update(ctx, key, requestLost(rec, rec, now), rev); err != nil {
+		return fmt.Errorf("intent: fail %s epoch %d: %w", key, rec.Epoch, err)
+	}
+	return jobs.Fence(ctx, js, key, rec.Epoch)
+}
+
 // requestLost is next, the takeover of rec, failed because rec's stored request is gone: a
 // 503 the client may retry (a new epoch) only when no attempt of rec can have been sent, so a
 // retry never runs an intent twice.
@@ -97,8 +107,8 @@ func LeaderRead(store *kv.Store) func(*zerolog.Event) {
 }
 
 // Job is the submittable job of the current epoch of rec, stored at revision rev: the view of
-// JobOf plus the record's stored bytes, and the request beside them when the record stores it
-// out (rec must carry it then: Job.Request).
+// JobOf plus the record's stored bytes; a request the record stores out stays in REQUESTS
+// (Job.RequestStored), where the worker reads it.
 func Job(key string, rec *kv.Record, rev uint64) (*jobs.Job, error) {
 	data, err := kv.Encode(rec)
 	if err != nil {
@@ -110,10 +120,7 @@ func Job(key string, rec *kv.Record, rev uint64) (*jobs.Job, error) {
 // JobEncoded is Job for a record already encoded as data (kv.Encode).
 func JobEncoded(key string, rec *kv.Record, rev uint64, data []byte) *jobs.Job {
 	j := JobOf(key, rec)
-	j.Rev, j.Record = rev, data
-	if rec.RequestAt > 0 {
-		j.Request = rec.Request
-	}
+	j.Rev, j.Record, j.RequestStored = rev, data, rec.RequestAt > 0
 	return j
 }
 

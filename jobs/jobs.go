@@ -8,7 +8,6 @@
 package jobs
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -36,8 +35,13 @@ const (
 	// WireVersion is the version of the job wire format (Og-Job-V): the body is the record.
 	WireVersion = 2
 	// wireRequestBody is the version whose body is the request alone and whose record is the
-	// Og-Record header (Job.Request).
+	// Og-Record header (Job.Request). Nothing sends it any more; a worker still runs one that a
+	// node older than wireRequestStored queued.
 	wireRequestBody = 3
+	// wireRequestStored is version 2 whose record stores its request in REQUESTS
+	// (Job.RequestStored): the worker reads it from there. Its own number makes a worker that
+	// predates it refuse the job rather than run the record's empty request.
+	wireRequestStored = 4
 )
 
 // Job message headers; the message body is the idempotency record as claimed (or, version 3,
@@ -69,9 +73,11 @@ type Job struct {
 	// Rev is the record's revision when the job was submitted; Record its stored bytes.
 	Rev    uint64
 	Record []byte
-	// Request, when set, is a request the record stores out of itself (kv.RequestsStream): the
-	// message carries it as its body and Record in a header, so the two are never copied into
-	// one buffer.
+	// RequestStored says that the record stores its request out of itself, in REQUESTS
+	// (kv.RequestsStream): the message carries the record only, and the worker reads the
+	// request from there. A large request then lives once in NATS, not in JOBS as well.
+	RequestStored bool
+	// Request is the request a version-3 job (an older node's) carried beside its record.
 	Request []byte
 
 	Tenant string
@@ -179,13 +185,8 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	m.Header.Set(hdrJobEpoch, strconv.Itoa(job.Epoch))
 	m.Header.Set(hdrJobRev, strconv.FormatUint(job.Rev, 10))
 	m.Data = job.Record
-	if len(job.Request) > 0 {
-		if bytes.ContainsAny(job.Record, "\r\n") {
-			return fmt.Errorf("%w: job %s: a record with a line break cannot be a header", ErrInvalidJob, job.ID)
-		}
-		m.Header.Set(hdrJobVersion, strconv.Itoa(wireRequestBody))
-		m.Header.Set(hdrJobRecord, string(job.Record))
-		m.Data = job.Request
+	if job.RequestStored {
+		m.Header.Set(hdrJobVersion, strconv.Itoa(wireRequestStored))
 	}
 	id := job.Key + "." + strconv.Itoa(job.Epoch)
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
@@ -198,17 +199,20 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	return nil
 }
 
-// Decode parses a job message into its identity, record bytes and request (version 3); the
+// Decode parses a job message into its identity, record bytes and where its request is; the
 // caller decodes the record and fills the rest of the view.
 func Decode(h nats.Header, data []byte) (*Job, error) {
 	v, _ := strconv.Atoi(h.Get(hdrJobVersion))
 	epoch, _ := strconv.Atoi(h.Get(hdrJobEpoch))
 	rev, _ := strconv.ParseUint(h.Get(hdrJobRev), 10, 64)
 	j := &Job{ID: h.Get(hdrJobID), Key: h.Get(hdrJobKey), Epoch: epoch, Rev: rev, Record: data}
-	if v == wireRequestBody {
+	switch v {
+	case wireRequestBody:
 		j.Record, j.Request = []byte(h.Get(hdrJobRecord)), data
+	case wireRequestStored:
+		j.RequestStored = true
 	}
-	if (v != WireVersion && v != wireRequestBody) || j.Key == "" || j.Epoch < 1 || j.ID == "" || j.Rev == 0 || len(j.Record) == 0 {
+	if (v != WireVersion && v != wireRequestBody && v != wireRequestStored) || j.Key == "" || j.Epoch < 1 || j.ID == "" || j.Rev == 0 || len(j.Record) == 0 {
 		return nil, fmt.Errorf("%w: version %d key %q epoch %d rev %d, %d record bytes", ErrInvalidJob, v, j.Key, j.Epoch, j.Rev, len(j.Record))
 	}
 	return j, nil

@@ -470,13 +470,19 @@ func apiPrefix(js jetstream.JetStream) string {
 // leaderLast reads key's last message from the bucket stream's leader, which a message get
 // of the stream API (unlike a direct get, answered by any replica) always is.
 func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, error) {
+	return leaderLast(ctx, s.js, BucketStream, subjectPrefix+key)
+}
+
+// leaderLast reads the last message on subject of stream from its leader; errGone when there
+// is none (or it is a KV delete, purge or expiry marker).
+func leaderLast(ctx context.Context, js jetstream.JetStream, stream, subject string) ([]byte, uint64, error) {
 	req, err := json.Marshal(struct {
 		LastBySubject string `json:"last_by_subj"`
-	}{subjectPrefix + key})
+	}{subject})
 	if err != nil {
 		return nil, 0, err
 	}
-	m, err := s.js.Conn().RequestWithContext(ctx, apiPrefix(s.js)+"STREAM.MSG.GET."+BucketStream, req)
+	m, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -489,7 +495,7 @@ func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, err
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("kv: leader read of %s: %w", key, err)
+		return nil, 0, fmt.Errorf("kv: leader read of %s: %w", subject, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
@@ -497,7 +503,7 @@ func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, err
 	case resp.Error != nil:
 		return nil, 0, resp.Error
 	case resp.Message == nil:
-		return nil, 0, fmt.Errorf("kv: leader read of %s: no message in the answer", key)
+		return nil, 0, fmt.Errorf("kv: leader read of %s: no message in the answer", subject)
 	case bytes.Contains(resp.Message.Headers, []byte("KV-Operation")) || bytes.Contains(resp.Message.Headers, []byte("Nats-Marker-Reason")):
 		// a delete or purge, or the marker of an expiry
 		return nil, 0, errGone

@@ -21,8 +21,9 @@ import (
 // renewal rewrites it, every reader (the worker, the API node's checks, a takeover) downloads
 // it, and the server reads it back from disk for each. With 48 concurrent 4 MiB requests that
 // was ~14 body-sized reads a request and a peak of 8-12× the bodies in the gateway's memory.
-// A record that names its request instead stays a few hundred bytes; the job message still
-// carries the request to its worker, so only a re-drive (a takeover) reads it from here.
+// A record that names its request instead stays a few hundred bytes; so does its job message
+// (jobs.Job.RequestStored): the worker reads the request from here, so a large request is
+// stored once in NATS, not also in JOBS (a memory stream, holding it until the job's ack).
 //
 // It is a file stream with the bucket's replicas: a re-drive after a crash needs it as much
 // as the record. The subject carries the epoch of the claim that wrote it (a reclaim writes a
@@ -53,8 +54,10 @@ func openRequests(ctx context.Context, js jetstream.JetStream, ttl time.Duration
 		MaxAge:   max(ttl, requestsMinAge),
 		Discard:  jetstream.DiscardOld,
 		Replicas: n,
-		// Reads go to the leader: a re-drive must find a request a replica may not have yet.
-		AllowDirect: false,
+		// A direct get answers with the message as stored; the stream API's get wraps it in
+		// JSON as base64, costing two more body-sized buffers on each side. Any replica answers
+		// one, so a miss is asked of the leader again before a request is called lost (Request).
+		AllowDirect: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kv: open requests %s: %w", RequestsStream, err)
@@ -88,12 +91,18 @@ func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 	return nil
 }
 
-// Request reads the stored request rec names for key, from the stream's leader;
-// ErrRequestLost when it is gone.
+// Request reads the stored request of key's claim at epoch: a direct get, which a replica that
+// has not caught up yet can miss, so a miss is read again from the stream's leader;
+// ErrRequestLost when that has none either.
 func (s *Store) Request(ctx context.Context, key string, epoch int) ([]byte, error) {
 	var body []byte
+	subj := requestSubject(key, epoch)
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		m, err := s.reqs.GetLastMsgForSubject(ctx, requestSubject(key, epoch))
+		m, err := s.reqs.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			body, _, err = leaderLast(ctx, s.js, RequestsStream, subj)
+			return err
+		}
 		if err != nil {
 			return err
 		}
@@ -101,7 +110,7 @@ func (s *Store) Request(ctx context.Context, key string, epoch int) ([]byte, err
 		return nil
 	})
 	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case errors.Is(err, errGone):
 		return nil, fmt.Errorf("kv: request of %s epoch %d: %w", key, epoch, ErrRequestLost)
 	case err != nil:
 		return nil, fmt.Errorf("kv: request of %s epoch %d: %w", key, epoch, err)

@@ -290,12 +290,12 @@ func leaseHolds(rec *kv.Record, now time.Time) bool {
 // handle runs one delivered job message.
 func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	wire, err := jobs.Decode(m.Headers(), m.Data())
-	var sent *kv.Record // the record as the job was submitted (it carries the request)
+	var sent *kv.Record // the record as the job was submitted (with its request, unless stored out)
 	if err == nil {
 		sent, err = kv.Decode(wire.Record)
 	}
 	if err == nil && wire.Request != nil {
-		sent.Request = wire.Request // stored out of the record, sent beside it
+		sent.Request = wire.Request // a version-3 job: stored out of the record, sent beside it
 	}
 	if err != nil {
 		p.opts.Log.Error().Err(err).Msg("terminating undecodable job")
@@ -339,6 +339,13 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		log.Debug().Str("state", string(rec.State)).Int("record_epoch", rec.Epoch).Msg("stale job; dropping")
 		_ = m.Ack()
 		return
+	}
+	if rec.RequestAt > 0 && len(rec.Request) == 0 && (mdErr != nil || md.NumDelivered == 1) {
+		// Stored in REQUESTS (a redelivery's takeover reads it, once it knows it takes over).
+		var ok bool
+		if rec, ok = p.storedRequest(ctx, wire.Key, rec, rev, m, log); !ok {
+			return
+		}
 	}
 	job := intent.JobOf(wire.Key, rec)
 	if now := p.opts.Now(); (mdErr != nil || md.NumDelivered == 1) && !leaseHolds(rec, now) {
@@ -390,6 +397,30 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry")
 	}
 	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job), rec: rec, rev: rev, log: log})
+}
+
+// storedRequest returns rec with the request it stores in REQUESTS. When that cannot be read
+// now, the job is redelivered in a second; when it is gone (kv.ErrRequestLost: it outlived the
+// stream's age, or the stream lost it), the epoch is failed as a takeover fails it
+// (intent.FailLostRequest) and the job acked. Either way ok is false and m is settled.
+func (p *Pool) storedRequest(ctx context.Context, key string, rec *kv.Record, rev uint64, m jetstream.Msg, log zerolog.Logger) (_ *kv.Record, ok bool) {
+	body, err := p.store.Request(ctx, key, rec.RequestAt)
+	switch {
+	case err == nil:
+		return rec.WithRequest(body), true
+	case errors.Is(err, kv.ErrRequestLost):
+		if err := intent.FailLostRequest(ctx, p.js, p.store, key, rec, rev, p.opts.Now()); err != nil {
+			log.Info().Err(err).Msg("failing a job whose stored request is gone failed; will retry")
+			_ = m.NakWithDelay(time.Second)
+			return nil, false
+		}
+		log.Error().Int("request_at", rec.RequestAt).Msg("the job's stored request is gone; failed its record")
+		_ = m.Ack()
+	default:
+		log.Warn().Err(err).Msg("reading the stored request; will retry")
+		_ = m.NakWithDelay(time.Second)
+	}
+	return nil, false
 }
 
 // publisher writes job's chunks to CHUNKS; a lone terminal chunk expires after the discard
