@@ -441,11 +441,12 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	tally := g.startTally(ctx, js)
 	idem, adm := g.cfg.Idempotency, g.cfg.Admission
 	var local intent.LocalRunner // a bypass runs on this node's workers, when it has some
+	var offer intent.Offerer     // and they take the large requests admitted here from memory
 	if g.pool != nil {
-		local = g.pool
+		local, offer = g.pool, g.pool
 	}
 	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
-		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local,
+		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
 			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D(), MaxBodyBytesInFlight: adm.MaxBodyBytesInFlight,

@@ -190,17 +190,23 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 // can be missed), and indexes the job id. data is rec as stored at rev (nil: encode it here).
 // A new claim's request too large for its record is stored first (a job never runs that a
 // re-drive could not run again); the job names it (jobs.Job.RequestStored) and its worker
-// reads it from there, so the request is not in JOBS as well.
+// reads it from there, so the request is not in JOBS as well, or, on this node, takes it from
+// the offer made to it (Deps.Offer) until the admission is closed.
 func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
+	withdraw := func() {}
 	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
 		if err := c.store.PutRequest(ctx, key, rec); err != nil {
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
+		if c.offer != nil {
+			withdraw = c.offer.Offer(key, rec.RequestAt, rec.Request)
+		}
 	}
 	if data == nil {
 		var err error
 		if data, err = kv.Encode(rec); err != nil {
+			withdraw()
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
@@ -208,11 +214,13 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	job := JobEncoded(key, rec, rev, data)
 	fl, err := c.hub.Open(ctx, job.Subject())
 	if err != nil {
+		withdraw()
 		c.release(key, rec, rev)
 		return nil, fmt.Errorf("intent: follow %s: %w", job.ID, err)
 	}
 	if err := jobs.Submit(ctx, c.js, job); err != nil {
 		fl.Close()
+		withdraw()
 		c.release(key, rec, rev)
 		return nil, fmt.Errorf("intent: %w", err)
 	}
@@ -226,7 +234,9 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	if c.followers != nil {
 		leave, _ = c.follow(key, rec, outcome == Joined, 0)
 	}
-	return c.admission(outcome, key, rec, fl, leave), nil
+	adm := c.admission(outcome, key, rec, fl, leave)
+	adm.withdraw = withdraw
+	return adm, nil
 }
 
 // admission is the decision; leave (nil: none) is what Done gives back of a followed

@@ -116,6 +116,9 @@ type Deps struct {
 	// Local runs a bypassed request's execution in this process (workers.Pool.RunLocal); nil
 	// (a node without workers) sends every execution through JOBS.
 	Local LocalRunner
+	// Offer hands this node's workers the requests its new claims store in REQUESTS
+	// (workers.Pool.Offer); nil (a node without workers): they read them from there.
+	Offer Offerer
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -124,6 +127,12 @@ type Deps struct {
 // out's feed, on this node; false when it cannot now (it started nothing).
 type LocalRunner interface {
 	RunLocal(job *jobs.Job, rec *kv.Record, out *jobs.LocalPublisher) bool
+}
+
+// Offerer holds the request of key's claim at epoch at for this node's worker that takes its
+// job, until withdraw.
+type Offerer interface {
+	Offer(key string, at int, body []byte) (withdraw func())
 }
 
 // QueueWaiter reports the current wait of the job queue's head.
@@ -150,6 +159,7 @@ type Core struct {
 	followers *followers
 	queue     QueueWaiter
 	local     LocalRunner // nil: no workers here
+	offer     Offerer     // nil: no workers here
 	// executions counts the new executions admitted here and not answered (MaxExecutions).
 	executions atomic.Int64
 	// bodyBytes sums their request bodies (MaxBodyBytesInFlight).
@@ -162,7 +172,7 @@ type Core struct {
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, now: d.Now,
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, now: d.Now,
 		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now
@@ -231,6 +241,8 @@ type Admission struct {
 	local bool
 	leave func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
 	check *time.Timer // Next's record check after a silence; stopped by Close
+	// withdraw ends the offer of a new claim's stored request to this node's workers (Close).
+	withdraw func()
 }
 
 // Follower is the live feed of the execution; nil for a replay (answer from Rec).
@@ -244,6 +256,9 @@ func (a *Admission) Local() bool { return a.local }
 func (a *Admission) Close() {
 	if a.fl != nil {
 		a.fl.Close()
+	}
+	if a.withdraw != nil {
+		a.withdraw()
 	}
 	if a.check != nil {
 		a.check.Stop()

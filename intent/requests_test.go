@@ -3,8 +3,12 @@ package intent_test
 import (
 	"bytes"
 	"context"
+	"maps"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,5 +148,65 @@ func TestLostStoredRequest(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// offers records what a node's workers were offered (intent.Offerer) and what was withdrawn.
+type offers struct {
+	mu        sync.Mutex
+	held      map[string][]byte
+	withdrawn []string
+}
+
+func (o *offers) Offer(key string, at int, body []byte) func() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	k := key + "." + strconv.Itoa(at)
+	o.held[k] = body
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		delete(o.held, k)
+		o.withdrawn = append(o.withdrawn, k)
+	}
+}
+
+func (o *offers) state() (held map[string][]byte, withdrawn []string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Clone(o.held), slices.Clone(o.withdrawn)
+}
+
+// TestLargeRequestIsOffered: a new claim whose request is stored out offers it to the node's
+// workers (so the one that takes its job need not read it back) from before its job is
+// published until its admission is closed; a small request, and a copy that joins, offer
+// nothing.
+func TestLargeRequestIsOffered(t *testing.T) {
+	e := newEnv(t, nil)
+	o := &offers{held: map[string][]byte{}}
+	core, _ := e.node(t, e.srv.NC, e.srv.JS, nil, func(d *intent.Deps) { d.Offer = o })
+	req := largeRequest(t.Name())
+	adm, err := core.Admit(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, _ := o.state()
+	if len(held) != 1 || !bytes.Equal(held[req.Key+".1"], req.Body) {
+		t.Fatalf("offered %d requests (%q's claim at 1: %d bytes); want that one, %d bytes", len(held), req.Key, len(held[req.Key+".1"]), len(req.Body))
+	}
+	if job := e.take(t, req.Key); !job.RequestStored {
+		t.Fatal("the job does not name REQUESTS")
+	}
+	if copyAdm := admit(t, core, req); copyAdm.Outcome != intent.Joined {
+		t.Fatalf("copy: %s, want joined", copyAdm.Outcome)
+	}
+	small := request(t.Name() + "-small")
+	admit(t, core, small)
+	if held, withdrawn := o.state(); len(held) != 1 || len(withdrawn) != 0 {
+		t.Fatalf("after a join and a small request: %d offers held, %d withdrawn; want 1, 0", len(held), len(withdrawn))
+	}
+	adm.Close()
+	if held, withdrawn := o.state(); len(held) != 0 || !slices.Equal(withdrawn, []string{req.Key + ".1"}) {
+		t.Fatalf("after the admission's close: %d offers held, withdrawn %q; want none held, the one withdrawn", len(held), withdrawn)
 	}
 }

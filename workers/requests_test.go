@@ -16,7 +16,8 @@ import (
 // job message, which names it and does not carry it (the worker reads it from the stream), is
 // re-driven by the sweep from the stream when its job is gone, and is deleted from the stream
 // once the record has finished. A job whose stored request is gone fails its record with a
-// 503 the client may retry (nothing was sent) and calls no backend.
+// 503 the client may retry (nothing was sent) and calls no backend, unless the node that
+// admitted it offered it to the pool (Offer): then it runs from the offer.
 func TestStoredRequest(t *testing.T) {
 	r := start(t, 100*time.Millisecond)
 	ctx := context.Background()
@@ -30,11 +31,13 @@ func TestStoredRequest(t *testing.T) {
 		name     string
 		lost     bool // the job message is gone and the lease ran out: the sweep re-drives it
 		unstored bool // the stored request is gone
+		offered  bool // offered to the pool by the node that admitted it
 		epoch    int
 	}{
 		{name: "run from the job", epoch: 1},
 		{name: "re-driven by the sweep", lost: true, epoch: 2},
 		{name: "stored request gone", unstored: true, epoch: 1},
+		{name: "stored request gone, offered", unstored: true, offered: true, epoch: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "stored" + string(rune('a'+i))
@@ -54,12 +57,15 @@ func TestStoredRequest(t *testing.T) {
 				if !job.RequestStored || len(job.Record) >= len(body) {
 					t.Fatalf("the job carries %d record bytes, stored %v: want the record alone, naming REQUESTS", len(job.Record), job.RequestStored)
 				}
+				if tc.offered {
+					defer r.pool.Offer(key, rec.RequestAt, []byte(body))()
+				}
 				if err := jobs.Submit(ctx, r.srv.JS, job); err != nil {
 					t.Fatal(err)
 				}
 			}
 			got := r.waitFinal(t, key)
-			if tc.unstored {
+			if tc.unstored && !tc.offered {
 				if got.State != kv.Failed || got.Result.Status != http.StatusServiceUnavailable || !got.Result.Retryable {
 					t.Fatalf("state %s, result %+v; want FAILED 503 retryable", got.State, got.Result)
 				}

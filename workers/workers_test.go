@@ -29,6 +29,7 @@ type rig struct {
 	srv   *testkit.JetStream
 	store *kv.Store
 	mock  *backend.Client
+	pool  *workers.Pool // nil: none started
 }
 
 // resources starts an embedded server with the JOBS and CHUNKS streams and the IDEM bucket;
@@ -65,8 +66,9 @@ func start(t *testing.T, sweepEvery time.Duration, mods ...func(*workers.Options
 	for _, mod := range mods {
 		mod(&opts)
 	}
-	run(t, workers.New(srv.JS, store, opts))
-	return &rig{srv: srv, store: store, mock: mock}
+	pool := workers.New(srv.JS, store, opts)
+	run(t, pool)
+	return &rig{srv: srv, store: store, mock: mock, pool: pool}
 }
 
 // run runs pool until the test ends, or until stop (which waits for Run to return).
