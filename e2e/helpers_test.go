@@ -787,9 +787,15 @@ func waitReady(t *testing.T, base string, procs ...*proc) {
 // process still running gets SIGTERM and, 20 s later, SIGKILL.
 func startProc(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, name, nil, bin, args...)
+}
+
+// startProcEnv is startProc with env added to the clean environment.
+func startProcEnv(t *testing.T, name string, env []string, bin string, args ...string) *proc {
+	t.Helper()
 	p := &proc{name: name, log: &testkit.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)

@@ -25,6 +25,7 @@ var (
 	memBytes    = flag.Int("memory.bytes", 4<<20, "TestMemoryPerRequest: body size of each request")
 	memInFlight = flag.Int64("memory.inflight", 0, "TestMemoryPerRequest: admission.max_body_bytes_in_flight of the gateway (0: none)")
 	memWait     = flag.Duration("memory.wait", 30*time.Second, "TestMemoryPerRequest: how long after the burst the last RSS is read")
+	memLimit    = flag.String("memory.gomemlimit", "", "TestMemoryPerRequest: the gateway's GOMEMLIMIT (the Go runtime's soft memory limit; empty: none)")
 	memProfile  = flag.String("memory.profile", "", "TestMemoryPerRequest: write the gateway's heap profiles (after the burst, and 30 s later, each after a collection so that they count every allocation) to FILE-burst and FILE-30s")
 )
 
@@ -88,7 +89,11 @@ routes:
 	if *memProfile != "" {
 		args = append(args, "--pprof", pprofAddr)
 	}
-	gw := startProc(t, "gateway", bin, args...)
+	var env []string
+	if *memLimit != "" {
+		env = append(env, "GOMEMLIMIT="+*memLimit)
+	}
+	gw := startProcEnv(t, "gateway", env, bin, args...)
 	heap := func(suffix string) {
 		if *memProfile == "" {
 			return
