@@ -190,18 +190,18 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 // can be missed), and indexes the job id. data is rec as stored at rev (nil: encode it here).
 // A new claim's request too large for its record is stored first (a job never runs that a
 // re-drive could not run again); the job names it (jobs.Job.RequestStored) and its worker
-// reads it from there, so the request is not in JOBS as well, or, on this node, takes it from
-// the offer made to it (Deps.Offer) until the admission is closed.
+// reads it from there, so the request is not in JOBS as well. A worker of this node takes the
+// record, request included, from the offer made to it (Deps.Offer) until the admission closes.
 func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
-	withdraw := func() {}
 	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
 		if err := c.store.PutRequest(ctx, key, rec); err != nil {
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
-		if c.offer != nil {
-			withdraw = c.offer.Offer(key, rec.RequestAt, rec.Request)
-		}
+	}
+	withdraw := func() {}
+	if c.offer != nil {
+		withdraw = c.offer.Offer(key, rec.Epoch, rev, rec)
 	}
 	if data == nil {
 		var err error

@@ -116,8 +116,9 @@ type Deps struct {
 	// Local runs a bypassed request's execution in this process (workers.Pool.RunLocal); nil
 	// (a node without workers) sends every execution through JOBS.
 	Local LocalRunner
-	// Offer hands this node's workers the requests its new claims store in REQUESTS
-	// (workers.Pool.Offer); nil (a node without workers): they read them from there.
+	// Offer hands this node's workers the record, request included, of each job it submits
+	// (workers.Pool.Offer); nil (a node without workers): they decode the job's message, and
+	// read a request stored in REQUESTS from there.
 	Offer Offerer
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
@@ -129,10 +130,10 @@ type LocalRunner interface {
 	RunLocal(job *jobs.Job, rec *kv.Record, out *jobs.LocalPublisher) bool
 }
 
-// Offerer holds the request of key's claim at epoch at for this node's worker that takes its
-// job, until withdraw.
+// Offerer holds rec, the record of key's job for epoch as written at rev, for this node's
+// worker that takes that job, until withdraw.
 type Offerer interface {
-	Offer(key string, at int, body []byte) (withdraw func())
+	Offer(key string, epoch int, rev uint64, rec *kv.Record) (withdraw func())
 }
 
 // QueueWaiter reports the current wait of the job queue's head.
@@ -241,7 +242,7 @@ type Admission struct {
 	local bool
 	leave func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
 	check *time.Timer // Next's record check after a silence; stopped by Close
-	// withdraw ends the offer of a new claim's stored request to this node's workers (Close).
+	// withdraw ends the offer of the job's record to this node's workers (Close).
 	withdraw func()
 }
 

@@ -3,10 +3,10 @@ package intent_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -154,15 +154,15 @@ func TestLostStoredRequest(t *testing.T) {
 // offers records what a node's workers were offered (intent.Offerer) and what was withdrawn.
 type offers struct {
 	mu        sync.Mutex
-	held      map[string][]byte
+	held      map[string]*kv.Record // by key.epoch.rev
 	withdrawn []string
 }
 
-func (o *offers) Offer(key string, at int, body []byte) func() {
+func (o *offers) Offer(key string, epoch int, rev uint64, rec *kv.Record) func() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	k := key + "." + strconv.Itoa(at)
-	o.held[k] = body
+	k := fmt.Sprintf("%s.%d.%d", key, epoch, rev)
+	o.held[k] = rec
 	return func() {
 		o.mu.Lock()
 		defer o.mu.Unlock()
@@ -171,42 +171,50 @@ func (o *offers) Offer(key string, at int, body []byte) func() {
 	}
 }
 
-func (o *offers) state() (held map[string][]byte, withdrawn []string) {
+func (o *offers) state() (held map[string]*kv.Record, withdrawn []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return maps.Clone(o.held), slices.Clone(o.withdrawn)
 }
 
-// TestLargeRequestIsOffered: a new claim whose request is stored out offers it to the node's
-// workers (so the one that takes its job need not read it back) from before its job is
-// published until its admission is closed; a small request, and a copy that joins, offer
-// nothing.
-func TestLargeRequestIsOffered(t *testing.T) {
+// TestJobRecordIsOffered: each job a node submits offers its record, as the claim wrote it and
+// with its request (also one stored in REQUESTS, which the job only names), to the node's
+// workers from before the job is published until its admission is closed, so a worker of the
+// node need not decode it or read the request back; a copy that joins offers nothing.
+func TestJobRecordIsOffered(t *testing.T) {
 	e := newEnv(t, nil)
-	o := &offers{held: map[string][]byte{}}
+	o := &offers{held: map[string]*kv.Record{}}
 	core, _ := e.node(t, e.srv.NC, e.srv.JS, nil, func(d *intent.Deps) { d.Offer = o })
-	req := largeRequest(t.Name())
-	adm, err := core.Admit(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	held, _ := o.state()
-	if len(held) != 1 || !bytes.Equal(held[req.Key+".1"], req.Body) {
-		t.Fatalf("offered %d requests (%q's claim at 1: %d bytes); want that one, %d bytes", len(held), req.Key, len(held[req.Key+".1"]), len(req.Body))
-	}
-	if job := e.take(t, req.Key); !job.RequestStored {
-		t.Fatal("the job does not name REQUESTS")
-	}
-	if copyAdm := admit(t, core, req); copyAdm.Outcome != intent.Joined {
-		t.Fatalf("copy: %s, want joined", copyAdm.Outcome)
-	}
-	small := request(t.Name() + "-small")
-	admit(t, core, small)
-	if held, withdrawn := o.state(); len(held) != 1 || len(withdrawn) != 0 {
-		t.Fatalf("after a join and a small request: %d offers held, %d withdrawn; want 1, 0", len(held), len(withdrawn))
-	}
-	adm.Close()
-	if held, withdrawn := o.state(); len(held) != 0 || !slices.Equal(withdrawn, []string{req.Key + ".1"}) {
-		t.Fatalf("after the admission's close: %d offers held, withdrawn %q; want none held, the one withdrawn", len(held), withdrawn)
+	for _, tc := range []struct {
+		name string
+		req  *intent.Request
+	}{
+		{name: "large", req: largeRequest(t.Name() + "-large")},
+		{name: "small", req: request(t.Name() + "-small")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := tc.req
+			adm, err := core.Admit(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, rev := e.get(t, req.Key)
+			k := fmt.Sprintf("%s.1.%d", req.Key, rev)
+			held, _ := o.state()
+			if rec := held[k]; len(held) != 1 || rec == nil || rec.JobID != adm.JobID || !bytes.Equal(rec.Request, req.Body) {
+				t.Fatalf("offered %d records; want %s's claim (job %s, its %d request bytes)", len(held), k, adm.JobID, len(req.Body))
+			}
+			e.take(t, req.Key)
+			if copyAdm := admit(t, core, req); copyAdm.Outcome != intent.Joined {
+				t.Fatalf("copy: %s, want joined", copyAdm.Outcome)
+			}
+			if held, _ := o.state(); len(held) != 1 {
+				t.Fatalf("after a join: %d offers held, want 1", len(held))
+			}
+			adm.Close()
+			if held, withdrawn := o.state(); len(held) != 0 || !slices.Contains(withdrawn, k) {
+				t.Fatalf("after the admission's close: %d offers held, withdrawn %q; want none held, %s withdrawn", len(held), withdrawn, k)
+			}
+		})
 	}
 }

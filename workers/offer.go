@@ -1,27 +1,32 @@
 package workers
 
-// Offer holds body, the request of key's claim at epoch at that this node stored in REQUESTS,
-// for this pool's worker that takes the claim's job (handle), which then need not read it back:
-// a body-sized read and two body-sized copies (the server's load and its answer) fewer per
-// large request whose job runs where it was admitted, which on one node is every one. The
-// bytes are the ones the admitting handler holds anyway. withdraw ends the offer (the
-// admission is over); a job taken after that, or on another node, reads REQUESTS.
-func (p *Pool) Offer(key string, at int, body []byte) (withdraw func()) {
-	k := offerKey{key, at}
-	p.offers.Store(k, body)
+import "github.com/oncegate/oncegate/kv"
+
+// Offer holds rec, the record a job of key's epoch is submitted with at revision rev, request
+// included, for this pool's worker that takes the job (handle). That worker then neither decodes
+// the record the message carries nor, for a request stored in REQUESTS, reads the request back:
+// on one node that is every job, whose request and record the admitting handler holds anyway.
+// withdraw ends the offer (the admission is over); a job taken after that, a redelivery, or a
+// job taken on another node reads what the message and the streams hold. rec is not changed
+// after the call, here or by the caller.
+func (p *Pool) Offer(key string, epoch int, rev uint64, rec *kv.Record) (withdraw func()) {
+	k := offerKey{key, epoch, rev}
+	p.offers.Store(k, rec)
 	return func() { p.offers.Delete(k) }
 }
 
-// offered takes the request offered for key's claim at epoch at, once.
-func (p *Pool) offered(key string, at int) ([]byte, bool) {
-	v, ok := p.offers.LoadAndDelete(offerKey{key, at})
+// offered takes the record offered for key's epoch at rev, once; the caller gets its own copy.
+func (p *Pool) offered(key string, epoch int, rev uint64) (*kv.Record, bool) {
+	v, ok := p.offers.LoadAndDelete(offerKey{key, epoch, rev})
 	if !ok {
 		return nil, false
 	}
-	return v.([]byte), true
+	rec := *v.(*kv.Record)
+	return &rec, true
 }
 
 type offerKey struct {
-	key string
-	at  int
+	key   string
+	epoch int
+	rev   uint64
 }

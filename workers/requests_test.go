@@ -58,7 +58,7 @@ func TestStoredRequest(t *testing.T) {
 					t.Fatalf("the job carries %d record bytes, stored %v: want the record alone, naming REQUESTS", len(job.Record), job.RequestStored)
 				}
 				if tc.offered {
-					defer r.pool.Offer(key, rec.RequestAt, []byte(body))()
+					defer r.pool.Offer(key, rec.Epoch, rev, rec)()
 				}
 				if err := jobs.Submit(ctx, r.srv.JS, job); err != nil {
 					t.Fatal(err)

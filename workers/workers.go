@@ -93,9 +93,9 @@ type Pool struct {
 	// leases finds expired leases for Sweep, reading only the records written since its last
 	// sweep.
 	leases *kv.LeaseWatch
-	// offers are requests this node's admissions stored in REQUESTS, for the worker that
-	// takes their job (Offer).
-	offers sync.Map // offerKey → []byte
+	// offers are the records of the jobs this node's admissions submitted, for the worker
+	// that takes the job (Offer).
+	offers sync.Map // offerKey → *kv.Record
 	// charged are the records this pool charged itself since the sweep last looked: the
 	// charge sweep need not read them (chargesweep.go).
 	chargedMu sync.Mutex
@@ -295,7 +295,10 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	wire, err := jobs.Decode(m.Headers(), m.Data())
 	var sent *kv.Record // the record as the job was submitted (with its request, unless stored out)
 	if err == nil {
-		sent, err = kv.Decode(wire.Record)
+		var ok bool
+		if sent, ok = p.offered(wire.Key, wire.Epoch, wire.Rev); !ok {
+			sent, err = kv.Decode(wire.Record)
+		}
 	}
 	if err == nil && wire.Request != nil {
 		sent.Request = wire.Request // a version-3 job: stored out of the record, sent beside it
@@ -344,11 +347,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		return
 	}
 	if rec.RequestAt > 0 && len(rec.Request) == 0 && (mdErr != nil || md.NumDelivered == 1) {
-		// Stored in REQUESTS (a redelivery's takeover reads it, once it knows it takes over),
-		// unless this node admitted it and offered it (Offer).
-		if body, ok := p.offered(wire.Key, rec.RequestAt); ok {
-			rec = rec.WithRequest(body)
-		} else if rec, ok = p.storedRequest(ctx, wire.Key, rec, rev, m, log); !ok {
+		// Stored in REQUESTS (a redelivery's takeover reads it, once it knows it takes over).
+		var ok bool
+		if rec, ok = p.storedRequest(ctx, wire.Key, rec, rev, m, log); !ok {
 			return
 		}
 	}
