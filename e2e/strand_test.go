@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -73,6 +75,14 @@ func endFromRecord(t *testing.T, state kv.State) {
 		t.Fatal(err)
 	}
 	b := followStream(gw.URL+chatPath, http.MethodPost, body, hdr)
+	// The job id is indexed right after its job is published; a client learns it from the
+	// answer's header, after that, but this test took it from JOBS.
+	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if r := send(http.MethodGet, gw.URL+"/v1/jobs/"+rec.JobID, "", nil); r.Err != nil || r.Status != http.StatusOK {
+			return fmt.Errorf("job %s not found yet: %d %v", rec.JobID, r.Status, r.Err)
+		}
+		return nil
+	})
 	ev := followStream(gw.URL+"/v1/jobs/"+rec.JobID+"/events", http.MethodGet, "", nil)
 
 	// The worker publishes two of its four frames; every copy sees them.
@@ -207,7 +217,8 @@ func (s *liveStream) waitEvents(t *testing.T, ctx context.Context, name string, 
 		select {
 		case got, ok := <-s.events:
 			if !ok {
-				t.Fatalf("%s ended after %d events, want %d first", name, seen, n)
+				e := <-s.done
+				t.Fatalf("%s ended after %d events, want %d first (status %d, %v): %.300s", name, seen, n, e.status, e.err, e.raw)
 			}
 			seen = got
 		case <-ctx.Done():
