@@ -54,6 +54,28 @@ func procMem(t *testing.T, pid int) (rss, hwm int64) {
 	return rss, hwm
 }
 
+// allocated reads the gateway's go_memstats_alloc_bytes_total (bytes allocated since its
+// start) from /metrics: what a burst allocates, which unlike its RSS does not depend on when the
+// collector ran.
+func allocated(t *testing.T, base string) int64 {
+	t.Helper()
+	r := send(http.MethodGet, base+"/metrics", "", nil)
+	if r.Err != nil || r.Status != http.StatusOK {
+		t.Fatalf("metrics: %v %d", r.Err, r.Status)
+	}
+	for line := range strings.Lines(string(r.Body)) {
+		if v, ok := strings.CutPrefix(line, "go_memstats_alloc_bytes_total "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("go_memstats_alloc_bytes_total %q: %v", v, err)
+			}
+			return int64(f)
+		}
+	}
+	t.Fatal("/metrics has no go_memstats_alloc_bytes_total")
+	return 0
+}
+
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 // TestMemoryPerRequest runs the oncegate binary and its mock as processes of their own,
@@ -120,6 +142,7 @@ routes:
 	}
 	time.Sleep(3 * time.Second)
 	baseRSS, baseHWM := procMem(t, pid)
+	allocBefore := allocated(t, base)
 
 	bodies := make([]string, *memN)
 	for i := range bodies {
@@ -133,6 +156,7 @@ routes:
 	wg.Wait()
 	bodies = nil
 	_, peak := procMem(t, pid)
+	burstAlloc := allocated(t, base) - allocBefore
 	heap("burst")
 	ok, shed := 0, 0
 	for i, r := range results {
@@ -158,4 +182,5 @@ routes:
 		*memN, mib(int64(*memBytes)), mib(inFlight), *memInFlight, ok, shed)
 	t.Logf("gateway RSS: baseline %s (peak so far %s); peak during the burst %s, %s above the baseline = %.2f× the bodies; after 5 s %s, after %s %s (%s above the baseline)",
 		mib(baseRSS), mib(baseHWM), mib(peak), mib(peak-baseRSS), float64(peak-baseRSS)/float64(inFlight), mib(after5), *memWait, mib(after30), mib(after30-baseRSS))
+	t.Logf("gateway allocations during the burst: %s = %.2f× the bodies", mib(burstAlloc), float64(burstAlloc)/float64(inFlight))
 }
