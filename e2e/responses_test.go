@@ -318,7 +318,14 @@ func TestResponses(t *testing.T) {
 				expectError(t, r, http.StatusBadRequest, tc.code)
 			})
 		}
-		r := do(t, http.MethodGet, gw.URL+"/v1/responses/resp_nope", "", nil)
+		// An encoded body is decoded within the body limit here too (4 MiB by default).
+		bomb := gzipped(`{"model":"` + config.MockModel + `","input":"` + strings.Repeat("x", 5<<20) + `"}`)
+		r := send(http.MethodPost, gw.URL+"/v1/responses", bomb, map[string]string{"Content-Type": "application/json", "Content-Encoding": "gzip"})
+		expectError(t, r, http.StatusRequestEntityTooLarge, "request_too_large")
+		r = send(http.MethodPost, gw.URL+"/v1/responses", `{"model":"`+config.MockModel+`","input":"x"}`,
+			map[string]string{"Content-Type": "application/json", "Content-Encoding": "br"})
+		expectError(t, r, http.StatusUnsupportedMediaType, "unsupported_content_encoding")
+		r = do(t, http.MethodGet, gw.URL+"/v1/responses/resp_nope", "", nil)
 		expectError(t, r, http.StatusNotFound, "not_found")
 		if n := mock.Stats().Requests - before; n != 0 {
 			t.Errorf("backend executions = %d, want 0", n)
