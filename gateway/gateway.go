@@ -441,7 +441,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	tally := g.startTally(ctx, js)
 	idem, adm := g.cfg.Idempotency, g.cfg.Admission
 	var local intent.LocalRunner // a bypass runs on this node's workers, when it has some
-	var offer intent.Offerer     // and they take the large requests admitted here from memory
+	var offer intent.Offerer     // and they take the jobs admitted here from memory
 	if g.pool != nil {
 		local, offer = g.pool, g.pool
 	}

@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"compress/zlib"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 )
@@ -15,18 +16,10 @@ import (
 func TestDecodeBody(t *testing.T) {
 	const limit = 1000
 	gz := func(s string) []byte {
-		var b bytes.Buffer
-		w := gzip.NewWriter(&b)
-		_, _ = w.Write([]byte(s))
-		_ = w.Close()
-		return b.Bytes()
+		return compress(s, func(w io.Writer) io.WriteCloser { return gzip.NewWriter(w) })
 	}
 	zl := func(s string) []byte {
-		var b bytes.Buffer
-		w := zlib.NewWriter(&b)
-		_, _ = w.Write([]byte(s))
-		_ = w.Close()
-		return b.Bytes()
+		return compress(s, func(w io.Writer) io.WriteCloser { return zlib.NewWriter(w) })
 	}
 	at, over := strings.Repeat("a", limit), strings.Repeat("a", limit+1)
 	for _, tc := range []struct {
@@ -55,6 +48,14 @@ func TestDecodeBody(t *testing.T) {
 			}
 		})
 	}
+}
+
+func compress(s string, newWriter func(io.Writer) io.WriteCloser) []byte {
+	var b bytes.Buffer
+	w := newWriter(&b)
+	_, _ = w.Write([]byte(s))
+	_ = w.Close()
+	return b.Bytes()
 }
 
 // TestFitted: a large body in a buffer with much more room moves to one about its size (the

@@ -199,14 +199,9 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 			return nil, fmt.Errorf("intent: %w", err)
 		}
 	}
-	withdraw := func() {}
-	if c.offer != nil {
-		withdraw = c.offer.Offer(key, rec.Epoch, rev, rec)
-	}
 	if data == nil {
 		var err error
 		if data, err = kv.Encode(rec); err != nil {
-			withdraw()
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
@@ -214,9 +209,12 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	job := JobEncoded(key, rec, rev, data)
 	fl, err := c.hub.Open(ctx, job.Subject())
 	if err != nil {
-		withdraw()
 		c.release(key, rec, rev)
 		return nil, fmt.Errorf("intent: follow %s: %w", job.ID, err)
+	}
+	withdraw := func() {} // the offer comes before the job, which a worker may take at once
+	if c.offer != nil {
+		withdraw = c.offer.Offer(key, rec.Epoch, rev, rec)
 	}
 	if err := jobs.Submit(ctx, c.js, job); err != nil {
 		fl.Close()
