@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
@@ -226,14 +227,14 @@ func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, pay
 	// whether that was this chunk or a fence.
 	msg := c.msg(p.subject)
 	msg.Header.Set(hdrWriter, p.writer)
-	opts := []jetstream.PublishOpt{jetstream.WithExpectLastSequencePerSubject(p.lastSeq)}
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(p.lastSeq, 10))
 	expiring := c.Terminal() && p.finalTTL > 0
 	if expiring {
-		opts = append(opts, jetstream.WithMsgTTL(p.finalTTL))
+		msg.Header.Set(jetstream.MsgTTLHeader, p.finalTTL.String())
 	}
 	var seq uint64
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		ack, err := p.js.PublishMsg(ctx, msg, opts...)
+		ack, err := jspub.Publish(ctx, p.js.Conn(), msg)
 		if err == nil {
 			seq = ack.Sequence
 			return nil
@@ -338,7 +339,7 @@ func Terminate(ctx context.Context, js jetstream.JetStream, key string, epoch in
 func terminate(ctx context.Context, js jetstream.JetStream, key string, epoch int, c Chunk) error {
 	c.Idx = -1
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		_, err := js.PublishMsg(ctx, c.msg(ChunkSubject(key, epoch)))
+		_, err := jspub.Publish(ctx, js.Conn(), c.msg(ChunkSubject(key, epoch)))
 		return err
 	})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/replicas"
 )
@@ -188,9 +189,9 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	if job.RequestStored {
 		m.Header.Set(hdrJobVersion, strconv.Itoa(wireRequestStored))
 	}
-	id := job.Key + "." + strconv.Itoa(job.Epoch)
+	m.Header.Set(jetstream.MsgIDHeader, job.Key+"."+strconv.Itoa(job.Epoch))
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		_, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(id))
+		_, err := jspub.Publish(ctx, js.Conn(), m)
 		return err
 	})
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/replicas"
 )
@@ -525,7 +526,8 @@ func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte,
 	if rec.Billable() {
 		m.Header.Set(hdrBill, "1")
 	}
-	ack, err := s.js.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev))
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	ack, err := jspub.Publish(ctx, s.js.Conn(), m)
 	if err != nil {
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||

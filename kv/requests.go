@@ -7,8 +7,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/replicas"
 )
@@ -82,7 +84,7 @@ func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 	}
 	subj := requestSubject(key, rec.RequestAt)
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		_, err := s.js.Publish(ctx, subj, rec.Request)
+		_, err := jspub.Publish(ctx, s.js.Conn(), &nats.Msg{Subject: subj, Data: rec.Request})
 		return err
 	})
 	if err != nil {

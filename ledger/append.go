@@ -13,6 +13,7 @@ import (
 
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
+	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
@@ -328,9 +329,12 @@ func (l *Ledger) publishOne(ctx context.Context, c *chain, p *pending) error {
 	e := &p.e
 	e.PrevHash = c.lastHash
 	e.Hash = l.hashOf(e)
-	msg := &nats.Msg{Subject: c.subject, Data: encodeStored(e)}
-	ack, err := l.js.PublishMsg(ctx, msg, jetstream.WithMsgID(e.ID), jetstream.WithExpectStream(StreamName),
-		jetstream.WithExpectLastSequencePerSubject(c.lastSeq))
+	msg := nats.NewMsg(c.subject)
+	msg.Data = encodeStored(e)
+	msg.Header.Set(jetstream.MsgIDHeader, e.ID)
+	msg.Header.Set(jetstream.ExpectedStreamHeader, StreamName)
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(c.lastSeq, 10))
+	ack, err := jspub.Publish(ctx, l.js.Conn(), msg)
 	switch {
 	case err != nil:
 		return err

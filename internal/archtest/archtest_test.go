@@ -24,6 +24,7 @@ var floors = map[string]int{
 	"internal/config":           0,
 	"internal/jsonscan":         0,
 	"internal/jsonscan/jsonref": 0,
+	"internal/jspub":            0,
 	"internal/jsretry":          0,
 	"internal/mockllm":          0,
 	"internal/natsrv":           0,
