@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -116,14 +115,13 @@ func isResponsesTransportField(key string) bool { return isTransportField(key) |
 
 // fingerprintOf is canonicalFingerprint with the transport fields transport names.
 func fingerprintOf(body []byte, transport func(string) bool) (string, bodyFields, error) {
-	canon, fields, err := jsonscan.Canonical(make([]byte, 0, len(body)), body, transport)
+	sum, fields, err := jsonscan.CanonicalSum(body, transport)
 	switch {
 	case errors.Is(err, jsonscan.ErrNotObject):
 		return "", nil, errors.New("body must be a JSON object")
 	case err != nil:
 		return "", nil, err
 	}
-	sum := sha256.Sum256(canon)
 	return hex.EncodeToString(sum[:]), fields, nil
 }
 

@@ -2,6 +2,8 @@ package jsonscan
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"math"
 	"slices"
@@ -21,15 +23,69 @@ import (
 // through encoding/json. FuzzCanonical checks the output against jsonref's, which is
 // encoding/json's with the numbers rewritten.
 func Canonical(dst, data []byte, leave func(key string) bool) ([]byte, map[string]json.RawMessage, error) {
+	dst, _, top, err := canonical(dst, data, leave, 0)
+	return dst, top, err
+}
+
+// CanonicalSum is the SHA-256 of Canonical's output for data (and data's top-level members as
+// Canonical returns them), computed without a copy of data's long strings: a request's
+// fingerprint used to hold a second copy of its prompt while it was taken (BENCHMARKS.md,
+// memory per request, round 4).
+func CanonicalSum(data []byte, leave func(key string) bool) ([sha256.Size]byte, map[string]json.RawMessage, error) {
+	return canonicalSum(data, leave, spanMin)
+}
+
+// spanMin is the shortest string CanonicalSum hashes where it lies in the request instead of
+// copying it: longer than any key or parameter, shorter than a prompt worth the bookkeeping.
+const spanMin = 512
+
+// canonCap is what CanonicalSum's output starts with: a whole body of most requests, and a
+// small part of a body whose prompt stays where it is.
+const canonCap = 8 << 10
+
+// spanMark starts a reference to a span in canonical output (then its index, 4 bytes big
+// endian): 0xFF is never a byte of canonical JSON, which is valid UTF-8.
+const (
+	spanMark    = 0xFF
+	spanMarkLen = 5
+)
+
+// canonicalSum hashes canonical's output with every span written where its mark is.
+func canonicalSum(data []byte, leave func(string) bool, minSpan int) (sum [sha256.Size]byte, top map[string]json.RawMessage, err error) {
+	out, spans, top, err := canonical(make([]byte, 0, min(len(data), canonCap)), data, leave, minSpan)
+	if err != nil {
+		return sum, nil, err
+	}
+	h := sha256.New()
+	for {
+		i := bytes.IndexByte(out, spanMark)
+		if i < 0 {
+			h.Write(out)
+			break
+		}
+		h.Write(out[:i])
+		h.Write(spans[binary.BigEndian.Uint32(out[i+1:])])
+		out = out[i+spanMarkLen:]
+	}
+	h.Sum(sum[:0])
+	return sum, top, nil
+}
+
+// canonical is Canonical; minSpan > 0 writes the verbatim strings of at least minSpan bytes
+// as marks (spanMark, then an index into spans).
+func canonical(dst, data []byte, leave func(string) bool, minSpan int) ([]byte, [][]byte, map[string]json.RawMessage, error) {
 	top := map[string]json.RawMessage{}
+	var spans [][]byte
 	err := scanTop(data, true, func(s *scanner) (err error) {
+		s.spanMin = minSpan
 		dst, err = s.canonObject(dst, 1, leave, top)
+		spans = s.spans
 		return err
 	})
 	if err != nil {
-		return dst, nil, err
+		return dst, nil, nil, err
 	}
-	return dst, top, nil
+	return dst, spans, top, nil
 }
 
 // canonMember is one member of an object being written: its decoded key, and where its
@@ -178,6 +234,12 @@ func (s *scanner) canon(dst []byte, depth int) ([]byte, error) {
 			return dst, err
 		}
 		tok := s.data[start:s.pos]
+		if !s.escaped && s.spanMin > 0 && len(tok) >= s.spanMin && uint64(len(s.spans)) < math.MaxUint32 {
+			dst = append(dst, spanMark)
+			dst = binary.BigEndian.AppendUint32(dst, uint32(len(s.spans)))
+			s.spans = append(s.spans, tok)
+			return dst, nil
+		}
 		if !s.escaped {
 			return append(dst, tok...), nil
 		}

@@ -2,9 +2,11 @@ package jsonscan
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -169,6 +171,12 @@ func FuzzCanonical(f *testing.F) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("Canonical\n %q\njsonref\n %q", got, want)
 		}
+		for _, minSpan := range []int{1, 4} { // every string a span; short ones copied
+			sum, _, err := canonicalSum(data, leaveStream, minSpan)
+			if err != nil || sum != sha256.Sum256(got) {
+				t.Fatalf("canonicalSum (spans from %d bytes) = %x, %v; want the SHA-256 of %q", minSpan, sum, err, got)
+			}
+		}
 		if len(top) != len(obj) {
 			t.Fatalf("%d top-level members, jsonref %d", len(top), len(obj))
 		}
@@ -181,12 +189,84 @@ func FuzzCanonical(f *testing.F) {
 	})
 }
 
+// TestCanonicalSum: the sum of canonical output whose long strings are hashed in place is the
+// sum of the output itself, however the members move (sorted by rotation and through a copy,
+// cut out), and it allocates a fraction of a large body where Canonical copies all of it.
+func TestCanonicalSum(t *testing.T) {
+	long := func(c string) string { return strings.Repeat(c, spanMin) }
+	many := make([]string, 0, 20) // more members than sortInPlaceMax, in reverse order
+	for i := 19; i >= 0; i-- {
+		many = append(many, fmt.Sprintf(`"k%02d":"%s%d"`, i, long("m"), i))
+	}
+	cases := map[string]string{
+		"prompt":          `{"model":"m","messages":[{"role":"user","content":"` + long("p") + `"}]}`,
+		"unsorted":        `{"z":"` + long("z") + `","a":"` + long("a") + `","m":{"y":"` + long("y") + `","b":1}}`,
+		"cut out":         `{"stream":"` + long("s") + `","b":"` + long("b") + `","a":2}`,
+		"many members":    "{" + strings.Join(many, ",") + "}",
+		"escaped copied":  `{"b":"` + long(`\n`) + `","a":"` + long("x") + `"}`,
+		"exactly spanMin": `{"b":"` + strings.Repeat("q", spanMin-2) + `","a":"x"}`,
+		"no long strings": `{"b":"x","a":[1,2.50]}`,
+	}
+	for name, body := range cases {
+		t.Run(name, func(t *testing.T) {
+			want, wantTop, err := Canonical(nil, []byte(body), leaveStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum, top, err := CanonicalSum([]byte(body), leaveStream)
+			if err != nil || sum != sha256.Sum256(want) {
+				t.Fatalf("CanonicalSum = %x, %v; want the SHA-256 of %s", sum, err, want)
+			}
+			if len(top) != len(wantTop) {
+				t.Fatalf("%d top-level members, Canonical %d", len(top), len(wantTop))
+			}
+		})
+	}
+	if _, _, err := CanonicalSum([]byte(`{"a":1,"a":2}`), nil); !errors.Is(err, ErrDuplicateKey) {
+		t.Errorf("duplicate keys: %v, want ErrDuplicateKey", err)
+	}
+
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("The quick brown fox. ", 200_000) + `"}]}`)
+	allocated := func(f func()) uint64 {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		f()
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	copied := allocated(func() { _, _, _ = Canonical(make([]byte, 0, len(body)), body, leaveStream) })
+	summed := allocated(func() { _, _, _ = CanonicalSum(body, leaveStream) })
+	if copied < uint64(len(body)) || summed > uint64(len(body))/16 {
+		t.Errorf("a %d-byte body: Canonical allocated %d bytes, CanonicalSum %d (want under 1/16 of the body)", len(body), copied, summed)
+	}
+}
+
 func BenchmarkCanonical64KiB(b *testing.B) {
 	body := []byte(`{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"` + strings.Repeat("The quick brown fox. ", 3200) + `"}],"stream":false,"temperature":0.2}`)
 	b.Run("jsonscan", func(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		for b.Loop() {
 			if _, _, err := Canonical(nil, body, leaveStream); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("jsonscan-sha256", func(b *testing.B) { // the fingerprint as it was taken before CanonicalSum
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			canon, _, err := Canonical(make([]byte, 0, len(body)), body, leaveStream)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = sha256.Sum256(canon)
+		}
+	})
+	b.Run("CanonicalSum", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := CanonicalSum(body, leaveStream); err != nil {
 				b.Fatal(err)
 			}
 		}

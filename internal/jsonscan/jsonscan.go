@@ -108,6 +108,10 @@ type scanner struct {
 	escaped bool
 	// keys holds, per nesting depth, the keys of the object a strict scan is in there.
 	keys []keySet
+	// spanMin > 0: canon writes a verbatim string token of at least spanMin bytes as a
+	// reference into spans instead of its bytes (CanonicalSum).
+	spanMin int
+	spans   [][]byte
 }
 
 // SyntaxError says where and why a document is not valid JSON. It matches ErrSyntax (and Kind,
