@@ -57,30 +57,3 @@ func compress(s string, newWriter func(io.Writer) io.WriteCloser) []byte {
 	_ = w.Close()
 	return b.Bytes()
 }
-
-// TestFitted: a large body in a buffer with much more room moves to one about its size (the
-// allocator's size class); a small
-// body, or one whose buffer fits it closely, stays where it is.
-func TestFitted(t *testing.T) {
-	for _, tc := range []struct {
-		name      string
-		len, cap  int
-		wantMoved bool
-	}{
-		{name: "4 MiB in 8 MiB", len: 4<<20 + 100, cap: 8 << 20, wantMoved: true},
-		{name: "at the threshold, half empty", len: fitAbove, cap: 2 * fitAbove, wantMoved: true},
-		{name: "small, half empty", len: fitAbove - 1, cap: 2 * fitAbove},
-		{name: "large, a fifth empty", len: 4 << 20, cap: 4<<20 + 4<<20/5},
-		{name: "large, full", len: 1 << 20, cap: 1 << 20},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			body := make([]byte, tc.len, tc.cap)
-			body[0], body[tc.len-1] = 'x', 'y'
-			got := fitted(body)
-			moved := &got[0] != &body[0]
-			if moved != tc.wantMoved || !bytes.Equal(got, body) || (moved && cap(got) > len(got)+len(got)/8) {
-				t.Fatalf("moved %v (cap %d), same bytes %v; want moved %v", moved, cap(got), bytes.Equal(got, body), tc.wantMoved)
-			}
-		})
-	}
-}

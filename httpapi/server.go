@@ -101,6 +101,8 @@ type Server struct {
 	metrics      *telemetry.Metrics
 	// metricsHandler serves the registry (fasthttp-adapted once).
 	metricsHandler fiber.Handler
+	// bodyLimit is the app's BodyLimit (Fiber's default when the config has none).
+	bodyLimit int
 	// dash feeds /dashboard's streams; dashTally counts outcomes per tenant for it.
 	dash      DashboardDeps
 	dashTally *dashboard.Tally
@@ -141,15 +143,17 @@ func New(d Deps) *Server {
 		IdleTimeout:           d.HTTP.IdleTimeout.D(),
 		DisableStartupMessage: true,
 		ErrorHandler:          s.errorHandler,
-		StreamRequestBody:     false,
+		StreamRequestBody:     true, // readBody reads each body into a buffer of its size
 	})
 	// Requests fasthttp cannot read never reach Fiber's ErrorHandler as themselves: answer them
 	// with a fixed body (malformedRequest), and keep fasthttp's error texts free of the request
 	// bytes in case anything logs them.
+	s.bodyLimit = s.app.Config().BodyLimit
 	srv := s.app.Server()
 	srv.ErrorHandler = s.malformedRequest
 	srv.SecureErrorLogMessage = true
-	s.app.Use(checkHeaders)
+	srv.HeaderReceived = s.headerReceived
+	s.app.Use(s.readBody, checkHeaders)
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
 	if s.metrics != nil {
