@@ -553,11 +553,11 @@ func jobIndexKey(jobID string) string { return "job." + jobID }
 
 // IndexJob records that job jobID belongs to record key. durable writes it to the synced
 // bucket and waits (jobs answered 202, whose id is the client's only handle); otherwise it is
-// published asynchronously to the memory index, off the request's critical path. The caller
-// must have validated jobID (a ULID).
+// published to the memory index without asking for an ack (fireAndForget), off the request's
+// critical path. The caller must have validated jobID (a ULID).
 func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) error {
 	if !durable {
-		if _, err := s.js.PublishAsync(indexPrefix+jobID, []byte(key)); err != nil {
+		if err := s.fireAndForget(indexPrefix+jobID, []byte(key)); err != nil {
 			return fmt.Errorf("kv: index job %s: %w", jobID, err)
 		}
 		return nil
@@ -575,6 +575,14 @@ func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) e
 		return fmt.Errorf("kv: index job %s: %w", jobID, err)
 	}
 	return nil
+}
+
+// fireAndForget publishes data to a stream's subject with no reply subject: the server stores
+// it and answers nothing. For writes nobody waits for and whose loss only delays a read (the
+// memory job index, progress): an async publish's ack was never looked at, and receiving and
+// matching it cost the gateway an inbound message and a pending-ack entry per write.
+func (s *Store) fireAndForget(subject string, data []byte) error {
+	return s.js.Conn().Publish(subject, data)
 }
 
 // JobKey returns the record key of job jobID; ErrNotFound if unknown.

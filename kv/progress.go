@@ -79,14 +79,14 @@ func lastValueStream(name, prefix string, maxAge time.Duration, maxMsgs int64, r
 	}
 }
 
-// PutProgress publishes p as the progress of key's execution, asynchronously: it never waits
-// for the server, and a lost write only makes the status API a little behind.
+// PutProgress publishes p as the progress of key's execution without waiting for the server
+// (fireAndForget): a lost write only makes the status API a little behind.
 func (s *Store) PutProgress(key string, p *Progress) error {
 	data, err := json.Marshal(p)
 	if err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
-	if _, err := s.js.PublishAsync(progressSubject(key, p.Epoch), data); err != nil {
+	if err := s.fireAndForget(progressSubject(key, p.Epoch), data); err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
 	return nil
