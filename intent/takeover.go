@@ -34,7 +34,7 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	}
 	lost := false
 	if rec.RequestAt > 0 && len(rec.Request) == 0 {
-		body, err := store.Request(ctx, key, rec.RequestAt)
+		body, err := store.Request(ctx, key, rec)
 		switch {
 		case errors.Is(err, kv.ErrRequestLost):
 			lost = true

@@ -108,6 +108,9 @@ type Record struct {
 	// it. Such a record's Request is empty as read from the bucket and holds the bytes as
 	// decoded from its job message (or set by WithRequest).
 	RequestAt int `json:"request_at,omitempty"`
+	// RequestPiece is the size of the pieces REQUESTS holds that request in; 0: one message
+	// (a record stored before pieces).
+	RequestPiece int `json:"request_piece,omitempty"`
 
 	Model string `json:"model"`
 	// API is the wire format of the request: "openai", "anthropic", "embeddings" or
@@ -196,7 +199,7 @@ func (r *Record) requestSize() int {
 // StoreRequestOut marks a new claim's request (r.Request) as stored in REQUESTS under the
 // claim's epoch rather than in the record (Store.StoresRequest says when).
 func (r *Record) StoreRequestOut() {
-	r.RequestAt, r.RequestBytes = r.Epoch, len(r.Request)
+	r.RequestAt, r.RequestPiece, r.RequestBytes = r.Epoch, requestPiece, len(r.Request)
 }
 
 // WithRequest is r carrying body, the request it stores in REQUESTS (as Store.Request read

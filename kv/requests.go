@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
@@ -16,8 +17,10 @@ import (
 )
 
 // RequestsStream holds the requests too large to ride in their record (above
-// BucketConfig.InlineRequestMax), one message per record key and claiming epoch on
-// requests.<key>.<epoch>, written once after the claim and deleted once the record finishes.
+// BucketConfig.InlineRequestMax), in pieces of requestPiece bytes, one message each on
+// requests.<key>.<epoch>.<i> (a record stored before pieces has its request in one message on
+// requests.<key>.<epoch>: Record.RequestPiece 0), written once after the claim and deleted once
+// the record finishes.
 //
 // A record that carries its request pays for it on every write and every read: each lease
 // renewal rewrites it, every reader (the worker, the API node's checks, a takeover) downloads
@@ -41,6 +44,15 @@ const (
 	// DefaultInlineRequestMax is BucketConfig.InlineRequestMax when it is 0: a chat request
 	// below it (nearly all) costs no extra write.
 	DefaultInlineRequestMax = 64 << 10
+	// requestPiece is the size of a stored request's pieces. Stored whole, a 4 MiB request
+	// cost the embedded server two buffers of its size on top of the gateway's own: the
+	// message assembled across reads of the connection (its read buffer is at most 64 KiB) and
+	// its copy queued to the stream. A piece is parsed where it lies in the read buffer and
+	// copied 32 KiB at a time: 48 concurrent 4 MiB requests allocated 3.2× the bodies, now
+	// 2.2× (BENCHMARKS.md, memory per request round 5).
+	requestPiece = 32 << 10
+	// piecesInFlight is how many pieces of one request are written or read at once.
+	piecesInFlight = 4
 )
 
 // ErrRequestLost is returned when a record names a stored request that REQUESTS no longer
@@ -76,16 +88,20 @@ func requestSubject(key string, epoch int) string {
 func (s *Store) StoresRequest(n int) bool { return n > s.inlineMax }
 
 // PutRequest stores rec's request for its key (rec.RequestAt names the epoch); call it after
-// the claim and before the job is published. Retried like Claim (a retry may store it twice:
-// both copies are the same bytes, and a read takes the last).
+// the claim and before the job is published. Retried like Claim (a retry may store a piece
+// twice: both copies are the same bytes, and a read takes the last).
 func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 	if rec.RequestAt == 0 {
 		return nil
 	}
-	subj := requestSubject(key, rec.RequestAt)
+	if rec.RequestPiece > 0 && len(rec.Request) != rec.RequestBytes {
+		return fmt.Errorf("kv: store request of %s: %d bytes, the record says %d", key, len(rec.Request), rec.RequestBytes)
+	}
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		_, err := jspub.Publish(ctx, s.js.Conn(), &nats.Msg{Subject: subj, Data: rec.Request})
-		return err
+		return eachPiece(ctx, rec, func(ctx context.Context, i, lo, hi int) error {
+			_, err := jspub.Publish(ctx, s.js.Conn(), &nats.Msg{Subject: pieceSubject(key, rec, i), Data: rec.Request[lo:hi]})
+			return err
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("kv: store request of %s: %w", key, err)
@@ -93,31 +109,55 @@ func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 	return nil
 }
 
-// Request reads the stored request of key's claim at epoch: a direct get, which a replica that
-// has not caught up yet can miss, so a miss is read again from the stream's leader;
-// ErrRequestLost when that has none either.
-func (s *Store) Request(ctx context.Context, key string, epoch int) ([]byte, error) {
+// Request reads rec's stored request (rec.RequestAt > 0), piece by piece: each a direct get,
+// which a replica that has not caught up yet can miss, so a miss is read again from the
+// stream's leader; ErrRequestLost when that has none either, or when a piece is not the size
+// the record says (a request is never run with other bytes than its client sent).
+func (s *Store) Request(ctx context.Context, key string, rec *Record) ([]byte, error) {
 	var body []byte
-	subj := requestSubject(key, epoch)
+	if rec.RequestPiece > 0 {
+		body = make([]byte, rec.RequestBytes)
+	}
+	err := eachPiece(ctx, rec, func(ctx context.Context, i, lo, hi int) error {
+		data, err := s.requestPiece(ctx, pieceSubject(key, rec, i))
+		switch {
+		case errors.Is(err, errGone) && rec.RequestPiece == 0:
+			return ErrRequestLost
+		case errors.Is(err, errGone):
+			return fmt.Errorf("piece %d: %w", i, ErrRequestLost)
+		case err != nil:
+			return err
+		case rec.RequestPiece == 0:
+			body = data
+		case len(data) != hi-lo:
+			return fmt.Errorf("piece %d is %d bytes, want %d: %w", i, len(data), hi-lo, ErrRequestLost)
+		default:
+			copy(body[lo:hi], data)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kv: request of %s epoch %d: %w", key, rec.RequestAt, err)
+	}
+	return body, nil
+}
+
+// requestPiece reads the message on subj: a direct get, then the leader on a miss.
+func (s *Store) requestPiece(ctx context.Context, subj string) ([]byte, error) {
+	var data []byte
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		m, err := s.reqs.GetLastMsgForSubject(ctx, subj)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			body, _, err = leaderLast(ctx, s.js, RequestsStream, subj)
+			data, _, err = leaderLast(ctx, s.js, RequestsStream, subj)
 			return err
 		}
 		if err != nil {
 			return err
 		}
-		body = m.Data
+		data = m.Data
 		return nil
 	})
-	switch {
-	case errors.Is(err, errGone):
-		return nil, fmt.Errorf("kv: request of %s epoch %d: %w", key, epoch, ErrRequestLost)
-	case err != nil:
-		return nil, fmt.Errorf("kv: request of %s epoch %d: %w", key, epoch, err)
-	}
-	return body, nil
+	return data, err
 }
 
 // DropRequest deletes the stored request of a finished record (nothing when it has none, or
@@ -126,9 +166,41 @@ func (s *Store) DropRequest(ctx context.Context, key string, rec *Record) error 
 	if rec.RequestAt == 0 || rec.State == Pending {
 		return nil
 	}
-	err := s.reqs.Purge(ctx, jetstream.WithPurgeSubject(requestSubject(key, rec.RequestAt)))
-	if err != nil {
+	subj := requestSubject(key, rec.RequestAt)
+	if rec.RequestPiece > 0 {
+		subj += ".>"
+	}
+	if err := s.reqs.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
 		return fmt.Errorf("kv: drop request of %s: %w", key, err)
 	}
 	return nil
+}
+
+// pieceSubject is the subject of piece i of rec's stored request.
+func pieceSubject(key string, rec *Record, i int) string {
+	subj := requestSubject(key, rec.RequestAt)
+	if rec.RequestPiece == 0 {
+		return subj
+	}
+	return subj + "." + strconv.Itoa(i)
+}
+
+// eachPiece calls f for every piece of rec's stored request with its index and byte range,
+// piecesInFlight at once, and returns the first error (the calls still running see ctx end).
+func eachPiece(ctx context.Context, rec *Record, f func(ctx context.Context, i, lo, hi int) error) error {
+	if rec.RequestPiece == 0 {
+		return f(ctx, 0, 0, len(rec.Request))
+	}
+	n := max(1, (rec.RequestBytes+rec.RequestPiece-1)/rec.RequestPiece)
+	if n == 1 {
+		return f(ctx, 0, 0, rec.RequestBytes)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(piecesInFlight)
+	for i := range n {
+		lo := i * rec.RequestPiece
+		hi := min(rec.RequestBytes, lo+rec.RequestPiece)
+		g.Go(func() error { return f(ctx, i, lo, hi) })
+	}
+	return g.Wait()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -83,7 +84,7 @@ func TestStoredRequestLifecycle(t *testing.T) {
 	second.Epoch = 3
 	first.StoreRequestOut()
 	second.StoreRequestOut()
-	if _, err := store.Request(ctx, "k", 1); !errors.Is(err, kv.ErrRequestLost) {
+	if _, err := store.Request(ctx, "k", first); !errors.Is(err, kv.ErrRequestLost) {
 		t.Fatalf("read before the put: %v, want ErrRequestLost", err)
 	}
 	for _, rec := range []*kv.Record{first, second} {
@@ -92,7 +93,7 @@ func TestStoredRequestLifecycle(t *testing.T) {
 		}
 	}
 	for _, rec := range []*kv.Record{first, second} {
-		got, err := store.Request(ctx, "k", rec.RequestAt)
+		got, err := store.Request(ctx, "k", rec)
 		if err != nil || !bytes.Equal(got, rec.Request) {
 			t.Fatalf("epoch %d: %q %v, want %q", rec.RequestAt, got, err, rec.Request)
 		}
@@ -101,17 +102,17 @@ func TestStoredRequestLifecycle(t *testing.T) {
 	if err := store.DropRequest(ctx, "k", first); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Request(ctx, "k", 1); err != nil {
+	if _, err := store.Request(ctx, "k", first); err != nil {
 		t.Fatalf("a PENDING record's request was dropped: %v", err)
 	}
 	done := first.Failed(time.Now(), &kv.Result{Status: 500}, kv.Execution{})
 	if err := store.DropRequest(ctx, "k", done); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Request(ctx, "k", 1); !errors.Is(err, kv.ErrRequestLost) {
+	if _, err := store.Request(ctx, "k", first); !errors.Is(err, kv.ErrRequestLost) {
 		t.Fatalf("read after the drop: %v, want ErrRequestLost", err)
 	}
-	if got, err := store.Request(ctx, "k", 3); err != nil || !bytes.Equal(got, second.Request) {
+	if got, err := store.Request(ctx, "k", second); err != nil || !bytes.Equal(got, second.Request) {
 		t.Fatalf("the later claim's request after the earlier one's drop: %q %v", got, err)
 	}
 	st, err := s.JS.Stream(ctx, kv.RequestsStream)
@@ -125,4 +126,129 @@ func TestStoredRequestLifecycle(t *testing.T) {
 	if info.Config.Storage != jetstream.FileStorage || info.State.Msgs != 1 {
 		t.Fatalf("REQUESTS: %v storage, %d messages; want file, 1", info.Config.Storage, info.State.Msgs)
 	}
+}
+
+// TestRequestPieces: a stored request is written in pieces and read back whole, whatever its
+// size against the piece's; a missing piece or one of another size is ErrRequestLost (the
+// request is never run with other bytes); the drop removes every piece; and a request stored
+// before pieces (one message, RequestPiece 0) is still read and dropped.
+func TestRequestPieces(t *testing.T) {
+	store, s := open(t)
+	ctx := context.Background()
+	st, err := s.JS.Stream(ctx, kv.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := func(filter string) uint64 {
+		t.Helper()
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n uint64
+		for _, c := range info.State.Subjects {
+			n += c
+		}
+		return n
+	}
+	body := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte('a' + i%23) // no piece equals another
+		}
+		return b
+	}
+	const piece = 32 << 10
+	for _, tc := range []struct {
+		name   string
+		size   int
+		pieces int
+	}{
+		{"one byte", 1, 1},
+		{"one piece", piece, 1},
+		{"a byte over a piece", piece + 1, 2},
+		{"a megabyte and 7 bytes", 1<<20 + 7, 33},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "p" + strconv.Itoa(tc.size)
+			rec := pending("o")
+			rec.Request = body(tc.size)
+			rec.StoreRequestOut()
+			if rec.RequestPiece != piece {
+				t.Fatalf("RequestPiece %d, want %d", rec.RequestPiece, piece)
+			}
+			if err := store.PutRequest(ctx, key, rec); err != nil {
+				t.Fatal(err)
+			}
+			if n := msgs("requests." + key + ".>"); n != uint64(tc.pieces) {
+				t.Fatalf("%d messages, want %d pieces", n, tc.pieces)
+			}
+			got, err := store.Request(ctx, key, rec)
+			if err != nil || !bytes.Equal(got, rec.Request) {
+				t.Fatalf("read back %d bytes (equal %v), %v; want %d", len(got), bytes.Equal(got, rec.Request), err, tc.size)
+			}
+			done := rec.Failed(time.Now(), &kv.Result{Status: 500}, kv.Execution{})
+			if err := store.DropRequest(ctx, key, done); err != nil {
+				t.Fatal(err)
+			}
+			if n := msgs("requests." + key + ".>"); n != 0 {
+				t.Fatalf("%d pieces left after the drop", n)
+			}
+		})
+	}
+
+	t.Run("a piece missing or of another size", func(t *testing.T) {
+		for i, damage := range []func(key string){
+			func(key string) { // the middle piece purged
+				if err := st.Purge(ctx, jetstream.WithPurgeSubject("requests."+key+".1.1")); err != nil {
+					t.Fatal(err)
+				}
+			},
+			func(key string) { // the last piece written again, shorter
+				if _, err := s.JS.Publish(ctx, "requests."+key+".1.2", []byte("short")); err != nil {
+					t.Fatal(err)
+				}
+			},
+		} {
+			key := "damaged" + strconv.Itoa(i)
+			rec := pending("o")
+			rec.Request = body(2*piece + 100)
+			rec.StoreRequestOut()
+			if err := store.PutRequest(ctx, key, rec); err != nil {
+				t.Fatal(err)
+			}
+			damage(key)
+			if got, err := store.Request(ctx, key, rec); !errors.Is(err, kv.ErrRequestLost) {
+				t.Fatalf("damage %d: %d bytes, %v; want ErrRequestLost", i, len(got), err)
+			}
+		}
+	})
+
+	t.Run("stored before pieces", func(t *testing.T) {
+		rec := pending("o")
+		rec.Request = body(100 << 10)
+		rec.StoreRequestOut()
+		rec.RequestPiece = 0 // as a gateway before pieces stored it: one message
+		if _, err := s.JS.Publish(ctx, "requests.old.1", rec.Request); err != nil {
+			t.Fatal(err)
+		}
+		data, err := kv.Encode(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec, err := kv.Decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := store.Request(ctx, "old", dec)
+		if err != nil || !bytes.Equal(got, rec.Request) {
+			t.Fatalf("read back %d bytes, %v; want the one message's %d", len(got), err, len(rec.Request))
+		}
+		if err := store.DropRequest(ctx, "old", dec.Failed(time.Now(), &kv.Result{Status: 500}, kv.Execution{})); err != nil {
+			t.Fatal(err)
+		}
+		if n := msgs("requests.old.>"); n != 0 {
+			t.Fatalf("%d messages left after the drop", n)
+		}
+	})
 }

@@ -83,7 +83,7 @@ func TestStoredRequest(t *testing.T) {
 				t.Fatalf("backend executions = %d, want %d", n, executions)
 			}
 			waitAcked(t, r, key, "the job")
-			if _, err := r.store.Request(ctx, key, 1); !errors.Is(err, kv.ErrRequestLost) {
+			if _, err := r.store.Request(ctx, key, rec); !errors.Is(err, kv.ErrRequestLost) {
 				t.Fatalf("the finished record's stored request: %v, want it dropped", err)
 			}
 		})

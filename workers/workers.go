@@ -410,7 +410,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 // stream's age, or the stream lost it), the epoch is failed as a takeover fails it
 // (intent.FailLostRequest) and the job acked. Either way ok is false and m is settled.
 func (p *Pool) storedRequest(ctx context.Context, key string, rec *kv.Record, rev uint64, m jetstream.Msg, log zerolog.Logger) (_ *kv.Record, ok bool) {
-	body, err := p.store.Request(ctx, key, rec.RequestAt)
+	body, err := p.store.Request(ctx, key, rec)
 	switch {
 	case err == nil:
 		return rec.WithRequest(body), true
