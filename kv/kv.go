@@ -95,8 +95,10 @@ type Store struct {
 	// inlineMax bytes.
 	reqs      jetstream.Stream
 	inlineMax int
-	js        jetstream.JetStream
-	ttl       time.Duration // the bucket's record TTL
+	// storing lets one request's pieces be written at a time (PutRequest).
+	storing chan struct{}
+	js      jetstream.JetStream
+	ttl     time.Duration // the bucket's record TTL
 	// leader is when the bucket's leader was elected (Abandoned).
 	leader *leaderClock
 }
@@ -131,7 +133,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if inlineMax == 0 {
 		inlineMax = DefaultInlineRequestMax
 	}
-	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
+	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
 }
 
 // BucketStream is the stream behind the bucket.
