@@ -49,7 +49,8 @@ const (
 	// message assembled across reads of the connection (its read buffer is at most 64 KiB) and
 	// its copy queued to the stream. A piece is parsed where it lies in the read buffer and
 	// copied 32 KiB at a time: 48 concurrent 4 MiB requests allocated 3.2× the bodies, now
-	// 2.4×, and peaked at 2.1× instead of 2.3-2.5× (BENCHMARKS.md, memory per request round 5).
+	// 2.4×, and peaked at 1.9-2.1× instead of 2.2-2.5× (BENCHMARKS.md, memory per request
+	// round 5).
 	requestPiece = 32 << 10
 	// piecesInFlight is how many pieces of one request are written or read at once.
 	piecesInFlight = 4
@@ -100,7 +101,7 @@ func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 	// One request at a time, so that its pieces lie together in REQUESTS' blocks: interleaved
 	// with the pieces of every request stored beside it, one request's drop made the server
 	// load each block the burst wrote (8 MiB each) to find its pieces; 48 concurrent 4 MiB
-	// requests then peaked at 2.9-3.0× the bodies instead of 1.7×.
+	// requests then peaked at 2.9-3.0× the bodies, against 1.9-2.1× stored one at a time.
 	select {
 	case s.storing <- struct{}{}:
 	case <-ctx.Done():
