@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -307,7 +308,9 @@ func startPool(t testing.TB, gw *gatewaykit.Gateway, cfg *config.Config, id stri
 // API and the embedded NATS server on a loopback port; worker B is a separate process on it.
 // B is SIGKILLed while it streams an answer; worker C starts. The key reaches COMPLETED with
 // epoch 2, the stream client that had output gets execution_restarted and no [DONE], a
-// non-stream copy and a same-key retry get the full answer.
+// non-stream copy and a same-key retry get the full answer. It runs for a small request and
+// for one stored in REQUESTS in pieces, which B and then C read back (the mock's answer is
+// seeded by the messages' bytes, so the full answer proves C ran the request as sent).
 //
 // B did send the request to its backend before it died; that attempt is lost with B (its mock
 // was in B's memory), so this test counts executions through the record (one completed epoch
@@ -319,8 +322,21 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("no go tool to build the binary")
 	}
-	dir := t.TempDir()
 	bin := oncegateBinary(t)
+	for _, tc := range []struct {
+		name   string
+		prompt string
+		pieces uint64 // of its request in REQUESTS while it runs
+	}{
+		{"small request", "worker killed", 0},
+		{"request stored in pieces", "worker killed " + numberedWords(16000), 4}, // ~100 KiB, no two pieces alike
+	} {
+		t.Run(tc.name, func(t *testing.T) { takeoverProcessKilled(t, bin, tc.prompt, tc.pieces) })
+	}
+}
+
+func takeoverProcessKilled(t *testing.T, bin, prompt string, pieces uint64) {
+	dir := t.TempDir()
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	cfgPath := filepath.Join(dir, "c.yaml")
 	yaml := fmt.Sprintf("listen: %s\ndata_dir: %s\nlog_level: warn\n"+
@@ -344,8 +360,8 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	const key = "xo-process-kill"
 	hdr := map[string]string{"Idempotency-Key": key}
 	knobs := `"mock":{"tokens":40,"inter_token_ms":50}` // ≈2 s of output
-	streamBody := chatBody(slowModel, "worker killed", `"stream":true,`+knobs)
-	nsBody := chatBody(slowModel, "worker killed", knobs)
+	streamBody := chatBody(slowModel, prompt, `"stream":true,`+knobs)
+	nsBody := chatBody(slowModel, prompt, knobs)
 	_, wantContent := reference(t, nsBody)
 
 	resp, err := openStream(http.MethodPost, base+chatPath, streamBody, hdr)
@@ -363,6 +379,9 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 		}
 	}
 	nsDone := async(func() result { return send(http.MethodPost, base+chatPath, nsBody, hdr) })
+	if got := storedPieces(t, natsAddr); got != pieces {
+		t.Fatalf("REQUESTS holds %d messages while B runs, want %d", got, pieces)
+	}
 
 	workerB.kill(t)
 	startProc(t, "worker-c", bin, "serve", "--role", "worker", "--nats-url", "nats://"+natsAddr, "--config", cfgPath)
@@ -401,4 +420,38 @@ func TestTakeoverWorkerProcessKilled(t *testing.T) {
 	if rs, err := parseChatStream(sretry.Body); err != nil || rs.Content != wantContent || !rs.Done {
 		t.Errorf("same-key stream retry: %+v (%v), want %q then [DONE]", rs, err, wantContent)
 	}
+}
+
+// storedPieces is how many messages REQUESTS holds on the NATS server at addr.
+func storedPieces(t *testing.T, addr string) uint64 {
+	t.Helper()
+	nc, err := nats.Connect("nats://" + addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, kv.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// numberedWords is "w0 w1 … w(n-1)": a prompt in which no stretch repeats.
+func numberedWords(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "w%d ", i)
+	}
+	return b.String()
 }
