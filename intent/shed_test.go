@@ -3,12 +3,15 @@ package intent_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
 
@@ -83,11 +86,19 @@ func (q *fakeQueue) Wait() time.Duration { return time.Duration(q.wait.Load()) }
 func TestMaxQueueWaitShedsNewIntents(t *testing.T) {
 	e := newEnv(t, nil)
 	q := &fakeQueue{}
-	core, _ := e.node(t, e.srv.NC, e.srv.JS, nil, bounds(0, time.Second, q))
+	core, hub := e.node(t, e.srv.NC, e.srv.JS, nil, bounds(0, time.Second, q))
 	admit(t, core, request("run"))
 	done := admit(t, core, request("done"))
 	e.take(t, done.Key)
 	e.finish(t, done.Key, kv.Completed, kv.Result{Status: http.StatusOK, Body: []byte(`{"ok":true}`)})
+	// Until the node has read the terminal chunk it still follows the execution, and a copy
+	// joins it there (CI saw "joined" once): wait for that, as a client's later retry would.
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if hub.Following(jobs.ChunkSubject(done.Key, done.Rec.Epoch)) {
+			return fmt.Errorf("the node still follows the finished execution")
+		}
+		return nil
+	})
 	q.wait.Store(int64(5 * time.Second))
 	e.refused(t, core, request("new"))
 	if c := admit(t, core, request("run")); c.Outcome != intent.Joined {
