@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
+	"encoding/base64"
 	"flag"
 	"fmt"
 	"net/http"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/bench"
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
@@ -26,6 +29,7 @@ var (
 	memInFlight = flag.Int64("memory.inflight", 0, "TestMemoryPerRequest: admission.max_body_bytes_in_flight of the gateway (0: none)")
 	memWait     = flag.Duration("memory.wait", 30*time.Second, "TestMemoryPerRequest: how long after the burst the last RSS is read")
 	memLimit    = flag.String("memory.gomemlimit", "", "TestMemoryPerRequest: the gateway's GOMEMLIMIT (the Go runtime's soft memory limit; empty: none)")
+	memContent  = flag.String("memory.content", "words", "TestMemoryPerRequest: what each body's prompt is made of: words (bench.Words: varied text, about 2× compressible by a fast compressor), random (base64 of random bytes: incompressible) or repeat (one letter repeated: compresses to nothing; the rounds before round 6 sent it)")
 	memProfile  = flag.String("memory.profile", "", "TestMemoryPerRequest: write the gateway's heap profiles (after the burst, and 30 s later, each after a collection so that they count every allocation) to FILE-burst and FILE-30s")
 )
 
@@ -132,7 +136,19 @@ routes:
 	waitReady(t, base, gw, mock)
 	pid := gw.cmd.Process.Pid
 	body := func(i, size int) string {
-		pad := bytes.Repeat([]byte{'a' + byte(i%26)}, size)
+		var pad string
+		switch *memContent {
+		case "words":
+			pad = bench.Words(size, uint64(i))
+		case "random":
+			raw := make([]byte, size*3/4)
+			_, _ = rand.Read(raw) // never fails (crypto/rand)
+			pad = base64.StdEncoding.EncodeToString(raw)
+		case "repeat":
+			pad = string(bytes.Repeat([]byte{'a' + byte(i%26)}, size))
+		default:
+			t.Fatalf("-memory.content %q: want words, random or repeat", *memContent)
+		}
 		return chatBody("oncegate-mock", fmt.Sprintf("memory %d %d %s", i, time.Now().UnixNano(), pad), "")
 	}
 	for i := range 8 { // warm-up: every path once, small
@@ -178,8 +194,8 @@ routes:
 	after30, _ := procMem(t, pid)
 	heap("30s")
 	inFlight := int64(*memN) * int64(*memBytes)
-	t.Logf("%d concurrent requests of %s (%s of bodies; max_body_bytes_in_flight %d): %d answered, %d shed",
-		*memN, mib(int64(*memBytes)), mib(inFlight), *memInFlight, ok, shed)
+	t.Logf("%d concurrent requests of %s (%s of bodies, %s; max_body_bytes_in_flight %d): %d answered, %d shed",
+		*memN, mib(int64(*memBytes)), mib(inFlight), *memContent, *memInFlight, ok, shed)
 	t.Logf("gateway RSS: baseline %s (peak so far %s); peak during the burst %s, %s above the baseline = %.2f× the bodies; after 5 s %s, after %s %s (%s above the baseline)",
 		mib(baseRSS), mib(baseHWM), mib(peak), mib(peak-baseRSS), float64(peak-baseRSS)/float64(inFlight), mib(after5), *memWait, mib(after30), mib(after30-baseRSS))
 	t.Logf("gateway allocations during the burst: %s = %.2f× the bodies", mib(burstAlloc), float64(burstAlloc)/float64(inFlight))

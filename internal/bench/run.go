@@ -239,6 +239,7 @@ type runner struct {
 	targets []*target
 	count   func(context.Context) (int64, error)
 	header  http.Header // on every request to a target (read-only during the run)
+	filler  string      // Words of PromptBytes, made once: every prompt is padded with its start
 }
 
 // Run executes cfg: checks the targets, prepares the scenario on each target, warms each up,
@@ -272,7 +273,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	var id [6]byte
 	_, _ = rand.Read(id[:]) // crypto/rand.Read never fails
 	r := &runner{cfg: cfg, client: client, runID: hex.EncodeToString(id[:]), scen: scen, count: cfg.Executions,
-		header: cfg.requestHeader()}
+		header: cfg.requestHeader(), filler: Words(cfg.PromptBytes, 1)}
 	if r.count == nil && cfg.MockStatsURL != "" {
 		r.count = statsCounter(client, cfg.MockStatsURL)
 	}

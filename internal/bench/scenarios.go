@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -113,24 +112,16 @@ func (b bodies) make(model, text string, stream bool) []byte {
 // padded to --prompt-bytes.
 func (r *runner) intent(t *target, seq int64) (key, text string) {
 	return fmt.Sprintf("bench-%s-%s-%d", r.runID, t.label, seq),
-		padPrompt(fmt.Sprintf("oncegate bench %s target %s intent %d: write a short answer.", r.runID, t.label, seq), r.cfg.PromptBytes)
+		padPrompt(fmt.Sprintf("oncegate bench %s target %s intent %d: write a short answer.", r.runID, t.label, seq), r.filler, r.cfg.PromptBytes)
 }
 
-// promptFiller is what a prompt is padded with: plain words, as a long prompt's text would be.
-const promptFiller = " The quick brown fox jumps over the lazy dog."
-
-// padPrompt returns text followed by filler words up to n bytes (text alone if it is longer).
-func padPrompt(text string, n int) string {
+// padPrompt returns text followed by the start of filler (Words of at least n bytes) up to n
+// bytes (text alone if it is longer).
+func padPrompt(text, filler string, n int) string {
 	if len(text) >= n {
 		return text
 	}
-	var b strings.Builder
-	b.Grow(n)
-	b.WriteString(text)
-	for b.Len() < n {
-		b.WriteString(promptFiller[:min(len(promptFiller), n-b.Len())])
-	}
-	return b.String()
+	return text + " " + filler[:n-len(text)-1]
 }
 
 func (r *runner) do(ctx context.Context, a attempt) outcome {
