@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -97,8 +98,10 @@ type Store struct {
 	inlineMax int
 	// storing lets one request's pieces be written at a time (PutRequest).
 	storing chan struct{}
-	js      jetstream.JetStream
-	ttl     time.Duration // the bucket's record TTL
+	// pieceBufs holds the buffers pieces are compressed into (*[]byte of maxStoredPiece).
+	pieceBufs *sync.Pool
+	js        jetstream.JetStream
+	ttl       time.Duration // the bucket's record TTL
 	// leader is when the bucket's leader was elected (Abandoned).
 	leader *leaderClock
 }
@@ -133,7 +136,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if inlineMax == 0 {
 		inlineMax = DefaultInlineRequestMax
 	}
-	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
+	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: &sync.Pool{}, js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
 }
 
 // BucketStream is the stream behind the bucket.
@@ -479,39 +482,51 @@ func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, err
 // leaderLast reads the last message on subject of stream from its leader; errGone when there
 // is none (or it is a KV delete, purge or expiry marker).
 func leaderLast(ctx context.Context, js jetstream.JetStream, stream, subject string) ([]byte, uint64, error) {
+	m, err := leaderLastMsg(ctx, js, stream, subject)
+	if err != nil {
+		return nil, 0, err
+	}
+	return m.Data, m.Seq, nil
+}
+
+// leaderMsg is a message as the stream API's get returns it.
+type leaderMsg struct {
+	Seq     uint64 `json:"seq"`
+	Headers []byte `json:"hdrs"` // as on the wire (nats.DecodeHeadersMsg reads them)
+	Data    []byte `json:"data"`
+}
+
+// leaderLastMsg is leaderLast with the message's headers.
+func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*leaderMsg, error) {
 	req, err := json.Marshal(struct {
 		LastBySubject string `json:"last_by_subj"`
 	}{subject})
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	m, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET."+stream, req)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
 	var resp struct {
 		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Seq     uint64 `json:"seq"`
-			Headers []byte `json:"hdrs"`
-			Data    []byte `json:"data"`
-		} `json:"message"`
+		Message *leaderMsg          `json:"message"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("kv: leader read of %s: %w", subject, err)
+		return nil, fmt.Errorf("kv: leader read of %s: %w", subject, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return nil, 0, errGone
+		return nil, errGone
 	case resp.Error != nil:
-		return nil, 0, resp.Error
+		return nil, resp.Error
 	case resp.Message == nil:
-		return nil, 0, fmt.Errorf("kv: leader read of %s: no message in the answer", subject)
+		return nil, fmt.Errorf("kv: leader read of %s: no message in the answer", subject)
 	case bytes.Contains(resp.Message.Headers, []byte("KV-Operation")) || bytes.Contains(resp.Message.Headers, []byte("Nats-Marker-Reason")):
 		// a delete or purge, or the marker of an expiry
-		return nil, 0, errGone
+		return nil, errGone
 	}
-	return resp.Message.Data, resp.Message.Seq, nil
+	return resp.Message, nil
 }
 
 var errWrongLast = errors.New("wrong last sequence")

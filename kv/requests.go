@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -20,7 +21,8 @@ import (
 // BucketConfig.InlineRequestMax), in pieces of requestPiece bytes, one message each on
 // requests.<key>.<epoch>.<i> (a record stored before pieces has its request in one message on
 // requests.<key>.<epoch>: Record.RequestPiece 0), written once after the claim and deleted once
-// the record finishes.
+// the record finishes. A piece that S2 compresses by an eighth or more is stored compressed,
+// saying so in its Oncegate-Codec header (see hdrCodec).
 //
 // A record that carries its request pays for it on every write and every read: each lease
 // renewal rewrites it, every reader (the worker, the API node's checks, a takeover) downloads
@@ -54,7 +56,18 @@ const (
 	requestPiece = 32 << 10
 	// piecesInFlight is how many pieces of one request are written or read at once.
 	piecesInFlight = 4
+	// hdrCodec is the header of a piece stored compressed, codecS2 its one value: the piece is
+	// an S2 block (github.com/klauspost/compress/s2) that decodes to the piece's size. A piece
+	// without it is stored as sent. Everything the embedded server does with a piece (its copy
+	// of each inbound message, the block it is written to and loaded from, a replica's copy)
+	// scales with the stored size: text, what prompts are made of, stores at about half
+	// (BENCHMARKS.md, memory per request round 6), and random bytes as they are.
+	hdrCodec = "Oncegate-Codec"
+	codecS2  = "s2"
 )
+
+// maxStoredPiece is the largest a compressed piece can be before it is found not worth it.
+var maxStoredPiece = s2.MaxEncodedLen(requestPiece)
 
 // ErrRequestLost is returned when a record names a stored request that REQUESTS no longer
 // holds: its claim's node died before it was written (no job was published then), or it
@@ -110,7 +123,22 @@ func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 	defer func() { <-s.storing }()
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		return eachPiece(ctx, rec, func(ctx context.Context, i, lo, hi int) error {
-			_, err := jspub.Publish(ctx, s.js.Conn(), &nats.Msg{Subject: pieceSubject(key, rec, i), Data: rec.Request[lo:hi]})
+			msg := &nats.Msg{Subject: pieceSubject(key, rec, i), Data: rec.Request[lo:hi]}
+			if rec.RequestPiece == 0 {
+				_, err := jspub.Publish(ctx, s.js.Conn(), msg)
+				return err
+			}
+			buf, _ := s.pieceBufs.Get().(*[]byte)
+			if buf == nil {
+				b := make([]byte, maxStoredPiece)
+				buf = &b
+			}
+			defer s.pieceBufs.Put(buf)
+			// Worth it when it saves an eighth: a piece of random bytes is not worth a decode.
+			if enc := s2.Encode(*buf, msg.Data); len(enc) <= len(msg.Data)-len(msg.Data)/8 {
+				msg.Data, msg.Header = enc, nats.Header{hdrCodec: []string{codecS2}}
+			}
+			_, err := jspub.Publish(ctx, s.js.Conn(), msg) // acked: the server is done with buf
 			return err
 		})
 	})
@@ -130,7 +158,7 @@ func (s *Store) Request(ctx context.Context, key string, rec *Record) ([]byte, e
 		body = make([]byte, rec.RequestBytes)
 	}
 	err := eachPiece(ctx, rec, func(ctx context.Context, i, lo, hi int) error {
-		data, err := s.requestPiece(ctx, pieceSubject(key, rec, i))
+		data, codec, err := s.requestPiece(ctx, pieceSubject(key, rec, i))
 		switch {
 		case errors.Is(err, errGone) && rec.RequestPiece == 0:
 			return ErrRequestLost
@@ -140,6 +168,17 @@ func (s *Store) Request(ctx context.Context, key string, rec *Record) ([]byte, e
 			return err
 		case rec.RequestPiece == 0:
 			body = data
+		case codec == codecS2:
+			// Decoded in place; a block that does not decode to exactly the piece's size is
+			// not the piece.
+			if n, err := s2.DecodedLen(data); err != nil || n != hi-lo {
+				return fmt.Errorf("piece %d decodes to %d bytes (%v), want %d: %w", i, n, err, hi-lo, ErrRequestLost)
+			}
+			if out, err := s2.Decode(body[lo:hi], data); err != nil || len(out) != hi-lo {
+				return fmt.Errorf("piece %d does not decode (%v): %w", i, err, ErrRequestLost)
+			}
+		case codec != "":
+			return fmt.Errorf("piece %d is stored as %q, which this node does not read: %w", i, codec, ErrRequestLost)
 		case len(data) != hi-lo:
 			return fmt.Errorf("piece %d is %d bytes, want %d: %w", i, len(data), hi-lo, ErrRequestLost)
 		default:
@@ -153,22 +192,33 @@ func (s *Store) Request(ctx context.Context, key string, rec *Record) ([]byte, e
 	return body, nil
 }
 
-// requestPiece reads the message on subj: a direct get, then the leader on a miss.
-func (s *Store) requestPiece(ctx context.Context, subj string) ([]byte, error) {
-	var data []byte
-	err := jsretry.Within(ctx, func(ctx context.Context) error {
+// requestPiece reads the message on subj and its hdrCodec: a direct get, then the leader on a
+// miss.
+func (s *Store) requestPiece(ctx context.Context, subj string) (data []byte, codec string, err error) {
+	err = jsretry.Within(ctx, func(ctx context.Context) error {
 		m, err := s.reqs.GetLastMsgForSubject(ctx, subj)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			data, _, err = leaderLast(ctx, s.js, RequestsStream, subj)
-			return err
+			lm, err := leaderLastMsg(ctx, s.js, RequestsStream, subj)
+			if err != nil {
+				return err
+			}
+			data, codec = lm.Data, ""
+			if len(lm.Headers) > 0 {
+				h, err := nats.DecodeHeadersMsg(lm.Headers)
+				if err != nil {
+					return fmt.Errorf("kv: leader read of %s: headers: %w", subj, err)
+				}
+				codec = h.Get(hdrCodec)
+			}
+			return nil
 		}
 		if err != nil {
 			return err
 		}
-		data = m.Data
+		data, codec = m.Data, m.Header.Get(hdrCodec)
 		return nil
 	})
-	return data, err
+	return data, codec, err
 }
 
 // DropRequest deletes the stored request of a finished record (nothing when it has none, or

@@ -3,11 +3,14 @@ package kv_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/s2"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/testkit"
@@ -158,21 +161,50 @@ func TestRequestPieces(t *testing.T) {
 		}
 		return b
 	}
+	random := func(n int) []byte {
+		b := make([]byte, n)
+		_, _ = rand.Read(b) // never fails (crypto/rand)
+		return b
+	}
+	// stored reads the pieces of key as REQUESTS holds them: how many carry the codec header,
+	// and their bytes in all.
+	stored := func(key string, pieces int) (compressed, bytes int) {
+		t.Helper()
+		for i := range pieces {
+			m, err := st.GetLastMsgForSubject(ctx, "requests."+key+".1."+strconv.Itoa(i))
+			if err != nil {
+				t.Fatalf("piece %d: %v", i, err)
+			}
+			if c := m.Header.Get("Oncegate-Codec"); c == "s2" {
+				compressed++
+			} else if c != "" {
+				t.Fatalf("piece %d: codec %q", i, c)
+			}
+			bytes += len(m.Data)
+		}
+		return compressed, bytes
+	}
 	const piece = 32 << 10
 	for _, tc := range []struct {
-		name   string
-		size   int
-		pieces int
+		name       string
+		size       int
+		random     bool
+		pieces     int
+		compressed int // pieces stored compressed
 	}{
-		{"one byte", 1, 1},
-		{"one piece", piece, 1},
-		{"a byte over a piece", piece + 1, 2},
-		{"a megabyte and 7 bytes", 1<<20 + 7, 33},
+		{"one byte", 1, false, 1, 0},
+		{"one piece", piece, false, 1, 1},
+		{"a byte over a piece", piece + 1, false, 2, 1}, // one byte does not compress
+		{"a megabyte and 7 bytes", 1<<20 + 7, false, 33, 32},
+		{"a random megabyte and 7 bytes", 1<<20 + 7, true, 33, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			key := "p" + strconv.Itoa(tc.size)
+			key := "p" + strconv.Itoa(tc.size) + strconv.FormatBool(tc.random)
 			rec := pending("o")
 			rec.Request = body(tc.size)
+			if tc.random {
+				rec.Request = random(tc.size)
+			}
 			rec.StoreRequestOut()
 			if rec.RequestPiece != piece {
 				t.Fatalf("RequestPiece %d, want %d", rec.RequestPiece, piece)
@@ -182,6 +214,13 @@ func TestRequestPieces(t *testing.T) {
 			}
 			if n := msgs("requests." + key + ".>"); n != uint64(tc.pieces) {
 				t.Fatalf("%d messages, want %d pieces", n, tc.pieces)
+			}
+			compressed, n := stored(key, tc.pieces)
+			if compressed != tc.compressed {
+				t.Fatalf("%d pieces stored compressed, want %d", compressed, tc.compressed)
+			}
+			if tc.compressed == tc.pieces && n > tc.size/4 || tc.compressed == 0 && n != tc.size {
+				t.Fatalf("%d bytes stored for %d (%d of %d pieces compressed)", n, tc.size, compressed, tc.pieces)
 			}
 			got, err := store.Request(ctx, key, rec)
 			if err != nil || !bytes.Equal(got, rec.Request) {
@@ -197,6 +236,12 @@ func TestRequestPieces(t *testing.T) {
 		})
 	}
 
+	publish := func(t *testing.T, subj, codec string, data []byte) {
+		t.Helper()
+		if _, err := s.JS.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: data, Header: nats.Header{"Oncegate-Codec": []string{codec}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	t.Run("a piece missing or of another size", func(t *testing.T) {
 		for i, damage := range []func(key string){
 			func(key string) { // the middle piece purged
@@ -208,6 +253,15 @@ func TestRequestPieces(t *testing.T) {
 				if _, err := s.JS.Publish(ctx, "requests."+key+".1.2", []byte("short")); err != nil {
 					t.Fatal(err)
 				}
+			},
+			func(key string) { // the first piece written again, compressed, a byte short
+				publish(t, "requests."+key+".1.0", "s2", s2.Encode(nil, body(piece-1)))
+			},
+			func(key string) { // the first piece said to be compressed, and not
+				publish(t, "requests."+key+".1.0", "s2", body(piece))
+			},
+			func(key string) { // the first piece compressed in a way this node does not know
+				publish(t, "requests."+key+".1.0", "zstd", s2.Encode(nil, body(piece)))
 			},
 		} {
 			key := "damaged" + strconv.Itoa(i)
