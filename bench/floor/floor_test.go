@@ -1,0 +1,181 @@
+package floor
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Payload sizes close to the gateway's for a short chat completion (16 output tokens): the
+// claim record, the job (the request inline), the terminal chunk (the answer), the final
+// record (the answer inline) and the ledger charge.
+const (
+	claimBytes  = 350
+	jobBytes    = 450
+	chunkBytes  = 600
+	finalBytes  = 900
+	chargeBytes = 400
+)
+
+// BenchmarkNewIntent runs new intents, 64 at a time as bench/peers.sh's c=64 does, through
+// the stored messages of the design, and reports the process's CPU per intent (user + system
+// time of everything: the embedded server, the client connections, the worker loop).
+//
+// Per intent: the API side subscribes for the terminal chunk (one wildcard subscription,
+// demultiplexed here), claims the key (KV create on a file bucket), publishes the job
+// (Nats-Msg-Id, memory work queue); the worker side takes it from a pull consumer, publishes
+// the terminal chunk (memory stream), writes the final record (KV update), appends the charge
+// (file stream, Nats-Msg-Id) and acks the job; the API side returns on the chunk.
+func BenchmarkNewIntent(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		sync time.Duration
+	}{{"sync_1s", time.Second}, {"synced", 0}} {
+		b.Run(mode.name, func(b *testing.B) { benchNewIntent(b, mode.sync) })
+	}
+}
+
+func benchNewIntent(b *testing.B, syncInterval time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s := testkit.RunJetStream(b, syncInterval)
+	api := s.JS
+	_, worker := s.Conn(b)
+
+	idem, err := api.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "IDEM", Storage: jetstream.FileStorage, History: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	streams := []jetstream.StreamConfig{
+		{Name: "JOBS", Subjects: []string{"jobs.>"}, Storage: jetstream.MemoryStorage, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute},
+		{Name: "CHUNKS", Subjects: []string{"chunks.>"}, Storage: jetstream.MemoryStorage, MaxAge: 10 * time.Second},
+		{Name: "LEDGER", Subjects: []string{"ledger.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute},
+	}
+	for _, cfg := range streams {
+		if _, err := api.CreateStream(ctx, cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cons, err := worker.CreateConsumer(ctx, "JOBS", jetstream.ConsumerConfig{Durable: "workers", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 4096})
+	if err != nil {
+		b.Fatal(err)
+	}
+	wkv, err := worker.KeyValue(ctx, "IDEM")
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk, final, charge := make([]byte, chunkBytes), make([]byte, finalBytes), make([]byte, chargeBytes)
+	var werr atomic.Value
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		key := m.Headers().Get("Key")
+		rev, _ := strconv.ParseUint(m.Headers().Get("Rev"), 10, 64)
+		err := func() error {
+			if _, err := worker.Publish(ctx, "chunks."+key+".1", chunk); err != nil {
+				return err
+			}
+			if _, err := wkv.Update(ctx, key, final, rev); err != nil {
+				return err
+			}
+			if _, err := worker.Publish(ctx, "ledger.tenant", charge, jetstream.WithMsgID("charge."+key)); err != nil {
+				return err
+			}
+			return m.Ack()
+		}()
+		if err != nil {
+			werr.CompareAndSwap(nil, err)
+		}
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Stop()
+
+	// One subscription for every terminal chunk, handed to the waiting intent by key.
+	var waiting sync.Map // key → chan struct{}
+	sub, err := s.NC.Subscribe("chunks.>", func(m *nats.Msg) {
+		key := m.Subject[len("chunks.") : len(m.Subject)-len(".1")]
+		if ch, ok := waiting.LoadAndDelete(key); ok {
+			close(ch.(chan struct{}))
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	claim, job := make([]byte, claimBytes), make([]byte, jobBytes)
+	var seq atomic.Int64
+	intent := func() error {
+		key := "k" + strconv.FormatInt(seq.Add(1), 10)
+		done := make(chan struct{})
+		waiting.Store(key, done)
+		rev, err := idem.Create(ctx, key, claim)
+		if err != nil {
+			return err
+		}
+		msg := &nats.Msg{Subject: "jobs.default", Data: job, Header: nats.Header{"Key": []string{key}, "Rev": []string{strconv.FormatUint(rev, 10)}}}
+		if _, err := api.PublishMsg(ctx, msg, jetstream.WithMsgID(key)); err != nil {
+			return err
+		}
+		select {
+		case <-done:
+			return nil
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("intent %s: no terminal chunk in 10 s (worker: %v)", key, werr.Load())
+		}
+	}
+	for range 200 { // warm-up: streams, consumer, connections
+		if err := intent(); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	const concurrency = 64
+	before := cpuTime()
+	b.ResetTimer()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var first atomic.Value
+	for range concurrency {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				if err := intent(); err != nil {
+					first.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if err, _ := first.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	if err, _ := werr.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/intent")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "intents/s")
+}
+
+// cpuTime is the user and system time the process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
