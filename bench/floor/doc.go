@@ -6,7 +6,7 @@
 // a job message deduplicated by Nats-Msg-Id, a terminal chunk the copies follow, the outcome in
 // the record, a ledger charge) spends in NATS alone, on the same machine.
 //
-//	go test -run XXX -bench . -benchtime 20000x -count 3 ./bench/floor/
+//	go test -run XXX -bench . -benchtime 5s -count 3 ./bench/floor/
 //
 // It has benchmarks only (and the leak check every package has); the figures are in
 // BENCHMARKS.md, round 4, "The floor under a new intent".

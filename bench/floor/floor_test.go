@@ -30,25 +30,29 @@ const (
 	chargeBytes = 400
 )
 
-// BenchmarkNewIntent runs new intents, 64 at a time as bench/peers.sh's c=64 does, through
-// the stored messages of the design, and reports the process's CPU per intent (user + system
-// time of everything: the embedded server, the client connections, the worker loop).
+// BenchmarkNewIntent runs new intents through the stored messages of the design, 64 at a time
+// as bench/peers.sh's c=64 does (c64: the process's CPU per intent, user + system time of
+// everything: the embedded server, the client connections, the worker loop) and one at a time
+// (c1: ns/op is one intent's time through NATS, the floor under peers.sh's added p50 at c=1).
 //
 // Per intent: the API side subscribes for the terminal chunk (one wildcard subscription,
 // demultiplexed here), claims the key (KV create on a file bucket), publishes the job
-// (Nats-Msg-Id, memory work queue); the worker side takes it from a pull consumer, publishes
-// the terminal chunk (memory stream), writes the final record (KV update), appends the charge
-// (file stream, Nats-Msg-Id) and acks the job; the API side returns on the chunk.
+// (Nats-Msg-Id, memory work queue); the worker side takes it from a pull consumer, writes the
+// final record (KV update), publishes the terminal chunk (memory stream), appends the charge
+// (file stream, Nats-Msg-Id) and acks the job, in the gateway's order (an outcome is announced
+// once stored, and charged after); the API side returns on the chunk.
 func BenchmarkNewIntent(b *testing.B) {
 	for _, mode := range []struct {
 		name string
 		sync time.Duration
 	}{{"sync_1s", time.Second}, {"synced", 0}} {
-		b.Run(mode.name, func(b *testing.B) { benchNewIntent(b, mode.sync) })
+		for _, c := range []int{64, 1} {
+			b.Run(mode.name+"/c"+strconv.Itoa(c), func(b *testing.B) { benchNewIntent(b, mode.sync, c) })
+		}
 	}
 }
 
-func benchNewIntent(b *testing.B, syncInterval time.Duration) {
+func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := testkit.RunJetStream(b, syncInterval)
@@ -83,10 +87,10 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration) {
 		key := m.Headers().Get("Key")
 		rev, _ := strconv.ParseUint(m.Headers().Get("Rev"), 10, 64)
 		err := func() error {
-			if _, err := worker.Publish(ctx, "chunks."+key+".1", chunk); err != nil {
+			if _, err := wkv.Update(ctx, key, final, rev); err != nil {
 				return err
 			}
-			if _, err := wkv.Update(ctx, key, final, rev); err != nil {
+			if _, err := worker.Publish(ctx, "chunks."+key+".1", chunk); err != nil {
 				return err
 			}
 			if _, err := worker.Publish(ctx, "ledger.tenant", charge, jetstream.WithMsgID("charge."+key)); err != nil {
@@ -143,7 +147,6 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration) {
 		}
 	}
 
-	const concurrency = 64
 	before := cpuTime()
 	b.ResetTimer()
 	var next atomic.Int64
