@@ -3,6 +3,7 @@ package kv
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"testing"
 	"time"
@@ -69,4 +70,55 @@ func TestLeaderLast(t *testing.T) {
 	if _, _, err := st.leaderLast(ctx, "k1"); !errors.Is(err, errGone) {
 		t.Fatalf("a deleted key: %v, want errGone", err)
 	}
+}
+
+// TestLeaderPiece: the leader's read of a stored request's piece gives the bytes and the codec
+// a direct get gives, for a compressed piece and for one stored as sent.
+func TestLeaderPiece(t *testing.T) {
+	s := testkit.RunJetStream(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := Open(ctx, s.JS, BucketConfig{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		body  []byte
+		codec string
+	}{
+		{"compressed", bytes.Repeat([]byte("words words "), 12<<10), codecS2},
+		{"as sent", randomBytes(t, 100<<10), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &Record{State: Pending, Tenant: "t", JobID: "J", Epoch: 1, Fingerprint: "fp", Owner: "o", Request: tc.body}
+			rec.StoreRequestOut()
+			key := "piece-" + tc.name[:2]
+			if err := st.PutRequest(ctx, key, rec); err != nil {
+				t.Fatal(err)
+			}
+			subj := pieceSubject(key, rec, 1)
+			direct, err := st.reqs.GetLastMsgForSubject(ctx, subj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, codec, err := st.leaderPiece(ctx, subj)
+			if err != nil || codec != tc.codec || direct.Header.Get(hdrCodec) != tc.codec || !bytes.Equal(data, direct.Data) {
+				t.Fatalf("leader: %d bytes, codec %q, %v; direct: %d bytes, codec %q; want codec %q",
+					len(data), codec, err, len(direct.Data), direct.Header.Get(hdrCodec), tc.codec)
+			}
+			if _, _, err := st.leaderPiece(ctx, pieceSubject(key, rec, 99)); !errors.Is(err, errGone) {
+				t.Fatalf("a piece never written: %v, want errGone", err)
+			}
+		})
+	}
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

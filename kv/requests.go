@@ -66,7 +66,8 @@ const (
 	codecS2  = "s2"
 )
 
-// maxStoredPiece is the largest a compressed piece can be before it is found not worth it.
+// maxStoredPiece is the size of the buffers pieces are compressed into: S2's bound on the
+// encoded size of a piece.
 var maxStoredPiece = s2.MaxEncodedLen(requestPiece)
 
 // ErrRequestLost is returned when a record names a stored request that REQUESTS no longer
@@ -198,19 +199,8 @@ func (s *Store) requestPiece(ctx context.Context, subj string) (data []byte, cod
 	err = jsretry.Within(ctx, func(ctx context.Context) error {
 		m, err := s.reqs.GetLastMsgForSubject(ctx, subj)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			lm, err := leaderLastMsg(ctx, s.js, RequestsStream, subj)
-			if err != nil {
-				return err
-			}
-			data, codec = lm.Data, ""
-			if len(lm.Headers) > 0 {
-				h, err := nats.DecodeHeadersMsg(lm.Headers)
-				if err != nil {
-					return fmt.Errorf("kv: leader read of %s: headers: %w", subj, err)
-				}
-				codec = h.Get(hdrCodec)
-			}
-			return nil
+			data, codec, err = s.leaderPiece(ctx, subj)
+			return err
 		}
 		if err != nil {
 			return err
@@ -219,6 +209,22 @@ func (s *Store) requestPiece(ctx context.Context, subj string) (data []byte, cod
 		return nil
 	})
 	return data, codec, err
+}
+
+// leaderPiece reads the message on subj and its hdrCodec from the stream's leader.
+func (s *Store) leaderPiece(ctx context.Context, subj string) (data []byte, codec string, err error) {
+	m, err := leaderLastMsg(ctx, s.js, RequestsStream, subj)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(m.Headers) > 0 {
+		h, err := nats.DecodeHeadersMsg(m.Headers)
+		if err != nil {
+			return nil, "", fmt.Errorf("kv: leader read of %s: headers: %w", subj, err)
+		}
+		codec = h.Get(hdrCodec)
+	}
+	return m.Data, codec, nil
 }
 
 // DropRequest deletes the stored request of a finished record (nothing when it has none, or
