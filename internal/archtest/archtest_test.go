@@ -54,9 +54,10 @@ var floors = map[string]int{
 	"cmd/oncegate": 5,
 }
 
-// testOnly are packages outside the floors: tests, examples, and the part of the test kit
+// testOnly are packages outside the floors: tests, benchmarks, examples, and the part of the test kit
 // that starts a whole gateway (it imports the composition root, and only tests import it).
 var testOnly = map[string]bool{
+	"bench/floor":                 true,
 	"deploy":                      true,
 	"e2e":                         true,
 	"examples/openai-go":          true,
