@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/testkit"
@@ -65,8 +68,9 @@ func ttfb(url, msg string) (time.Duration, error) {
 // 40 streams (10× its cap) at once, split across the nodes: at most 4 are admitted in all,
 // every other one is a 429 with Retry-After, x-should-retry and rate_limit_exceeded, and the
 // backend runs no more of them than were admitted. Tenant y, uncapped, streams new intents
-// alone three times (the run-to-run noise) and then while x floods both nodes, once as a client
-// that honours Retry-After and once as one that retries 5 ms after a 429: y sees no error, and
+// alone twice and beside x at its cap twice (the run-to-run noise), then while x floods both nodes, once as a client
+// that honours Retry-After and once as one that retries 5 ms after a 429, and, the control, while
+// the same 5 ms retries go to a stand-in that refuses everything: y sees no error, and
 // its p99 time to first byte in each phase (-tenant.streams) is logged as ratios (for
 // BENCHMARKS.md, not asserted: a time is not a unit test's business).
 func TestTenantStreamCapAcrossNodes(t *testing.T) {
@@ -159,8 +163,9 @@ func TestTenantStreamCapAcrossNodes(t *testing.T) {
 	type xload struct {
 		name    string
 		clients int
-		honour  bool // wait Retry-After after a 429, else 5 ms
-		pinned  bool // client w always on node w%2
+		honour  bool     // wait Retry-After after a 429, else 5 ms
+		pinned  bool     // client w always on node w%2
+		at      []string // where x's clients send (nil: the nodes)
 	}
 	during := func(x xload) (p99 time.Duration, admitted, refused int) {
 		t.Helper()
@@ -170,10 +175,14 @@ func TestTenantStreamCapAcrossNodes(t *testing.T) {
 		started.Add(x.clients)
 		for w := range x.clients {
 			floods.Go(func() {
+				at := x.at
+				if at == nil {
+					at = nodes
+				}
 				for i := 0; ; i++ {
-					node := nodes[(w+i)%2]
+					node := at[(w+i)%len(at)]
 					if x.pinned {
-						node = nodes[w%2]
+						node = at[w%len(at)]
 					}
 					if i == 0 {
 						started.Done()
@@ -230,9 +239,15 @@ func TestTenantStreamCapAcrossNodes(t *testing.T) {
 	}
 	t.Logf("y p99 TTFB alone: %s and %s (noise, the larger over the smaller: %.2f); beside x at its cap: %s and %s (noise %.2f; %.2f× alone)",
 		alone[0], alone[1], ratio(alone), base[0], base[1], ratio(base), mean(base)/mean(alone))
+	// The control: x's 5 ms retries sent to a stand-in that answers every request 429 with
+	// Retry-After and does nothing else (fasthttp, as the gateway's server is). This process
+	// runs x's clients, y's clients and both gateways on the machine's cores; what y's p99
+	// moves beside the stand-in is x's own cost, not the gateway's.
+	standIn := refuser(t)
 	for _, x := range []xload{
 		{name: "x at 10× its cap, honouring Retry-After", clients: 40, honour: true},
 		{name: "x at 10× its cap, retrying 5 ms after a 429", clients: 40},
+		{name: "x retrying 5 ms after a 429 from a stand-in that refuses everything", clients: 40, at: []string{standIn}},
 	} {
 		p99, admitted, refused := during(x)
 		t.Logf("y p99 TTFB beside %s: %s (%.2f× beside x at its cap, %.2f× alone); x meanwhile: %d admitted, %d refused",
@@ -241,6 +256,31 @@ func TestTenantStreamCapAcrossNodes(t *testing.T) {
 			t.Fatalf("x's flood (%s) during y's phase was never refused", x.name)
 		}
 	}
+}
+
+// refuser starts a server on 127.0.0.1 that reads each request and answers it 429 with
+// Retry-After: 1 and an empty body, and returns its URL: the least any server can do for a
+// client that retries after a refusal.
+func refuser(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &fasthttp.Server{Handler: func(c *fasthttp.RequestCtx) {
+		c.SetStatusCode(http.StatusTooManyRequests)
+		c.Response.Header.Set("Retry-After", "1")
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(ln) // returns when Shutdown closes the listener
+	}()
+	t.Cleanup(func() {
+		_ = srv.Shutdown()
+		<-done
+	})
+	return "http://" + ln.Addr().String()
 }
 
 // TestJobEventStreamsCountAgainstTheStreamCap: a tenant's event streams of a live background
