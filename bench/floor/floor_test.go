@@ -37,10 +37,11 @@ const (
 //
 // Per intent: the API side subscribes for the terminal chunk (one wildcard subscription,
 // demultiplexed here), claims the key (KV create on a file bucket), publishes the job
-// (Nats-Msg-Id, memory work queue); the worker side takes it from a pull consumer, writes the
-// final record (KV update), publishes the terminal chunk (memory stream), appends the charge
-// (file stream, Nats-Msg-Id) and acks the job, in the gateway's order (an outcome is announced
-// once stored, and charged after); the API side returns on the chunk.
+// (Nats-Msg-Id, memory work queue); the worker side takes it from a pull consumer (up to 64
+// jobs at once, as worker slots run them), writes the final record (KV update), publishes the
+// terminal chunk (memory stream), appends the charge (file stream, Nats-Msg-Id) and acks the
+// job, in the gateway's order (an outcome is announced once stored, and charged after); the API
+// side returns on the chunk.
 func BenchmarkNewIntent(b *testing.B) {
 	for _, mode := range []struct {
 		name string
@@ -83,7 +84,7 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int) {
 	}
 	chunk, final, charge := make([]byte, chunkBytes), make([]byte, finalBytes), make([]byte, chargeBytes)
 	var werr atomic.Value
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	handle := func(m jetstream.Msg) {
 		key := m.Headers().Get("Key")
 		rev, _ := strconv.ParseUint(m.Headers().Get("Rev"), 10, 64)
 		err := func() error {
@@ -101,11 +102,24 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int) {
 		if err != nil {
 			werr.CompareAndSwap(nil, err)
 		}
+	}
+	// Jobs run side by side, as the gateway's worker slots run them: up to 64 at once.
+	slots := make(chan struct{}, 64)
+	var handlers sync.WaitGroup
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		slots <- struct{}{}
+		handlers.Go(func() {
+			defer func() { <-slots }()
+			handle(m)
+		})
 	}, jetstream.PullMaxMessages(256))
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer cc.Stop()
+	defer func() {
+		cc.Stop()
+		handlers.Wait()
+	}()
 
 	// One subscription for every terminal chunk, handed to the waiting intent by key.
 	var waiting sync.Map // key → chan struct{}
