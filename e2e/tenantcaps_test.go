@@ -68,11 +68,11 @@ func ttfb(url, msg string) (time.Duration, error) {
 // 40 streams (10× its cap) at once, split across the nodes: at most 4 are admitted in all,
 // every other one is a 429 with Retry-After, x-should-retry and rate_limit_exceeded, and the
 // backend runs no more of them than were admitted. Tenant y, uncapped, streams new intents
-// alone twice and beside x at its cap twice (the run-to-run noise), then while x floods both nodes, once as a client
-// that honours Retry-After and once as one that retries 5 ms after a 429, and, the control, while
-// the same 5 ms retries go to a stand-in that refuses everything: y sees no error, and
-// its p99 time to first byte in each phase (-tenant.streams) is logged as ratios (for
-// BENCHMARKS.md, not asserted: a time is not a unit test's business).
+// alone twice and beside x at its cap twice (the run-to-run noise), then while x floods both
+// nodes, once as a client that honours Retry-After and once as one that retries 5 ms after a
+// 429, and, the control, while the same 5 ms retries go to a stand-in that refuses everything:
+// y sees no error, and its p99 time to first byte in each phase (-tenant.streams) is logged as
+// ratios (for BENCHMARKS.md, not asserted: a time is not a unit test's business).
 func TestTenantStreamCapAcrossNodes(t *testing.T) {
 	acfg := gatewaykit.Config(t)
 	acfg.NATS.Listen = "127.0.0.1:0"
