@@ -98,7 +98,7 @@ type Store struct {
 	inlineMax int
 	// storing lets one request's pieces be written at a time (PutRequest).
 	storing chan struct{}
-	// pieceBufs holds the buffers pieces are compressed into (*[]byte of maxStoredPiece).
+	// pieceBufs holds the buffers pieces are compressed into (newPieceBufs).
 	pieceBufs *sync.Pool
 	js        jetstream.JetStream
 	ttl       time.Duration // the bucket's record TTL
@@ -136,7 +136,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if inlineMax == 0 {
 		inlineMax = DefaultInlineRequestMax
 	}
-	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: &sync.Pool{}, js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
+	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: newPieceBufs(), js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
 }
 
 // BucketStream is the stream behind the bucket.

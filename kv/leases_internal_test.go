@@ -37,15 +37,19 @@ func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
 	}
 	w := st.WatchLeases()
 	at := now
-	check := func(step string, wantKeys []string, wantRead int) { // wantRead -1: any
-		t.Helper()
+	expired := func() ([]string, error) { // the keys of one read, in its order
 		got, err := w.Expired(ctx, at)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var keys []string
 		for _, e := range got {
 			keys = append(keys, e.Key)
+		}
+		return keys, err
+	}
+	check := func(step string, wantKeys []string, wantRead int) { // wantRead -1: any
+		t.Helper()
+		keys, err := expired()
+		if err != nil {
+			t.Fatal(err)
 		}
 		if !slices.Equal(keys, wantKeys) || (wantRead >= 0 && w.readCount != wantRead) {
 			t.Fatalf("%s: expired %v after reading %d records; want %v after %d", step, keys, w.readCount, wantKeys, wantRead)
@@ -58,15 +62,11 @@ func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
 		t.Helper()
 		read := 0
 		testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-			got, err := w.Expired(ctx, at)
+			keys, err := expired()
 			if err != nil {
 				return err
 			}
 			read += w.readCount
-			var keys []string
-			for _, e := range got {
-				keys = append(keys, e.Key)
-			}
 			if !slices.Equal(keys, wantKeys) {
 				return fmt.Errorf("%s: expired %v after reading %d records; want %v", step, keys, read, wantKeys)
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/klauspost/compress/s2"
@@ -66,9 +67,15 @@ const (
 	codecS2  = "s2"
 )
 
-// maxStoredPiece is the size of the buffers pieces are compressed into: S2's bound on the
-// encoded size of a piece.
-var maxStoredPiece = s2.MaxEncodedLen(requestPiece)
+// newPieceBufs is the pool of buffers pieces are compressed into (*[]byte), each of S2's bound
+// on the encoded size of a piece.
+func newPieceBufs() *sync.Pool {
+	n := s2.MaxEncodedLen(requestPiece)
+	return &sync.Pool{New: func() any {
+		b := make([]byte, n)
+		return &b
+	}}
+}
 
 // ErrRequestLost is returned when a record names a stored request that REQUESTS no longer
 // holds: its claim's node died before it was written (no job was published then), or it
@@ -129,11 +136,7 @@ func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 				_, err := jspub.Publish(ctx, s.js.Conn(), msg)
 				return err
 			}
-			buf, _ := s.pieceBufs.Get().(*[]byte)
-			if buf == nil {
-				b := make([]byte, maxStoredPiece)
-				buf = &b
-			}
+			buf := s.pieceBufs.Get().(*[]byte)
 			defer s.pieceBufs.Put(buf)
 			// Worth it when it saves an eighth: a piece of random bytes is not worth a decode.
 			if enc := s2.Encode(*buf, msg.Data); len(enc) <= len(msg.Data)-len(msg.Data)/8 {
