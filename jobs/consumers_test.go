@@ -352,15 +352,7 @@ func TestFailedDeleteIsRetried(t *testing.T) {
 		return nil
 	})
 	survivor = (survivor + 1) % c.Size() // a follower: the leader goes down with the quorum
-	nc, err := nats.Connect(c.URLs()[survivor], nats.DontRandomize())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := c.ConnectTo(t, survivor)
 	var logs testkit.SyncBuffer
 	node := jobs.NewHub(nc, js, zerolog.New(&logs), jobs.HubOptions{InactiveThreshold: 10 * time.Minute})
 	defer node.Close()

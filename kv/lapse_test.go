@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -83,15 +80,7 @@ func TestAbandonedWaitsOutALostQuorum(t *testing.T) {
 	}
 	leader := c.StreamLeader(kv.BucketStream)
 	// Both stores talk to the leader's server only, as a client of an isolated server does.
-	nc, err := nats.Connect(c.URLs()[leader])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	ljs, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, ljs := c.ConnectTo(t, leader)
 	watched, err := kv.Open(ctx, ljs, kv.BucketConfig{TTL: time.Hour, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)

@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
@@ -27,15 +24,7 @@ func TestLeaderLast(t *testing.T) {
 	}
 	leader := c.StreamLeader(BucketStream)
 	follower := (leader + 1) % c.Size()
-	nc, err := nats.Connect(c.URLs()[follower])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := c.ConnectTo(t, follower)
 	st, err := Open(ctx, js, BucketConfig{TTL: time.Hour, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)

@@ -214,6 +214,22 @@ func (c *Cluster) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 	return nc, js
 }
 
+// ConnectTo connects to server i alone (its URL only, not randomized among the others), closed
+// when the test ends: a client that must not move to a server the test stops.
+func (c *Cluster) ConnectTo(t testing.TB, i int) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(c.URLs()[i], nats.Name("testkit-cluster-"+strconv.Itoa(i)), nats.DontRandomize())
+	if err != nil {
+		t.Fatalf("testkit: connect to server %d: %v", i, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("testkit: %v", err)
+	}
+	return nc, js
+}
+
 // WaitFormed waits until every running server has a route to every other running one and a
 // JetStream meta leader counts all n servers as peers (the nats-server suite's
 // checkClusterFormed, waitOnLeader and waitOnPeerCount).
