@@ -163,3 +163,49 @@ func TestAccessLogSampled(t *testing.T) {
 		t.Fatalf("no info line at all: the process logs nothing?\n%s", log)
 	}
 }
+
+// TestAccessLogSampledKeepsFailures: with http.access_log_sample 0 a failure (5xx) is still
+// written, but a shed (503 overloaded) is not: it is sampled like a 429, so a flood of them
+// cannot grow the log with the flood.
+func TestAccessLogSampledKeepsFailures(t *testing.T) {
+	const apiKey = "sk-access-log-failures"
+	p, base := startLoggingGateway(t, apiKey, "http: {access_log_sample: 0}\nadmission: {max_executions: 1}\n")
+	hdr := func(key string) map[string]string {
+		return map[string]string{"Authorization": "Bearer " + apiKey, "Idempotency-Key": key}
+	}
+	// One live execution fills the node (about 2 s of tokens).
+	resp, err := openStream(http.MethodPost, base+chatPath,
+		chatBody("oncegate-mock", "fills the node", `"stream":true,"mock":{"tokens":50,"inter_token_ms":40}`), hdr("al-live"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("live stream: status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatalf("live stream: %v", err)
+	}
+	shed := postChat(t, base, chatBody("oncegate-mock", "shed", ""), hdr("al-shed"))
+	expectShed(t, shed)
+	if _, err := br.WriteTo(discard{}); err != nil {
+		t.Fatalf("live stream: %v", err)
+	}
+	failed := postChat(t, base, chatBody("oncegate-mock", "fails", `"mock":{"fault":"error_500"}`), hdr("al-failed"))
+	if failed.Status < 500 {
+		t.Fatalf("a backend's 500: status %d, want a 5xx: %s", failed.Status, failed.Body)
+	}
+
+	var lines []accessLine
+	testkit.CheckFor(t, 10*time.Second, pollEvery, func() error {
+		if lines = accessLines(t, p.log.String()); len(lines) == 0 {
+			return fmt.Errorf("no access-log line: the failure's must be written")
+		}
+		return nil
+	})
+	if len(lines) != 1 || lines[0].Status != failed.Status {
+		t.Fatalf("access-log lines %+v with access_log_sample 0: want the failure's alone (status %d), not the stream's or the shed's",
+			lines, failed.Status)
+	}
+}

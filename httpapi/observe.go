@@ -88,12 +88,15 @@ func (s *Server) finish(o *observation, e ending) {
 	s.accessLog(o, e, dur)
 }
 
-// accessLog writes the request's line at info: every 5xx, and of the others the share
-// access_log.sample says, chosen by trace id so that every node keeps or drops the same
-// traces. It names the tenant, the record key's hash, the job and epoch, never a client's key,
-// body or credential.
+// accessLog writes the request's line at info: every failure (5xx), and of the others the
+// share access_log.sample says, chosen by trace id so that every node keeps or drops the same
+// traces. A shed (503 overloaded) is sampled like a 429: it is the bound doing its job, it
+// comes in floods (a client that ignores Retry-After sends one every few ms), and the request
+// counters count every one. It names the tenant, the record key's hash, the job and epoch,
+// never a client's key, body or credential.
 func (s *Server) accessLog(o *observation, e ending, dur time.Duration) {
-	if e.status < 500 && !s.sampled(o.traceID) {
+	failed := e.status >= 500 && !errors.Is(e.err, intent.ErrOverloaded)
+	if !failed && !s.sampled(o.traceID) {
 		return
 	}
 	ev := s.log.Info()
