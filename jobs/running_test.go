@@ -106,15 +106,8 @@ func TestRunningIsHeardAcrossServers(t *testing.T) {
 	c := testkit.RunCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	connect := func(i int) *nats.Conn {
-		nc, err := nats.Connect(c.URLs()[i], nats.DontRandomize())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		return nc
-	}
-	owner, taker := connect(0), connect(2)
+	owner, _ := c.ConnectTo(t, 0)
+	taker, _ := c.ConnectTo(t, 2)
 	if _, err := jobs.AnswerRunning(owner, func(key string, epoch int) bool { return key == "k" && epoch == 1 }); err != nil {
 		t.Fatal(err)
 	}
