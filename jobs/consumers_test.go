@@ -208,6 +208,52 @@ func TestOrphanConsumerExpires(t *testing.T) {
 	}
 }
 
+// TestGoneConsumerSweepsItsPrefix: a feed whose consumer is already gone when it ends (a
+// reset deleted it, and its create of the next, prefix_2, can still be applied) sweeps the
+// prefix, so that prefix_2 does not stay for the inactive threshold (10 minutes here). Before,
+// "not found" for prefix_1 was taken as done.
+func TestGoneConsumerSweepsItsPrefix(t *testing.T) {
+	srv := testkit.RunJetStream(t, time.Second)
+	nc, js := srv.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{MaxChunkBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	node := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{InactiveThreshold: 10 * time.Minute})
+	defer node.Close()
+	subject := newJob("gone").Subject()
+	fl, err := node.Join(ctx, subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitConsumers(t, srv.JS, 1)
+	st, err := srv.JS.Stream(ctx, jobs.ChunksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first string
+	for name := range st.ConsumerNames(ctx).Name() {
+		first = name
+	}
+	prefix, ok := strings.CutSuffix(first, "_1")
+	if !ok {
+		t.Fatalf("the feed's consumer is %q, want <prefix>_1", first)
+	}
+	// The next consumer of a reset, applied although its create was not answered (a config
+	// nats.go's own create cannot update: its start policy differs), then prefix_1 deleted.
+	if _, err := srv.JS.CreateConsumer(ctx, jobs.ChunksStream, jetstream.ConsumerConfig{Name: prefix + "_2",
+		FilterSubject: subject, AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverNewPolicy,
+		InactiveThreshold: 10 * time.Minute, MemoryStorage: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.JS.DeleteConsumer(ctx, jobs.ChunksStream, first); err != nil {
+		t.Fatal(err)
+	}
+	fl.Close() // the feed ends: its delete of prefix_1 finds it gone
+	waitConsumers(t, srv.JS, 0)
+}
+
 // TestJoinRidesOutNoQuorum: a follower joins while CHUNKS (R3) has lost its quorum. Creating
 // its ordered consumer is tried again until a leader is back, and the follower then reads
 // the execution's output from the start. Before, the first failed creation was the answer
