@@ -390,14 +390,14 @@ func TestFailedDeleteIsRetried(t *testing.T) {
 	// The hub talks only to a server that stays up. Connected to one that was stopped, its
 	// reconnect reset the ordered consumer, whose delete of the old consumer landed before
 	// quorum was lost (CI, once): the hub's own delete then had nothing to fail on.
-	survivor := -1
+	leader := -1
 	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if survivor = c.StreamLeader(jobs.ChunksStream); survivor < 0 {
+		if leader = c.StreamLeader(jobs.ChunksStream); leader < 0 {
 			return errors.New("CHUNKS has no leader")
 		}
 		return nil
 	})
-	survivor = (survivor + 1) % c.Size() // a follower: the leader goes down with the quorum
+	survivor := (leader + 1) % c.Size() // a follower: the leader goes down with the quorum
 	nc, js := c.ConnectTo(t, survivor)
 	var logs testkit.SyncBuffer
 	node := jobs.NewHub(nc, js, zerolog.New(&logs), jobs.HubOptions{InactiveThreshold: 10 * time.Minute})
@@ -419,6 +419,7 @@ func TestFailedDeleteIsRetried(t *testing.T) {
 		return err
 	})
 
+	// Not LoseQuorum: it picks the survivor when called, and the hub had to connect before.
 	var stopped []int
 	for i := range c.Size() {
 		if i != survivor {
