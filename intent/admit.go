@@ -372,7 +372,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 // a newer identical request (the auto key matches the most recent one).
 func (c *Core) archive(ctx context.Context, key string, rec *kv.Record) {
 	archived := HashParts(key, rec.JobID)
-	if _, err := c.store.Claim(ctx, archived, rec); err != nil && !errors.Is(err, kv.ErrExists) {
+	if _, err := c.store.Claim(ctx, archived, rec.Archived(key)); err != nil && !errors.Is(err, kv.ErrExists) {
 		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("archiving a finished execution")
 		return
 	}

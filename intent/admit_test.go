@@ -183,6 +183,11 @@ func TestAutoKeyWindow(t *testing.T) {
 			if found.JobID != first.JobID || found.Fingerprint != req.Fingerprint || found.State != wantState {
 				t.Fatalf("job %s found as %s %+v, want %s", first.JobID, found.State, found, wantState)
 			}
+			// An archived copy is charged under the key its execution ran under (the same
+			// ledger ids as the original's charge), never under its own.
+			if tc.finished && found.ChargedUnder("the copy's own key") != req.Key {
+				t.Fatalf("archived copy is charged under %q, want the auto key %q", found.ChargedUnder("the copy's own key"), req.Key)
+			}
 		})
 	}
 }

@@ -137,6 +137,9 @@ type Record struct {
 	// beyond that answer (the Responses API: the request fields its response object repeats,
 	// and the conversation a later request continues); opaque here, kept for the TTL.
 	Echo json.RawMessage `json:"echo,omitempty"`
+	// ChargeKey is the key the execution ran and is charged under, when this record is a
+	// copy kept under another key (Archived); empty: the record's own key.
+	ChargeKey string `json:"charge_key,omitempty"`
 
 	Result *Result `json:"result,omitempty"`
 }
@@ -208,6 +211,27 @@ func (r *Record) WithRequest(body []byte) *Record {
 	out := *r
 	out.Request = body
 	return &out
+}
+
+// Archived is r as a copy kept under another key than key, the one its execution ran under
+// (an auto key's finished execution, kept reachable by its job id before the auto key moves
+// on to a newer identical request). The copy is charged under key, with the same entry ids
+// as the original: one execution, one charge, whichever record a sweep reads. r is not
+// modified.
+func (r *Record) Archived(key string) *Record {
+	out := *r
+	if out.ChargeKey == "" {
+		out.ChargeKey = key
+	}
+	return &out
+}
+
+// ChargedUnder is the key hash r's execution is charged under, r being stored under key.
+func (r *Record) ChargedUnder(key string) string {
+	if r.ChargeKey != "" {
+		return r.ChargeKey
+	}
+	return key
 }
 
 // LeaseExpired reports whether a PENDING record's lease ran out at now.

@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -297,7 +298,8 @@ func TestDoubleExecution(t *testing.T) {
 		epoch      int
 		completed  bool
 		in, out    int
-		contTokens int // a continuation of this charge, if > 0
+		contTokens int    // a continuation of this charge, if > 0
+		keyHash    string // k3 when empty
 	}
 	tests := []struct {
 		name     string
@@ -305,9 +307,12 @@ func TestDoubleExecution(t *testing.T) {
 		keep     int // index of the charge that must stand
 		reversed int // number of reversals Reconcile appends
 	}{
-		{"zombie then completed takeover", []charge{{1, false, 900, 400, 120}, {2, true, 900, 410, 0}}, 1, 2},
-		{"completed then late zombie", []charge{{2, true, 900, 410, 0}, {1, false, 900, 400, 0}}, 0, 1},
-		{"none known completed keeps the first", []charge{{1, false, 900, 400, 0}, {2, false, 800, 300, 50}, {3, false, 700, 200, 0}}, 0, 3},
+		{"zombie then completed takeover", []charge{{1, false, 900, 400, 120, ""}, {2, true, 900, 410, 0, ""}}, 1, 2},
+		{"completed then late zombie", []charge{{2, true, 900, 410, 0, ""}, {1, false, 900, 400, 0, ""}}, 0, 1},
+		{"none known completed keeps the first", []charge{{1, false, 900, 400, 0, ""}, {2, false, 800, 300, 50, ""}, {3, false, 700, 200, 0, ""}}, 0, 3},
+		// One execution charged again under another key hash (an archived copy of an auto
+		// key's record, issue 34): one charge per job id, whatever key it was billed under.
+		{"one job under two key hashes", []charge{{1, true, 900, 400, 0, ""}, {1, true, 900, 400, 0, "archived-copy"}}, 0, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -322,7 +327,8 @@ func TestDoubleExecution(t *testing.T) {
 			var ids []string
 			execCost := make([]int64, len(tt.charges))
 			for i, c := range tt.charges {
-				e, err := l.Charge(ctx, ledger.ChargeInput{Tenant: "acme", KeyHash: k3, JobID: j3, Epoch: c.epoch, Attempt: 1, Model: "gpt-4o-mini",
+				key := cmp.Or(c.keyHash, k3)
+				e, err := l.Charge(ctx, ledger.ChargeInput{Tenant: "acme", KeyHash: key, JobID: j3, Epoch: c.epoch, Attempt: 1, Model: "gpt-4o-mini",
 					InputTokens: c.in, OutputTokens: c.out, Completed: c.completed})
 				if err != nil {
 					t.Fatal(err)

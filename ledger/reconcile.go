@@ -26,7 +26,8 @@ type ReconcileReport struct {
 	RepeatedIDs []string `json:"repeated_ids,omitempty"`
 }
 
-// Duplicate is an intent (tenant, key hash, job id) with more than one charge standing.
+// Duplicate is an intent (tenant, job id) with more than one charge standing; KeyHash is the
+// kept charge's.
 type Duplicate struct {
 	Tenant   string   `json:"tenant"`
 	KeyHash  string   `json:"key_hash"`
@@ -50,7 +51,7 @@ type reconState struct {
 	lastSeq uint64
 }
 
-// Reconcile finds intents (tenant + key hash + job id) with more than one charge standing —
+// Reconcile finds intents (tenant + job id, whatever key hash they were charged under) with more than one charge standing —
 // say a worker vanished mid-call, its lease was taken over and both epochs charged — and
 // reverses all but one: the first charge whose execution completed if there is one, else the
 // first. The continuations of a reversed duplicate are reversed too, so an intent's net is at
@@ -118,10 +119,10 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 // reversal is appended once, by one reconciler, so each duplicate execution is counted once
 // across nodes and runs.
 func duplicatesReversed(appended []Entry) int {
-	seen := map[[3]string]bool{}
+	seen := map[[2]string]bool{}
 	for _, r := range appended {
 		if strings.HasPrefix(r.Reason, ReasonDuplicate) {
-			seen[[3]string{r.Tenant, r.KeyHash, r.JobID}] = true
+			seen[[2]string{r.Tenant, r.JobID}] = true
 		}
 	}
 	return len(seen)
@@ -197,7 +198,10 @@ func newPlanner(horizon time.Duration) *planner {
 		dirty: map[idDigest]struct{}{}, horizon: horizon}
 }
 
-func intentOf(e *Entry) idDigest { return digest(e.Tenant + "\x00" + e.KeyHash + "\x00" + e.JobID) }
+// intentOf is the execution an entry bills: its tenant and job id. Not its key hash: one job
+// can be charged under two (an auto key's archived copy, charged under its own key before
+// kv.Record.ChargeKey), and job ids are unique ULIDs, so the key adds nothing but the miss.
+func intentOf(e *Entry) idDigest { return digest(e.Tenant + "\x00" + e.JobID) }
 
 func (p *planner) add(e *Entry) error {
 	switch e.Kind {

@@ -32,6 +32,7 @@ func (p *Pool) charge(ctx context.Context, key string, rec *kv.Record, rev uint6
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	key = rec.ChargedUnder(key) // an archived copy is charged as its original: the same ids
 	ok := true
 	for _, u := range rec.Unfinished {
 		// The backend may have billed it; the gateway cannot ask. Its output is what the

@@ -2,10 +2,13 @@ package workers
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 	"github.com/oncegate/oncegate/ledger"
@@ -52,14 +55,7 @@ func TestChargeSweepChargesWhatACrashSkipped(t *testing.T) {
 	opts.ID, opts.Ledger = "w2", l
 	opts.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	next := New(srv.JS, store, opts)
-	entries := func() []ledger.Entry {
-		t.Helper()
-		es, err := l.Entries(ctx, "t", time.Time{}, time.Time{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return es
-	}
+	entries := func() []ledger.Entry { return tenantEntries(t, ctx, l) }
 	sweep := func() {
 		t.Helper()
 		if _, err := next.Sweep(ctx); err != nil {
@@ -78,4 +74,65 @@ func TestChargeSweepChargesWhatACrashSkipped(t *testing.T) {
 			t.Fatalf("after sweep %d: entries %+v; want the one completed charge of job %s", i+1, es, rec.JobID)
 		}
 	}
+}
+
+// TestArchivedCopyIsChargedOnce: an auto key's finished execution is copied under a key of its
+// own (intent's archive) before the auto key moves on to a newer identical request. The copy
+// is a billable record written after the charge, so a sweep reads it: it must find the charge
+// the worker wrote under the original key, not bill the execution again under the copy's
+// (issue 34: every archived execution was charged twice, and reconcile did not see it).
+func TestArchivedCopyIsChargedOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := newCrashRig(t, ctx)
+	l := r.opts.Ledger.(*ledger.Ledger)
+	entries := func() []ledger.Entry { return tenantEntries(t, ctx, l) }
+	stop := r.run(ctx, New(r.srv.JS, r.store, r.opts))
+	const key = "auto-key-of-a-finished-execution"
+	first := r.submit(t, ctx, key)
+	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if n := len(entries()); n != 1 {
+			return fmt.Errorf("%d ledger entries, want the worker's one charge", n)
+		}
+		return nil
+	})
+	stop()
+	rec, _, err := r.store.Get(ctx, key)
+	if err != nil || rec.State != kv.Completed {
+		t.Fatalf("record: %+v %v; want COMPLETED", rec, err)
+	}
+	archived := intent.HashParts(key, rec.JobID)
+	if _, err := r.store.Claim(ctx, archived, rec.Archived(key)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The next process sweeps with its clock past the grace: both records are billable.
+	var offset atomic.Int64
+	opts := r.opts
+	opts.ID, opts.SweepEvery = "w2", time.Hour // swept by hand below
+	opts.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	next := New(r.srv.JS, r.store, opts)
+	offset.Store(int64(next.opts.ChargeGrace + time.Second))
+	for i := 0; i < 2; i++ {
+		if _, err := next.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	es := entries()
+	if len(es) != 1 || es[0].JobID != first.JobID || es[0].KeyHash != key {
+		for _, e := range es {
+			t.Logf("entry %s key_hash %s job %s", e.ID, e.KeyHash, e.JobID)
+		}
+		t.Fatalf("%d ledger entries after the sweeps; want the one charge of job %s under key %s", len(es), first.JobID, key)
+	}
+}
+
+// tenantEntries is every ledger entry of the crash rig's tenant.
+func tenantEntries(t *testing.T, ctx context.Context, l *ledger.Ledger) []ledger.Entry {
+	t.Helper()
+	es, err := l.Entries(ctx, "t", time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return es
 }
