@@ -169,6 +169,7 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 		return err
 	}
 
+	g.Arrived = c.Context().Time() // when fasthttp read the request's head: the window is judged from it
 	g.Bypass = !rt.Dedup || strings.EqualFold(c.Get("X-Allow-Duplicate"), "true")
 	// A key is validated even when the request bypasses deduplication: a malformed key is the
 	// client's mistake either way, and a valid one is echoed (admit gives a bypass its own record).

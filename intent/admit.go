@@ -304,7 +304,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 		return nil, ErrKeyReused
 	}
 	now := c.now()
-	if req.Auto && !req.Retry && now.Sub(rec.Created) > c.opts.AutoWindow {
+	if req.Auto && !req.Retry && req.arrival(now).Sub(rec.Created) > c.opts.AutoWindow {
 		// Identical content after the window is a new intent, not a copy.
 		if rec.State == kv.Pending {
 			jobID := jobs.NewID()

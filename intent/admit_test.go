@@ -146,6 +146,10 @@ func TestAutoKeyWindow(t *testing.T) {
 		want     intent.Outcome
 		// newIntent: a new job, not the first request's.
 		newIntent bool
+		// arrivedWithFirst: the second request reached the gateway when the first was
+		// admitted, and the store answered it only after the window (a claim that stalled in
+		// an election while its SDK retry created the record on another node).
+		arrivedWithFirst bool
 	}{
 		{name: "inside the window joins", seed: pending, later: autoWindow / 2, want: intent.Joined},
 		{name: "inside the window replays", seed: completed, later: autoWindow / 2, want: intent.Replayed},
@@ -153,14 +157,20 @@ func TestAutoKeyWindow(t *testing.T) {
 		{name: "after the window, running: new intent", seed: pending, later: autoWindow + time.Second, want: intent.Created, newIntent: true},
 		{name: "declared retry after the window replays", seed: completed, later: autoWindow + time.Second, retry: true, want: intent.Replayed},
 		{name: "declared retry after the window joins", seed: pending, later: autoWindow + time.Second, retry: true, want: intent.Joined},
+		{name: "arrived inside the window, admitted after it, joins", seed: pending, later: autoWindow + time.Second, arrivedWithFirst: true, want: intent.Joined},
+		{name: "arrived inside the window, admitted after it, replays", seed: completed, finished: true, later: autoWindow + time.Second, arrivedWithFirst: true, want: intent.Replayed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			req := autoRequest(t.Name())
 			first := tc.seed(t, e, req)
+			seeded := e.clock.Now()
 			e.clock.Add(tc.later)
 			again := *req
 			again.Retry = tc.retry
+			if tc.arrivedWithFirst {
+				again.Arrived = seeded
+			}
 			adm := admit(t, e.core, &again)
 			if adm.Outcome != tc.want || (adm.JobID != first.JobID) != tc.newIntent {
 				t.Fatalf("%s job %s after job %s; want %s, new intent %v", adm.Outcome, adm.JobID, first.JobID, tc.want, tc.newIntent)

@@ -200,6 +200,10 @@ type Request struct {
 	// Retry: the request declares itself a retry of an earlier attempt (an SDK's retry
 	// header), so an auto key joins even outside AutoWindow.
 	Retry bool
+	// Arrived is when the request reached the gateway (zero: when it is admitted). An auto
+	// key's window is judged from it, never from when the store answered: a claim that stalls
+	// in an election is still the copy of the intent it arrived beside.
+	Arrived time.Time
 	// Bypass: deduplication is off for this request (X-Allow-Duplicate, or the route).
 	Bypass bool
 	// Async: the request is a background job (indexed as such; nobody follows it here).
@@ -221,6 +225,14 @@ type Request struct {
 	Retrievable bool
 	// Echo is kept in the record for the whole TTL (kv.Record.Echo); nil for most APIs.
 	Echo []byte
+}
+
+// arrival is when req reached the gateway: Arrived, or now when it is not known (or later).
+func (req *Request) arrival(now time.Time) time.Time {
+	if req.Arrived.IsZero() || req.Arrived.After(now) {
+		return now
+	}
+	return req.Arrived
 }
 
 // Admission is the decision for one request: what it is attached to, and for a created,
