@@ -241,7 +241,7 @@ func (s *Server) tenantJobEvents(c *fiber.Ctx, tenant string) error {
 		}
 		return eventStream(after).whole(c, events)
 	}
-	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.Epoch)
+	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.JobID, rec.Epoch)
 	if err != nil {
 		return err
 	}
@@ -272,7 +272,7 @@ func (s *Server) tenantJobEvents(c *fiber.Ctx, tenant string) error {
 				case rec.State == kv.Pending && out.next == 0:
 					out.follow(nil)
 					var fl *jobs.Follower
-					if fl, err = core.Follow(ctx, key, rec.Epoch); err == nil {
+					if fl, err = core.Follow(ctx, key, rec.JobID, rec.Epoch); err == nil {
 						out.follow(fl)
 						epoch = rec.Epoch
 						continue

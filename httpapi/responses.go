@@ -529,7 +529,7 @@ func (s *Server) streamResponse(c *fiber.Ctx, fl *jobs.Follower, key string, epo
 					}
 					if rec != nil && rec.State == kv.Pending && rec.Epoch != epoch && sent.n == 0 && !sent.usage {
 						// Taken over before any output reached this client: follow the new epoch.
-						if nfl, ferr := intents.Follow(ctx, key, rec.Epoch); ferr == nil {
+						if nfl, ferr := intents.Follow(ctx, key, rec.JobID, rec.Epoch); ferr == nil {
 							out.follow(nfl)
 							epoch = rec.Epoch
 							idle = recordCheck(ctx, intents, key, epoch)
@@ -667,7 +667,7 @@ func (s *Server) getResponse(c *fiber.Ctx) error {
 		}
 		return (&sseWriter{}).whole(c, r.events)
 	}
-	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.Epoch)
+	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.JobID, rec.Epoch)
 	if err != nil {
 		return err
 	}

@@ -166,7 +166,7 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 		return nil, true, err
 	}
 	rec := c.newRecord(req, jobID, 1)
-	fl, out, err := c.hub.Local(jobs.ChunkSubject(key, rec.Epoch))
+	fl, out, err := c.hub.Local(jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
 	if err != nil {
 		res.cancel()
 		return nil, true, fmt.Errorf("intent: %w", err)
@@ -315,7 +315,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 	}
 	switch rec.State {
 	case kv.Pending:
-		if !fresh && !c.hub.Following(jobs.ChunkSubject(req.Key, rec.Epoch)) {
+		if !fresh && !c.hub.Following(jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch)) {
 			// A replica's PENDING may be old news: confirmed by the leader before this node
 			// follows the execution (a new consumer costs more than the read) or takes it over.
 			lrec, lrev, err := c.store.Latest(ctx, req.Key)
@@ -349,7 +349,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 		}
 		// The feed first, the places after: a place given back is observed as a follower
 		// that left (oncegate_followers_per_execution), so none is taken for a join that fails.
-		fl, err := c.hub.Join(ctx, jobs.ChunkSubject(req.Key, rec.Epoch))
+		fl, err := c.hub.Join(ctx, jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch))
 		if err != nil {
 			return nil, fmt.Errorf("intent: join: %w", err)
 		}

@@ -227,7 +227,8 @@ func TestReplayCache(t *testing.T) {
 				e.finish(t, key, kv.Failed, kv.Result{Status: 503, Retryable: true})
 				// Until the node's feed has the terminal chunk, a copy joins that feed (and
 				// gets the failure) instead of deciding again: wait for the feed to end.
-				subject := jobs.ChunkSubject(key, 2)
+				reclaimed, _ := e.get(t, key) // a retryable failure is reclaimed under its job id
+				subject := jobs.ChunkSubject(key, reclaimed.JobID, 2)
 				testkit.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 					if e.hub.Following(subject) {
 						return errors.New("the node still follows " + subject)
@@ -393,7 +394,7 @@ func TestStaleReadIsConfirmedByTheLeader(t *testing.T) {
 	body := []byte(`{"choices":[]}`)
 	e.finish(t, adm.Key, kv.Completed, kv.Result{Status: 200, Body: body})
 	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if e.hub.Following(jobs.ChunkSubject(adm.Key, stale.Epoch)) {
+		if e.hub.Following(jobs.ChunkSubject(adm.Key, stale.JobID, stale.Epoch)) {
 			return fmt.Errorf("the node still follows the execution")
 		}
 		return nil

@@ -36,7 +36,7 @@ func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api
 			}
 			return nil, err
 		}
-		if err := jobs.Terminate(ctx, c.js, key, rec.Epoch, jobs.KindError, http.StatusConflict, body); err != nil {
+		if err := jobs.Terminate(ctx, c.js, key, rec.JobID, rec.Epoch, jobs.KindError, http.StatusConflict, body); err != nil {
 			c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: notifying followers")
 		}
 		if err := c.store.DropRequest(ctx, key, next); err != nil {

@@ -86,7 +86,7 @@ func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
 func (a *Admission) follow(ctx context.Context, rec *kv.Record) error {
 	a.Rec = rec
 	a.fl.Close()
-	fl, err := a.core.hub.Join(ctx, jobs.ChunkSubject(a.Key, rec.Epoch))
+	fl, err := a.core.hub.Join(ctx, jobs.ChunkSubject(a.Key, rec.JobID, rec.Epoch))
 	if err != nil {
 		return ErrInterrupted
 	}
@@ -103,9 +103,9 @@ func (c *Core) Record(ctx context.Context, key string) (*kv.Record, error) {
 	return rec, nil
 }
 
-// Follow joins the live chunks of key's execution at epoch (replayed from the start).
-func (c *Core) Follow(ctx context.Context, key string, epoch int) (*jobs.Follower, error) {
-	fl, err := c.hub.Join(ctx, jobs.ChunkSubject(key, epoch))
+// Follow joins the live chunks of key's execution of job jobID at epoch (replayed from the start).
+func (c *Core) Follow(ctx context.Context, key, jobID string, epoch int) (*jobs.Follower, error) {
+	fl, err := c.hub.Join(ctx, jobs.ChunkSubject(key, jobID, epoch))
 	if err != nil {
 		return nil, fmt.Errorf("intent: follow %s: %w", key, err)
 	}
@@ -115,12 +115,12 @@ func (c *Core) Follow(ctx context.Context, key string, epoch int) (*jobs.Followe
 // FollowStream is Follow for an event stream a client of tenant opened on a live job (its
 // events, a stored response's): it takes one of the tenant's streams first (a *LimitError at
 // the cap, limits.go); release gives it back once the stream has ended.
-func (c *Core) FollowStream(ctx context.Context, tenant, key string, epoch int) (fl *jobs.Follower, release func(), err error) {
+func (c *Core) FollowStream(ctx context.Context, tenant, key, jobID string, epoch int) (fl *jobs.Follower, release func(), err error) {
 	release, err = c.limitsOf(tenant).stream()
 	if err != nil {
 		return nil, nil, err
 	}
-	if fl, err = c.Follow(ctx, key, epoch); err != nil {
+	if fl, err = c.Follow(ctx, key, jobID, epoch); err != nil {
 		release()
 		return nil, nil, err
 	}

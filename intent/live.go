@@ -33,7 +33,7 @@ func (l *liveKeys) put(key string, rec *kv.Record, following func(subject string
 	defer l.mu.Unlock()
 	if len(l.m) >= maxLiveKeys {
 		for k, r := range l.m {
-			if !following(jobs.ChunkSubject(k, r.Epoch)) {
+			if !following(jobs.ChunkSubject(k, r.JobID, r.Epoch)) {
 				delete(l.m, k)
 			}
 		}
@@ -74,7 +74,7 @@ func (c *Core) joinLocal(req *Request) (*Admission, bool) {
 		(req.Auto && !req.Retry && now.Sub(rec.Created) > c.opts.AutoWindow) {
 		return nil, false
 	}
-	fl, ok := c.hub.JoinLive(jobs.ChunkSubject(req.Key, rec.Epoch))
+	fl, ok := c.hub.JoinLive(jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch))
 	if !ok {
 		c.live.forget(req.Key)
 		return nil, false

@@ -94,7 +94,7 @@ func TestMaxQueueWaitShedsNewIntents(t *testing.T) {
 	// Until the node has read the terminal chunk it still follows the execution, and a copy
 	// joins it there (CI saw "joined" once): wait for that, as a client's later retry would.
 	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if hub.Following(jobs.ChunkSubject(done.Key, done.Rec.Epoch)) {
+		if hub.Following(jobs.ChunkSubject(done.Key, done.Rec.JobID, done.Rec.Epoch)) {
 			return fmt.Errorf("the node still follows the finished execution")
 		}
 		return nil

@@ -53,7 +53,7 @@ func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key 
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("intent: take over %s epoch %d: %w", key, old, err)
 	}
-	if err := jobs.Fence(ctx, js, key, old); err != nil {
+	if err := jobs.Fence(ctx, js, key, rec.JobID, old); err != nil {
 		return nil, nil, 0, err
 	}
 	if lost {
@@ -73,7 +73,7 @@ func FailLostRequest(ctx context.Context, js jetstream.JetStream, store *kv.Stor
 	if _, err := store.Update(ctx, key, requestLost(rec, rec, now), rev); err != nil {
 		return fmt.Errorf("intent: fail %s epoch %d: %w", key, rec.Epoch, err)
 	}
-	return jobs.Fence(ctx, js, key, rec.Epoch)
+	return jobs.Fence(ctx, js, key, rec.JobID, rec.Epoch)
 }
 
 // requestLost is next, the takeover of rec, failed because rec's stored request is gone: a

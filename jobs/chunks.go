@@ -299,8 +299,8 @@ func wrongLastSequence(err error) bool {
 // two, or NATS stayed unavailable past the retry window): followers end on it instead of
 // waiting. It writes nothing when the subject already ends with a terminal chunk, and reports
 // whether it wrote. A terminal chunk written twice is harmless: followers stop at the first.
-func Announce(ctx context.Context, js jetstream.JetStream, key string, epoch int, c Chunk) (bool, error) {
-	subject := ChunkSubject(key, epoch)
+func Announce(ctx context.Context, js jetstream.JetStream, key, jobID string, epoch int, c Chunk) (bool, error) {
+	subject := ChunkSubject(key, jobID, epoch)
 	st, err := js.Stream(ctx, ChunksStream)
 	if err != nil {
 		return false, fmt.Errorf("jobs: announce %s: %w", subject, err)
@@ -315,7 +315,7 @@ func Announce(ctx context.Context, js jetstream.JetStream, key string, epoch int
 			return false, nil
 		}
 	}
-	if err := terminate(ctx, js, key, epoch, c); err != nil {
+	if err := terminate(ctx, js, subject, c); err != nil {
 		return false, err
 	}
 	return true, nil
@@ -323,27 +323,27 @@ func Announce(ctx context.Context, js jetstream.JetStream, key string, epoch int
 
 // Fence ends epoch of key for good: clients following it get a fence chunk and the old
 // owner's next write is refused. It is written by whoever takes an execution over.
-func Fence(ctx context.Context, js jetstream.JetStream, key string, epoch int) error {
-	return Terminate(ctx, js, key, epoch, KindFence, 0, nil)
+func Fence(ctx context.Context, js jetstream.JetStream, key, jobID string, epoch int) error {
+	return Terminate(ctx, js, key, jobID, epoch, KindFence, 0, nil)
 }
 
 // Terminate writes a terminal chunk to epoch of key from outside its owner (a takeover or a
 // cancellation); like a fence, it makes the owner's next write fail.
-func Terminate(ctx context.Context, js jetstream.JetStream, key string, epoch int, kind Kind, status int, payload []byte) error {
-	return terminate(ctx, js, key, epoch, Chunk{Kind: kind, Status: status, Payload: payload})
+func Terminate(ctx context.Context, js jetstream.JetStream, key, jobID string, epoch int, kind Kind, status int, payload []byte) error {
+	return terminate(ctx, js, ChunkSubject(key, jobID, epoch), Chunk{Kind: kind, Status: status, Payload: payload})
 }
 
 // terminate writes c as a terminal chunk from outside the epoch's owner (index -1). It is
 // retried through an election: a terminal chunk written twice is harmless (followers stop at
 // the first), one never written leaves the epoch's followers waiting.
-func terminate(ctx context.Context, js jetstream.JetStream, key string, epoch int, c Chunk) error {
+func terminate(ctx context.Context, js jetstream.JetStream, subject string, c Chunk) error {
 	c.Idx = -1
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		_, err := jspub.Publish(ctx, js.Conn(), c.msg(ChunkSubject(key, epoch)))
+		_, err := jspub.Publish(ctx, js.Conn(), c.msg(subject))
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("jobs: terminate %s epoch %d: %w", key, epoch, err)
+		return fmt.Errorf("jobs: terminate %s: %w", subject, err)
 	}
 	return nil
 }

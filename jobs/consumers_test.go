@@ -317,7 +317,7 @@ func TestPublishRidesOutNoQuorum(t *testing.T) {
 			return pub.Publish(ctx, jobs.KindData, 0, []byte("p1"))
 		},
 		"fence": func(ctx context.Context, js jetstream.JetStream, job *jobs.Job, _ *jobs.Publisher) error {
-			return jobs.Fence(ctx, js, job.Key, job.Epoch)
+			return jobs.Fence(ctx, js, job.Key, job.ID, job.Epoch)
 		},
 	}
 	for name, write := range cases {

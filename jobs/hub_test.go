@@ -217,7 +217,7 @@ func TestFenceStopsOldOwner(t *testing.T) {
 	if err := pub.Publish(context.Background(), jobs.KindData, 0, []byte("p0")); err != nil {
 		t.Fatal(err)
 	}
-	if err := jobs.Fence(context.Background(), srv.JS, job.Key, job.Epoch); err != nil {
+	if err := jobs.Fence(context.Background(), srv.JS, job.Key, job.ID, job.Epoch); err != nil {
 		t.Fatal(err)
 	}
 	if err := pub.Publish(context.Background(), jobs.KindData, 0, []byte("p1")); !errors.Is(err, jobs.ErrFenced) {

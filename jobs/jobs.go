@@ -101,11 +101,14 @@ type Job struct {
 }
 
 // Subject is the CHUNKS subject of this job's execution.
-func (j *Job) Subject() string { return ChunkSubject(j.Key, j.Epoch) }
+func (j *Job) Subject() string { return ChunkSubject(j.Key, j.ID, j.Epoch) }
 
-// ChunkSubject names the CHUNKS subject of execution epoch of a record key.
-func ChunkSubject(key string, epoch int) string {
-	return fmt.Sprintf("%s%s.%d", chunksPrefix, key, epoch)
+// ChunkSubject names the CHUNKS subject of execution epoch of job jobID of a record key. The job
+// id makes it unique: a key reused after its record expired starts again at epoch 1, and its
+// new execution must not find (nor be refused by, nor replay to a joiner) the last one's
+// chunks, which CHUNKS keeps for its retention.
+func ChunkSubject(key, jobID string, epoch int) string {
+	return chunksPrefix + key + "." + jobID + "." + strconv.Itoa(epoch)
 }
 
 // NewID returns a job id: a ULID with crypto-random entropy (job ids grant access).
@@ -189,7 +192,9 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	if job.RequestStored {
 		m.Header.Set(hdrJobVersion, strconv.Itoa(wireRequestStored))
 	}
-	m.Header.Set(jetstream.MsgIDHeader, job.Key+"."+strconv.Itoa(job.Epoch))
+	// The job id is in the message id: a key reused after its record expired starts again at
+	// epoch 1, and JetStream would drop that claim's job as a copy of the last one's.
+	m.Header.Set(jetstream.MsgIDHeader, job.Key+"."+strconv.Itoa(job.Epoch)+"."+job.ID)
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		_, err := jspub.Publish(ctx, js.Conn(), m)
 		return err

@@ -15,7 +15,7 @@ import (
 func TestLocalFeed(t *testing.T) {
 	_, hub := setup(t)
 	ctx := context.Background()
-	fl, out, err := hub.Local(jobs.ChunkSubject("local-feed", 1))
+	fl, out, err := hub.Local(jobs.ChunkSubject("local-feed", "job", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,11 +41,11 @@ func TestLocalFeed(t *testing.T) {
 	if got[2].Status != http.StatusServiceUnavailable || got[2].Meta.RetryAfter != 3 || out.Next() != 3 || !out.ExpiresAlone() {
 		t.Errorf("terminal %+v, next %d", got[2], out.Next())
 	}
-	if hub.Following(jobs.ChunkSubject("local-feed", 1)) {
+	if hub.Following(jobs.ChunkSubject("local-feed", "job", 1)) {
 		t.Error("the hub still follows a local feed that ended")
 	}
 
-	left, out2, err := hub.Local(jobs.ChunkSubject("left", 1))
+	left, out2, err := hub.Local(jobs.ChunkSubject("left", "job", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestLocalFeed(t *testing.T) {
 		t.Fatalf("publish after the follower left: %v", err)
 	}
 
-	waiting, _, err := hub.Local(jobs.ChunkSubject("waiting", 1))
+	waiting, _, err := hub.Local(jobs.ChunkSubject("waiting", "job", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestLocalFeed(t *testing.T) {
 	if err := <-done; !errors.Is(err, jobs.ErrHubClosed) {
 		t.Fatalf("a waiting follower after the hub's Close: %v, want ErrHubClosed", err)
 	}
-	if _, _, err := hub.Local(jobs.ChunkSubject("late", 1)); !errors.Is(err, jobs.ErrHubClosed) {
+	if _, _, err := hub.Local(jobs.ChunkSubject("late", "job", 1)); !errors.Is(err, jobs.ErrHubClosed) {
 		t.Fatalf("Local on a closed hub: %v, want ErrHubClosed", err)
 	}
 }

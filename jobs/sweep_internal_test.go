@@ -24,12 +24,12 @@ func TestSweepPrefixDeletesAFailedFollowsConsumers(t *testing.T) {
 	}
 	for _, name := range []string{"tryA_1", "tryA_2", "tryAB_1", "other_1"} {
 		if _, err := srv.JS.CreateConsumer(ctx, ChunksStream, jetstream.ConsumerConfig{Name: name,
-			FilterSubject: ChunkSubject(name, 1), AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 10 * time.Minute}); err != nil {
+			FilterSubject: ChunkSubject(name, "job", 1), AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: 10 * time.Minute}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	h := NewHub(srv.NC, srv.JS, zerolog.Nop(), HubOptions{})
-	h.sweepPrefix(ChunkSubject("k", 1), "tryA")
+	h.sweepPrefix(ChunkSubject("k", "job", 1), "tryA")
 	left := func() []string {
 		st, err := srv.JS.Stream(ctx, ChunksStream)
 		if err != nil {

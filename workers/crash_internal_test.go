@@ -113,7 +113,7 @@ func TestRedeliveryAnnouncesAFinishedExecution(t *testing.T) {
 	stop := r.run(ctx, dying)
 	const key = "crash-before-announce"
 	rec := r.submit(t, ctx, key)
-	fl, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch))
+	fl, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestRedeliveryAnnouncesAFinishedExecution(t *testing.T) {
 		t.Fatalf("terminal chunk %s %d %q, want the stored result %q", ch.Kind, ch.Status, ch.Payload, stored.Result.Body)
 	}
 	// A second announcement finds the terminal chunk there and writes nothing.
-	if wrote, err := jobs.Announce(ctx, r.srv.JS, key, rec.Epoch, jobs.Chunk{Kind: jobs.KindResult}); err != nil || wrote {
+	if wrote, err := jobs.Announce(ctx, r.srv.JS, key, rec.JobID, rec.Epoch, jobs.Chunk{Kind: jobs.KindResult}); err != nil || wrote {
 		t.Fatalf("announce again: wrote %v, %v; want nothing written", wrote, err)
 	}
 }

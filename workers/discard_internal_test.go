@@ -37,7 +37,7 @@ func TestAnswerAloneExpiresUnpurged(t *testing.T) {
 		t.Fatal(err)
 	}
 	for key, rec := range map[string]*kv.Record{"alone-plain": plain, "alone-stream": streamed} {
-		m, err := st.GetLastMsgForSubject(ctx, jobs.ChunkSubject(key, rec.Epoch))
+		m, err := st.GetLastMsgForSubject(ctx, jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
 		if err != nil {
 			t.Fatalf("%s: terminal chunk: %v", key, err)
 		}

@@ -220,7 +220,7 @@ func (ex *execution) announceCharged(ctx context.Context, kind jobs.Kind, status
 // could not (NATS stayed unavailable past the retry window, or the worker is stopping).
 func (ex *execution) announce(ctx context.Context, kind jobs.Kind, status int, payload []byte, retryAfter int) bool {
 	if ex.feedLost != nil { // the subject may not hold every output chunk: followers read the record
-		if _, err := jobs.Announce(ctx, ex.pool.js, ex.job.Key, ex.job.Epoch, jobs.Chunk{Kind: jobs.KindStored, Meta: ex.meta()}); err != nil {
+		if _, err := jobs.Announce(ctx, ex.pool.js, ex.job.Key, ex.job.ID, ex.job.Epoch, jobs.Chunk{Kind: jobs.KindStored, Meta: ex.meta()}); err != nil {
 			ex.log.Warn().Err(err).Msg("announcing the stored outcome failed; the job's redelivery will write it")
 			return false
 		}

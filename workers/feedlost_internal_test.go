@@ -44,7 +44,7 @@ func TestLostFeedKeepsTheAnswer(t *testing.T) {
 
 	const key = "feed-lost"
 	rec := r.submitStream(t, ctx, key)
-	fl, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch))
+	fl, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestLostFeedKeepsTheAnswer(t *testing.T) {
 	// learns the outcome from the record (httpapi's idle check, intent.Admission.Next); one
 	// that follows the epoch now is told by the stored-outcome chunk.
 	fl.Close()
-	late, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.Epoch))
+	late, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
 	if err != nil {
 		t.Fatal(err)
 	}

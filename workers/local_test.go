@@ -52,7 +52,7 @@ func newLocalRig(t *testing.T, concurrency int) *localRig {
 // runLocal starts rec's execution under key on the pool once it runs, with a local feed.
 func (r *localRig) runLocal(t *testing.T, key string, rec *kv.Record) *jobs.Follower {
 	t.Helper()
-	fl, out, err := r.hub.Local(jobs.ChunkSubject(key, rec.Epoch))
+	fl, out, err := r.hub.Local(jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestRunLocalRefused(t *testing.T) {
 	<-r.gate.entered // the only slot is at the backend
 
 	second := pendingRecord(2*time.Second, "refused")
-	fl2, out2, err := r.hub.Local(jobs.ChunkSubject("refused", 1))
+	fl2, out2, err := r.hub.Local(jobs.ChunkSubject("refused", "job", 1))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -617,7 +617,7 @@ func (p *Pool) announce(ctx context.Context, key string, rec *kv.Record, log zer
 	case rec.State == kv.Completed, res.Degraded && res.Status == http.StatusOK:
 		c.Kind = jobs.KindResult
 	}
-	wrote, err := jobs.Announce(ctx, p.js, key, rec.Epoch, c)
+	wrote, err := jobs.Announce(ctx, p.js, key, rec.JobID, rec.Epoch, c)
 	if err != nil {
 		log.Warn().Err(err).Msg("writing the terminal chunk of a finished execution")
 		return false

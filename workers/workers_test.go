@@ -188,7 +188,7 @@ func TestOutcomes(t *testing.T) {
 			rec, rev := r.claim(t, key, tc.body, tc.stream)
 			hub := jobs.NewHub(r.srv.NC, r.srv.JS, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true})
 			defer hub.Close()
-			fl, err := hub.Open(context.Background(), jobs.ChunkSubject(key, 1))
+			fl, err := hub.Open(context.Background(), jobs.ChunkSubject(key, rec.JobID, 1))
 			if err != nil {
 				t.Fatal(err)
 			}
