@@ -100,16 +100,8 @@ func TestCrashMidBypassIsNotRedriven(t *testing.T) {
 		t.Skip("builds and runs the binary twice")
 	}
 	bin := oncegateBinary(t)
-	mockAddr, addr := testkit.FreeAddr(t), testkit.FreeAddr(t)
-	startProc(t, "mock", bin, "mock", "--listen", mockAddr, "--tokens", "40", "--inter-token", "100ms")
-	mockStats := func() (requests int) {
-		var st struct{ Requests int }
-		r := send(http.MethodGet, "http://"+mockAddr+"/stats", "", nil)
-		if err := json.Unmarshal(r.Body, &st); r.Status != http.StatusOK || err != nil {
-			t.Fatalf("mock stats: %d %v %s", r.Status, r.Err, r.Body)
-		}
-		return st.Requests
-	}
+	addr := testkit.FreeAddr(t)
+	mockAddr, mockStats := startMockProc(t, bin, "--tokens", "40", "--inter-token", "100ms")
 	cfgPath := crashConfig(t, addr, fmt.Sprintf(`backends:
   - {name: up, type: openai, base_url: "http://%s/v1", models: [oncegate-mock-up], timeout: 60s}
 routes:
@@ -117,12 +109,6 @@ routes:
 `, mockAddr))
 	base := "http://" + addr
 	start := func(name string) *proc { return startServe(t, name, bin, cfgPath, base) }
-	testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
-		if r := send(http.MethodGet, "http://"+mockAddr+"/stats", "", nil); r.Status != http.StatusOK {
-			return fmt.Errorf("mock process not serving: %d %v", r.Status, r.Err)
-		}
-		return nil
-	})
 	body := chatBody("oncegate-mock", "bypass, then the node dies", "")
 	bypass := map[string]string{"X-Allow-Duplicate": "true"}
 
@@ -157,6 +143,34 @@ routes:
 	}
 	if n := mockStats(); n != 2 {
 		t.Fatalf("the backend has %d requests, want 2", n)
+	}
+}
+
+// startMockProc starts `oncegate mock` with args as a process of its own (its count spans a
+// gateway's restart) and waits until it serves; requests reads its count of backend calls.
+func startMockProc(t *testing.T, bin string, args ...string) (addr string, requests func() int) {
+	t.Helper()
+	addr = testkit.FreeAddr(t)
+	startProc(t, "mock", bin, append([]string{"mock", "--listen", addr}, args...)...)
+	stats := func() (int, error) {
+		var st struct{ Requests int }
+		r := send(http.MethodGet, "http://"+addr+"/stats", "", nil)
+		if err := json.Unmarshal(r.Body, &st); r.Status != http.StatusOK || err != nil {
+			return 0, fmt.Errorf("mock stats: %d %v %s", r.Status, r.Err, r.Body)
+		}
+		return st.Requests, nil
+	}
+	testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {
+		_, err := stats()
+		return err
+	})
+	return addr, func() int {
+		t.Helper()
+		n, err := stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
 }
 

@@ -55,8 +55,32 @@ type Progress struct {
 	Tokens int `json:"tokens,omitempty"`
 }
 
+// openProgress opens PROGRESS on file storage, never synced: on one replica in async persist
+// mode (a write costs no fsync, whatever nats.sync says), replicated as NATS flushes a
+// replicated stream. A memory stream lost it with its server: after a single node's restart, a
+// takeover found no account of the attempt its worker had sent, and neither counted nor
+// charged it (issue 34); a file keeps what a killed process had handed to its server, all but
+// the last few milliseconds. NATS cannot change a stream's storage or persist mode, so a
+// PROGRESS made otherwise (memory, by an older version; async, before its replicas were
+// raised) is deleted first: it holds only the progress of the executions running now.
 func openProgress(ctx context.Context, js jetstream.JetStream, n int) (jetstream.Stream, error) {
-	st, err := replicas.Ensure(ctx, js, lastValueStream(ProgressStream, progressPrefix, progressMaxAge, progressMaxMsgs, n))
+	n, _, err := replicas.Of(ctx, js, ProgressStream, n)
+	if err != nil {
+		return nil, fmt.Errorf("kv: open progress %s: %w", ProgressStream, err)
+	}
+	cfg := lastValueStream(ProgressStream, progressPrefix, progressMaxAge, progressMaxMsgs, n)
+	cfg.Storage = jetstream.FileStorage
+	if n == 1 {
+		cfg.PersistMode = jetstream.AsyncPersistMode
+	}
+	if st, err := js.Stream(ctx, ProgressStream); err == nil {
+		if have := st.CachedInfo().Config; have.Storage != cfg.Storage || have.PersistMode != cfg.PersistMode {
+			if err := js.DeleteStream(ctx, ProgressStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil, fmt.Errorf("kv: recreate %s on file storage: %w", ProgressStream, err)
+			}
+		}
+	}
+	st, err := replicas.Ensure(ctx, js, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kv: open progress %s: %w", ProgressStream, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -48,5 +50,31 @@ func TestProgressOfAnEpochSurvivesTheOldOwner(t *testing.T) {
 	}
 	if _, err := st.Progress(ctx, key, 3); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("progress of an epoch nobody wrote: %v, want ErrNotFound", err)
+	}
+}
+
+// TestProgressMovesToFileStorage: PROGRESS as an older version made it (a memory stream) is
+// made again on file storage when the store opens, in async persist mode on one replica, so a
+// restart of its server keeps the account of the attempts sent (issue 34). Opening again
+// changes nothing.
+func TestProgressMovesToFileStorage(t *testing.T) {
+	s := testkit.RunJetStream(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := s.JS.CreateStream(ctx, jetstream.StreamConfig{Name: kv.ProgressStream, Subjects: []string{"progress.>"},
+		Storage: jetstream.MemoryStorage, MaxMsgsPerSubject: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := kv.Open(ctx, s.JS, kv.BucketConfig{TTL: time.Hour}); err != nil {
+			t.Fatalf("open %d: %v", i+1, err)
+		}
+		st, err := s.JS.Stream(ctx, kv.ProgressStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := st.CachedInfo().Config; c.Storage != jetstream.FileStorage || c.PersistMode != jetstream.AsyncPersistMode {
+			t.Fatalf("after open %d: PROGRESS storage %s, persist mode %s; want file, async", i+1, c.Storage, c.PersistMode)
+		}
 	}
 }
