@@ -53,6 +53,9 @@ type Progress struct {
 	Sent time.Time `json:"sent"`
 	// Tokens counts output events (≈ tokens) seen so far in this epoch.
 	Tokens int `json:"tokens,omitempty"`
+	// Worker is the pool that sent it (workers.Options.ID): a taker asks whether that pool is
+	// still there (jobs.PoolGone) before the lease runs out.
+	Worker string `json:"worker,omitempty"`
 }
 
 // openProgress opens PROGRESS on file storage, never synced: on one replica in async persist

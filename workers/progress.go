@@ -29,7 +29,7 @@ func (ex *execution) noteSent(backend string, attempt int) {
 	ex.progress.mu.Lock()
 	defer ex.progress.mu.Unlock()
 	ex.progress.cur = kv.Progress{JobID: ex.job.ID, Epoch: ex.job.Epoch, Attempt: attempt, Backend: backend,
-		Sent: ex.pool.opts.Now().UTC(), Tokens: int(ex.tokens.Load())}
+		Sent: ex.pool.opts.Now().UTC(), Tokens: int(ex.tokens.Load()), Worker: ex.pool.opts.ID}
 	ex.publishProgressLocked()
 }
 

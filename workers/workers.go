@@ -121,6 +121,9 @@ type Pool struct {
 	// testHookBeforeAnnounce, when set (tests), is called after a COMPLETED outcome was stored
 	// and before its terminal chunk; true makes the worker stop there as if it died.
 	testHookBeforeAnnounce func() bool
+	// noHeartbeat (tests): the pool's job messages are not kept in progress, as when its acks
+	// are lost (a partition), so JOBS redelivers them after its ack wait.
+	noHeartbeat bool
 }
 
 // New makes a Pool.
@@ -191,7 +194,7 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, lease time.Dura
 	c, err := js.CreateOrUpdateConsumer(ctx, jobs.JobsStream, jetstream.ConsumerConfig{
 		Durable:       ConsumerName,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       lease,
+		AckWait:       ackWait(lease),
 		MaxAckPending: maxAckPending,
 		FilterSubject: jobs.JobsSubjects,
 	})
@@ -214,6 +217,12 @@ func (p *Pool) Run(ctx context.Context) error {
 		return fmt.Errorf("workers: %w", err)
 	}
 	defer func() { _ = answer.Unsubscribe() }()
+	// Answered while this process lives: a taker asks for it before the lease runs out.
+	presence, err := jobs.AnswerPresence(p.js.Conn(), p.opts.ID)
+	if err != nil {
+		return fmt.Errorf("workers: presence: %w", err)
+	}
+	defer func() { _ = presence.Unsubscribe() }()
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelJobs()
 	var wg sync.WaitGroup
@@ -235,7 +244,11 @@ func (p *Pool) Run(ctx context.Context) error {
 		return fmt.Errorf("workers: consume: %w", err)
 	}
 	p.openLocal(jobCtx)
-	sweepDone, postDone, discardDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	sweepDone, postDone, discardDone, beatDone := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(beatDone)
+		p.heartbeatLoop(jobCtx) // until the last execution ended (jobCtx outlives ctx)
+	}()
 	go func() {
 		defer close(discardDone)
 		if p.discard != nil {
@@ -267,6 +280,8 @@ func (p *Pool) Run(ctx context.Context) error {
 		cancelJobs()
 		<-done
 	}
+	cancelJobs()
+	<-beatDone
 	return nil
 }
 
@@ -277,7 +292,8 @@ const freshJob = time.Second
 // trustSent reports whether the record a job carries can stand for the stored one, saving a
 // read on the path of every new intent. It can when the job is a first delivery younger than
 // freshJob whose record's lease still runs (with a second to spare for clocks): no takeover can
-// have moved the key to another epoch, since a takeover needs an expired lease. A cancel in
+// have moved the key to another epoch, since a takeover needs an expired lease, or a
+// redelivery (ackWait after a first delivery) that found the owner gone. A cancel in
 // that second is still caught, by the completion's compare-and-set (and the lease renewals),
 // after the backend call instead of before it.
 func trustSent(md *jetstream.MsgMetadata, sent *kv.Record, now time.Time) bool {
@@ -383,10 +399,17 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		abandoned, unheard := intent.Abandoned(ctx, p.js, p.store, wire.Key, rec, now, p.opts.Lease)
+		if !abandoned && leaseHolds(rec, now) {
+			if owner, gone := p.ownerGone(ctx, wire.Key, rec); gone {
+				abandoned, unheard = true, fmt.Errorf("workers: owner %s gone (no responders for %s)", owner, jobs.PresenceSpan)
+			}
+		}
 		if !abandoned {
-			// Not yet: the lease runs, or ran out while the records had no leader or its owner
-			// still runs it (intent.Abandoned).
-			_ = m.NakWithDelay(max(rec.LeaseUntil.Sub(now), 0) + 100*time.Millisecond)
+			// Not yet: the lease runs (and its owner is there, or not known), or it ran out while
+			// the records had no leader or its owner still runs it (intent.Abandoned). Asked
+			// again at the lease's end, or within an ack wait while it runs: an owner that dies
+			// later is then found gone in seconds too.
+			_ = m.NakWithDelay(min(max(rec.LeaseUntil.Sub(now), 0)+100*time.Millisecond, ackWait(p.opts.Lease)))
 			return
 		}
 		job, rec, rev, err = intent.TakeOver(ctx, p.js, p.store, job.Key, rec, rev, p.opts.Now, p.opts.Lease)
@@ -396,11 +419,11 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 		p.opts.Metrics.Takeover()
-		p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "lease expired: the job was redelivered")
+		p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "lease expired or owner gone: the job was redelivered")
 		// The epoch changed: build the context again rather than add a second "epoch" field.
 		log = p.opts.Log.With().Str(fieldJobID, wire.ID).Str(fieldKey, wire.Key).Int(fieldEpoch, job.Epoch).Logger()
 		log.Warn().Int("previous_epoch", wire.Epoch).AnErr("owner_unheard", unheard).Str("server", p.js.Conn().ConnectedServerName()).
-			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry")
+			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry or its owner's death")
 	}
 	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job), rec: rec, rev: rev, log: log})
 }

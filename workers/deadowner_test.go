@@ -1,0 +1,81 @@
+package workers_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+	"github.com/oncegate/oncegate/workers"
+)
+
+// TestDeadOwnerIsTakenOverBeforeItsLease: the pool running an execution dies (its connection
+// closes, as a killed process's does) after sending its attempt. Its job message, no longer
+// kept in progress, is redelivered to the other pool after the JOBS ack wait; that pool finds
+// the owner the epoch's progress names gone (no responders on its presence subject) and takes
+// the execution over at once, counting the sent attempt, instead of waiting out a one-minute
+// lease (issue 34: a killed worker's intents waited the whole lease, then ran again).
+func TestDeadOwnerIsTakenOverBeforeItsLease(t *testing.T) {
+	r := resources(t)
+	ctx := context.Background()
+	const lease = time.Minute
+	var logs testkit.SyncBuffer
+	_, gate := newGated(t)
+	defer gate.Open()
+	ownerNC, ownerJS := r.srv.Conn(t)
+	ownerStore, err := kv.Open(ctx, ownerJS, kv.BucketConfig{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, workers.New(ownerJS, ownerStore, workers.Options{ID: "doomed", Concurrency: 2, Lease: lease, RenewEvery: 20 * time.Second,
+		Backends: map[string]workers.Backend{"mock": gate}, Log: zerolog.New(&logs).With().Str("pool", "doomed").Logger(),
+		SweepEvery: -1, ShutdownGrace: time.Millisecond}))
+
+	const key = "dead-owner"
+	rec := pendingRecord(lease, "the owner dies")
+	rev, err := r.store.Claim(ctx, key, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.Submit(ctx, r.srv.JS, mustJob(t, key, rec, rev)); err != nil {
+		t.Fatal(err)
+	}
+	<-gate.entered // the attempt is sent
+	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		p, err := r.store.Progress(ctx, key, 1)
+		if err != nil || p.Worker != "doomed" || p.Attempt != 1 {
+			return fmt.Errorf("progress of the sent attempt: %+v %v", p, err)
+		}
+		return nil
+	})
+	ownerNC.Close() // the process is gone: its presence, heartbeats and writes with it
+
+	mock, _ := newGated(t)
+	run(t, workers.New(r.srv.JS, r.store, workers.Options{ID: "taker", Concurrency: 2, Lease: lease, RenewEvery: 20 * time.Second,
+		Backends: map[string]workers.Backend{"mock": mock}, Log: zerolog.New(&logs).With().Str("pool", "taker").Logger(), SweepEvery: -1}))
+	var got *kv.Record
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		cur, _, err := r.store.Get(ctx, key)
+		if err != nil || cur.State == kv.Pending {
+			return fmt.Errorf("record %+v %v, want it finished by the taker", cur, err)
+		}
+		got = cur
+		return nil
+	})
+	if got.State != kv.Completed || got.Epoch != 2 || got.Worker != "taker" || got.Takeovers != 1 || got.Result == nil || got.Result.Status != http.StatusOK {
+		t.Fatalf("record %s epoch %d worker %q takeovers %d result %+v; want COMPLETED by the taker in epoch 2\n%s",
+			got.State, got.Epoch, got.Worker, got.Takeovers, got.Result, logs.String())
+	}
+	if !got.EpochStarted.Before(rec.LeaseUntil) {
+		t.Fatalf("taken over at %s, after the dead owner's lease ran out (%s)", got.EpochStarted, rec.LeaseUntil)
+	}
+	if len(got.Unfinished) != 1 || got.Unfinished[0].Epoch != 1 || got.Attempts != 2 {
+		t.Fatalf("unfinished %+v, attempts %d: want the dead owner's sent attempt counted", got.Unfinished, got.Attempts)
+	}
+}
