@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -193,6 +194,34 @@ func TestStreamBrokenBeforeFirstTokenEveryAttempt(t *testing.T) {
 			}
 			if charges := ftCharges(t, gw, "ft-every"); len(charges) != 0 {
 				t.Errorf("charges for executions that produced nothing: %v", charges)
+			}
+		})
+	}
+}
+
+// TestStreamBrokenBeforeFirstTokenSaysHowOften: the 502 of a stream that broke before its
+// first token says how many attempts broke: one when the backend allows one (issue 34: it said
+// "on every attempt" after one), all of them otherwise.
+func TestStreamBrokenBeforeFirstTokenSaysHowOften(t *testing.T) {
+	for _, tc := range []struct {
+		maxAttempts int
+		want        string
+	}{
+		{1, "before its first token on its only attempt;"},
+		{3, "before its first token on all 3 attempts;"},
+	} {
+		t.Run(fmt.Sprintf("max_attempts=%d", tc.maxAttempts), func(t *testing.T) {
+			cfg := gatewaykit.Config(t)
+			for i := range cfg.Backends {
+				if cfg.Backends[i].Name == "mock" {
+					cfg.Backends[i].MaxAttempts = tc.maxAttempts
+				}
+			}
+			gw := gatewaykit.StartGateway(t, cfg)
+			body := ftCases[0].body(fmt.Sprintf("broken %d times", tc.maxAttempts), `{"fault":"drop_after","fault_after":0}`)
+			r := postChat(t, gw.URL, body, nil)
+			if r.Status != http.StatusBadGateway || !strings.Contains(string(r.Body), tc.want) {
+				t.Fatalf("status %d body %s; want 502 saying %q", r.Status, r.Body, tc.want)
 			}
 		})
 	}

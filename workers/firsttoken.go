@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -162,8 +163,14 @@ func (ex *execution) resendStream(ctx context.Context, b Backend) (next *answer,
 // token of: the last refusal of a re-send when there was one, else the break itself.
 func (ex *execution) brokeBeforeFirstToken(last *failure) *failure {
 	if last == nil {
+		// Said as it happened: a route allowed one attempt, or its deadline no re-send (issue
+		// 34: "on every attempt" after one).
+		how := "on its only attempt"
+		if ex.attempts > 1 {
+			how = fmt.Sprintf("on all %d attempts", ex.attempts)
+		}
 		last = &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_stream_broken",
-			"the model backend's stream broke before its first token on every attempt; nothing was generated, so a retry is safe")}
+			"the model backend's stream broke before its first token "+how+"; nothing was generated, so a retry is safe")}
 	}
 	return released(last)
 }
