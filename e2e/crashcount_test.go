@@ -87,6 +87,15 @@ routes:
 	if st.State != "COMPLETED" || st.Attempts != 2 {
 		t.Errorf("key after the takeover: %s", sr.Body)
 	}
+	// The answer and its replay count the attempts as the record does (issue 34: a replay said
+	// 1 where the record said 2).
+	if got := r.Header.Get("Oncegate-Attempts"); got != "2" {
+		t.Errorf("answer's Oncegate-Attempts %q, want 2", got)
+	}
+	replay := send(http.MethodPost, base+chatPath, body, hdr)
+	if replay.Header.Get("Oncegate-Idempotency") != "replayed" || replay.Header.Get("Oncegate-Attempts") != "2" {
+		t.Errorf("replay: %s, Oncegate-Attempts %q; want replayed, 2", replay.Header.Get("Oncegate-Idempotency"), replay.Header.Get("Oncegate-Attempts"))
+	}
 	if code := second.sigterm(t, 20*time.Second); code != 0 {
 		t.Fatalf("restarted gateway exit code %d", code)
 	}

@@ -285,7 +285,7 @@ func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
 	if res == nil {
 		return errNoResult
 	}
-	setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded})
+	setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: rec.Attempts, Degraded: res.Degraded}) // every epoch's, as the record counts them
 	w := wireOf(rec.API)
 	if rec.State == kv.Completed && res.Status != http.StatusOK {
 		return sendStored(c, res.Status, res.ContentType, res.Body)

@@ -435,7 +435,7 @@ func (s *Server) deliverResponse(c *fiber.Ctx, g *generation, adm *intent.Admiss
 // replayResponse answers from a finished record.
 func (s *Server) replayResponse(c *fiber.Ctx, rec *kv.Record, meta responseswire.Meta, stream bool) error {
 	if res := rec.Result; res != nil {
-		setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: res.Attempts, Degraded: res.Degraded})
+		setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: rec.Attempts, Degraded: res.Degraded})
 	}
 	r, err := renderRecord(rec, meta)
 	if err != nil {

@@ -76,6 +76,10 @@ type execution struct {
 
 	backend   string // the backend that answered
 	attempts  int    // backend attempts made (retries, fallbacks, continuations)
+	// earlier are the intent's attempts before this epoch (cut off by takeovers or cancels,
+	// as the record counts them): the answer's Oncegate-Attempts says them all, as the
+	// record and its replays do.
+	earlier int
 	ambiguous int    // attempts written and ended without an answer
 	degraded  bool   // the route's degraded answer was given
 
@@ -85,6 +89,9 @@ type execution struct {
 func (ex *execution) run(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	ex.mu.Lock()
+	ex.earlier = ex.rec.Attempts
+	ex.mu.Unlock()
 	if !ex.unrecorded {
 		renewDone := make(chan struct{})
 		go func() {
@@ -176,7 +183,7 @@ func (ex *execution) readAnswer(ctx context.Context, ans *answer) (body []byte, 
 
 // meta is what the client's response headers say about how the answer was obtained.
 func (ex *execution) meta() jobs.Meta {
-	return jobs.Meta{Backend: ex.backend, Attempts: ex.attempts, Degraded: ex.degraded}
+	return jobs.Meta{Backend: ex.backend, Attempts: ex.earlier + ex.attempts, Degraded: ex.degraded}
 }
 
 // finishCompleted stores the outcome durably, then publishes the terminal chunk and acks: a

@@ -301,7 +301,7 @@ func (r *relay) streamMeta() json.RawMessage {
 	b, _ := json.Marshal(struct {
 		Resumed  int `json:"resumed"`
 		Attempts int `json:"attempts"`
-	}{r.resumed, r.ex.attempts})
+	}{r.resumed, r.ex.earlier + r.ex.attempts})
 	return b
 }
 
