@@ -74,14 +74,14 @@ type execution struct {
 	// the output goes to the record only (see relay.publish).
 	feedLost error
 
-	backend   string // the backend that answered
-	attempts  int    // backend attempts made (retries, fallbacks, continuations)
+	backend  string // the backend that answered
+	attempts int    // backend attempts made (retries, fallbacks, continuations)
 	// earlier are the intent's attempts before this epoch (cut off by takeovers or cancels,
 	// as the record counts them): the answer's Oncegate-Attempts says them all, as the
 	// record and its replays do.
-	earlier int
-	ambiguous int    // attempts written and ended without an answer
-	degraded  bool   // the route's degraded answer was given
+	earlier   int
+	ambiguous int  // attempts written and ended without an answer
+	degraded  bool // the route's degraded answer was given
 
 	tried map[string]int // attempts made per backend (see tryBackends)
 }
