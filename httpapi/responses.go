@@ -652,6 +652,9 @@ func (s *Server) getResponse(c *fiber.Ctx) error {
 		return err
 	}
 	if !wantsStream(c) {
+		// Running from its backend call on, as its worker's progress says (the record says so
+		// only from its first lease renewal).
+		rec, _ = s.intents.WithProgress(c.UserContext(), key, rec)
 		return s.sendResponseObject(c, rec)
 	}
 	after := -1

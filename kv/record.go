@@ -45,6 +45,7 @@
 package kv
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -410,8 +411,14 @@ func (r *Record) CancelledAt(now time.Time, body []byte, p *Progress) *Record {
 	out := r.clone()
 	if p != nil && p.Epoch == r.Epoch {
 		out.addUnfinished(p, true)
+		// What it did before the cancel, as the progress said it (the record has it only
+		// from a lease renewal): a cancelled stream does not read as never started.
+		if p.JobID == r.JobID && p.Attempt > 0 {
+			out.Tokens, out.Backend = max(out.Tokens, p.Tokens), cmp.Or(out.Backend, p.Backend)
+		}
 	}
 	out.RequestBytes = r.requestSize()
+	out.Progress = ProgressFinished
 	out.State, out.Cancelled, out.Request = Failed, true, nil
 	out.Result = &Result{Status: http.StatusConflict, Body: body, Finished: now}
 	return out

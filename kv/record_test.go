@@ -66,7 +66,7 @@ func TestTransitions(t *testing.T) {
 	// certain is the one attempt a dispatched record without progress certainly sent.
 	certain := kv.Unfinished{Epoch: 2, Attempts: 1, Backend: "b", Tokens: 7, RequestBytes: 8}
 	cancelled := func(r *kv.Record) {
-		r.RequestBytes, r.State, r.Cancelled, r.Request = 8, kv.Failed, true, nil
+		r.RequestBytes, r.State, r.Cancelled, r.Request, r.Progress = 8, kv.Failed, true, nil, kv.ProgressFinished
 		r.Result = &kv.Result{Status: http.StatusConflict, Body: cancelBody, Finished: now}
 	}
 	for _, tc := range []struct {
@@ -168,6 +168,18 @@ func TestTransitions(t *testing.T) {
 			name: "cancelled, another epoch's progress ignored",
 			to:   func(r *kv.Record) *kv.Record { return r.CancelledAt(now, cancelBody, sent(1)) },
 			want: cancelled,
+		},
+		{
+			// Before any renewal the record knows nothing of the stream: the progress tells
+			// what it streamed (issue 34: a cancelled job read 0 tokens though it streamed).
+			name: "cancelled while an attempt runs, before its first renewal",
+			from: queued,
+			to:   func(r *kv.Record) *kv.Record { return r.CancelledAt(now, cancelBody, sent(2)) },
+			want: func(r *kv.Record) {
+				cancelled(r)
+				r.Unfinished = append(r.Unfinished, kv.Unfinished{Epoch: 2, Attempts: 2, Backend: "b", Tokens: 4, RequestBytes: 8, Cancelled: true})
+				r.Attempts, r.Tokens = 3, 4
+			},
 		},
 		{
 			name: "cancelled while queued",
