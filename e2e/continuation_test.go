@@ -9,8 +9,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
@@ -181,3 +183,36 @@ func TestContinuationVLLMUsage(t *testing.T) {
 
 const continuedUsageBug = "regression: a continued stream whose client asked for stream_options.include_usage ends without a usage chunk: the original stream broke before " +
 	"its usage, and the continuation's usage is only kept in kv.Result.ContinuationUsage (workers/relay.go transform: `if continued { r.contUsage = append(...); return nil, nil }`), never published nor summed into Usage"
+
+// TestContinuationPassesItsOwnBreaker: the break of a stream counts against its backend's
+// breaker, which opens on it (one request, a failure rate of 1); the stream's continuation is
+// still sent: it finishes the call the breaker admitted, it is not new load (issue 34: the
+// breaker refused it and the client got a truncated stream). A new request is then refused by
+// the open breaker as before.
+func TestContinuationPassesItsOwnBreaker(t *testing.T) {
+	cfg := gatewaykit.Config(t)
+	b := fastRetryBackend("contmock", config.TypeMock, "", "oncegate-mock")
+	b.Continuation = config.ContinuationVLLM
+	b.Breaker = config.Breaker{FailureRate: 0.5, MinRequests: 1, Window: config.Duration(time.Minute), OpenFor: config.Duration(time.Minute), Probes: 1}
+	cfg.Backends = append(cfg.Backends, b)
+	cfg.Routes = []config.Route{{Model: "oncegate-mock", Backends: []string{"contmock"}}}
+	gw := gatewaykit.StartGateway(t, cfg)
+	mock := gw.Mock(t, "contmock")
+
+	const msg = "a break opens the breaker; the continuation still goes"
+	body := mockBody(msg, `{"fault":"drop_after","fault_after":3,"fault_first_n":1}`, `"stream":true`)
+	resp := postChat(t, gw.URL, body, nil)
+	if resp.Status != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.Status, resp.Body)
+	}
+	if st := chatStreamOf(t, resp.Body); st.Content != mockContent(t, msg) || !st.Done {
+		t.Fatalf("transcript %q (done %v), want the continued answer %q", st.Content, st.Done, mockContent(t, msg))
+	}
+	if st := mock.Stats(); st.Requests != 2 {
+		t.Fatalf("stats %+v, want the original and its continuation", st)
+	}
+	r := postChat(t, gw.URL, mockBody("new load while the breaker is open", "", ""), nil)
+	if r.Status == http.StatusOK || mock.Stats().Requests != 2 {
+		t.Fatalf("a new request while the breaker is open: %d, %d backend requests; want it refused, 2", r.Status, mock.Stats().Requests)
+	}
+}

@@ -544,7 +544,10 @@ func (r *relay) continuation(ctx context.Context, b Backend) (*http.Response, co
 	}
 	report, err := r.ex.pool.guard(b.Name()).breaker.Allow(ctx)
 	if err != nil {
-		return nil, nil, err
+		// Open, most likely on this stream's own break: the breaker keeps new load away, and
+		// a continuation is not new load but the end of a call it admitted (issue 34: the
+		// breaker refused it and the client got a truncated stream). It goes out unreported.
+		report = func(bool) {}
 	}
 	r.ex.attempts++
 	r.ex.pub.SetMeta(r.ex.meta()) // the terminal chunk says how many attempts it took
