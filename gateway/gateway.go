@@ -698,10 +698,10 @@ func newBudgets(l *ledger.Ledger, tenants []config.Tenant) (budgets, error) {
 	return out, nil
 }
 
-// Reserve admits estimateMicros against the tenant's budget, if it has one.
-func (b budgets) Reserve(ctx context.Context, tenant string, estimateMicros int64) (func(int64), error) {
+// ReserveJob admits estimateMicros for job jobID against the tenant's budget, if it has one.
+func (b budgets) ReserveJob(ctx context.Context, tenant, jobID string, estimateMicros int64) (func(int64), error) {
 	if bb, ok := b[tenant]; ok {
-		return bb.Reserve(ctx, tenant, estimateMicros)
+		return bb.ReserveJob(ctx, tenant, jobID, estimateMicros)
 	}
 	return func(int64) {}, nil
 }

@@ -91,7 +91,7 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 
 // create claims key with a new record and publishes its job; kv.ErrExists if taken.
 func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outcome Outcome) (*Admission, error) {
-	res, err := c.reserve(ctx, req)
+	res, err := c.reserve(ctx, req, jobID)
 	if err != nil {
 		// A copy of an intent that already exists is never refused by a budget, by the
 		// node's bounds or by the tenant's caps on executions: it costs no backend call.
@@ -161,7 +161,7 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 	if c.local == nil || req.Async || req.Retrievable {
 		return nil, false, nil
 	}
-	res, err := c.reserve(ctx, req)
+	res, err := c.reserve(ctx, req, jobID)
 	if err != nil {
 		return nil, true, err
 	}
@@ -404,7 +404,7 @@ func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev ui
 	if jobID == old.JobID {
 		rec.Created = old.Created
 	}
-	res, err := c.reserve(ctx, req)
+	res, err := c.reserve(ctx, req, jobID)
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ func (r *reservation) cancel() {
 // reserve admits a new execution against the node's bounds (shed.go), the tenant's caps
 // (limits.go) and its budget (replays and joins never come here); ErrOverloaded without room,
 // a *LimitError above a cap, ledger.ErrBudgetExceeded when the spend limit is reached.
-func (c *Core) reserve(ctx context.Context, req *Request) (*reservation, error) {
+func (c *Core) reserve(ctx context.Context, req *Request, jobID string) (*reservation, error) {
 	free, err := c.slot(len(req.Body))
 	if err != nil {
 		return nil, err
@@ -54,7 +54,7 @@ func (c *Core) reserve(ctx context.Context, req *Request) (*reservation, error) 
 	if c.budgets == nil {
 		return r, nil
 	}
-	release, err := c.budgets.Reserve(ctx, req.Tenant, c.estimate(req))
+	release, err := c.budgets.ReserveJob(ctx, req.Tenant, jobID, c.estimate(req))
 	if errors.Is(err, ledger.ErrBudgetExceeded) {
 		c.metrics.BudgetRefused(req.Tenant)
 	}

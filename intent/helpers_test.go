@@ -270,7 +270,7 @@ type budget struct {
 	reserved atomic.Int32
 }
 
-func (b *budget) Reserve(_ context.Context, tenant string, _ int64) (func(int64), error) {
+func (b *budget) ReserveJob(_ context.Context, tenant, _ string, _ int64) (func(int64), error) {
 	if b.refuse.Load() {
 		return nil, fmt.Errorf("%w: tenant %s", ledger.ErrBudgetExceeded, tenant)
 	}

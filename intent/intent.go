@@ -62,7 +62,9 @@ var (
 // Budgeter admits new executions against tenants' spend limits (replays and joins never
 // reach it). Reserve returns ledger.ErrBudgetExceeded when the tenant's limit is reached.
 type Budgeter interface {
-	Reserve(ctx context.Context, tenant string, estimateMicros int64) (release func(actualMicros int64), err error)
+	// ReserveJob admits the execution of job jobID (its settle hold names it: the ledger's
+	// charge of the job supersedes it).
+	ReserveJob(ctx context.Context, tenant, jobID string, estimateMicros int64) (release func(actualMicros int64), err error)
 }
 
 // Options are the idempotency settings the core decides with.

@@ -92,9 +92,11 @@ func WithSettleHold(d time.Duration) BudgetOption { return func(b *Budgets) { b.
 // in one compare-and-set, with a settle hold of the actual cost.
 //
 // The hold. The ledger charge of an execution is written off the request's critical path (by
-// its worker); until it is, the hold (default 30 s) stands in for it, and while both exist the
-// cost counts twice, which errs on the side of refusing. The ledger is the truth of what was
-// spent; the bucket only holds what is in flight.
+// its worker); until it is, the hold (default 30 s) stands in for it. A hold names its job
+// (ReserveJob), and once the tenant's entries read show a charge of that job the hold stops
+// counting: the cost counts once (issue 34: while both counted, a tenant was refused at half
+// its limit). A hold without a job (Reserve) counts until it expires. The ledger is the truth
+// of what was spent; the bucket only holds what is in flight.
 //
 // Expiry. A node renews its live reservations every TTL/4 (DefaultReservationTTL, 1 minute);
 // one that lapsed while NATS was unreachable is put back by the next renewal. A node that dies
@@ -143,9 +145,18 @@ type tenantBudget struct {
 	loaded  bool
 	lastSeq uint64              // last ledger entry of the tenant counted
 	spent   map[time.Time]int64 // net spend by period start (entries read once, incrementally)
-	held    map[string]held     // this process's unreleased reservations, by id
-	timer   *time.Timer         // renews held; nil when nothing is held
-	gen     uint64              // which timer is current (a stopped one may still fire)
+	// charged are the jobs with a charge among the entries counted, and its time: what a
+	// settle hold of the job no longer needs to stand in for. Kept for a hold and a minute.
+	charged map[string]time.Time
+	held    map[string]held // this process's unreleased reservations, by id
+	timer   *time.Timer     // renews held; nil when nothing is held
+	gen     uint64          // which timer is current (a stopped one may still fire)
+}
+
+// isCharged reports whether the entries counted hold a charge of job. The caller holds tb.mu.
+func (tb *tenantBudget) isCharged(job string) bool {
+	_, ok := tb.charged[job]
+	return ok
 }
 
 // held is a reservation this process holds and renews.
@@ -177,7 +188,8 @@ func (b *Budgets) tenant(t string) *tenantBudget {
 	defer b.mu.Unlock()
 	tb := b.tenants[t]
 	if tb == nil {
-		tb = &tenantBudget{mu: make(chanMutex, 1), key: reservationKey(t), spent: map[time.Time]int64{}, held: map[string]held{}}
+		tb = &tenantBudget{mu: make(chanMutex, 1), key: reservationKey(t), spent: map[time.Time]int64{}, held: map[string]held{},
+			charged: map[string]time.Time{}}
 		b.tenants[strings.Clone(t)] = tb // kept: never a caller's borrowed bytes
 	}
 	return tb
@@ -193,8 +205,18 @@ func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, 
 	count := func(e *Entry) error {
 		tb.lastSeq = e.Seq
 		tb.spent[b.period.start(e.Time)] += e.Signed()
+		if e.Kind == KindCharge && e.JobID != "" {
+			tb.charged[e.JobID] = e.Time
+		}
 		return nil
 	}
+	defer func() { // forget what no live hold can name any more
+		for job, at := range tb.charged {
+			if now.Sub(at) > b.hold+time.Minute {
+				delete(tb.charged, job)
+			}
+		}
+	}()
 	subject := Subject(tenant)
 	if tb.loaded {
 		return b.l.follow(ctx, subject, tb.lastSeq+1, count)
@@ -223,6 +245,12 @@ func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, 
 // actual cost (0 if it produced none); later calls do nothing. A tenant without a limit is
 // admitted without reading the ledger.
 func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int64) (release func(actualMicros int64), err error) {
+	return b.ReserveJob(ctx, tenant, "", estimateMicros)
+}
+
+// ReserveJob is Reserve for the execution of job jobID: its settle hold names the job, and
+// stops counting once the ledger shows the job's charge.
+func (b *Budgets) ReserveJob(ctx context.Context, tenant, jobID string, estimateMicros int64) (release func(actualMicros int64), err error) {
 	limit, limited := b.limits[tenant]
 	if !limited {
 		return func(int64) {}, nil
@@ -243,7 +271,7 @@ func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int
 	spent := tb.spent[ps]
 	id := newReservationID()
 	err = b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
-		reserved := rs.live(now)
+		reserved := rs.live(now, tb.isCharged)
 		if rs.find(id) >= 0 {
 			return false, nil // an earlier try was written; its answer was lost
 		}
@@ -269,7 +297,7 @@ func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int
 	}
 	var once sync.Once
 	return func(actualMicros int64) {
-		once.Do(func() { b.settle(tenant, tb, id, actualMicros) })
+		once.Do(func() { b.settle(tenant, tb, id, jobID, actualMicros) })
 	}, nil
 }
 
@@ -277,7 +305,7 @@ func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int
 const settleTimeout = 10 * time.Second
 
 // settle replaces reservation id with a settle hold of actualMicros.
-func (b *Budgets) settle(tenant string, tb *tenantBudget, id string, actualMicros int64) {
+func (b *Budgets) settle(tenant string, tb *tenantBudget, id, jobID string, actualMicros int64) {
 	tb.mu.Lock()
 	defer tb.mu.Unlock()
 	delete(tb.held, id)
@@ -287,7 +315,7 @@ func (b *Budgets) settle(tenant string, tb *tenantBudget, id string, actualMicro
 	ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
 	defer cancel()
 	err := b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
-		rs.live(now)
+		rs.live(now, tb.isCharged)
 		i := rs.find(id)
 		if i >= 0 && rs.List[i].Settled {
 			return false, nil // an earlier try was written
@@ -297,7 +325,7 @@ func (b *Budgets) settle(tenant string, tb *tenantBudget, id string, actualMicro
 		}
 		hold := actualMicros > 0 && b.hold > 0
 		if hold {
-			rs.List = append(rs.List, reservation{ID: id, Micros: actualMicros, Until: now.Add(b.hold).UnixMilli(), Settled: true})
+			rs.List = append(rs.List, reservation{ID: id, Micros: actualMicros, Until: now.Add(b.hold).UnixMilli(), Settled: true, Job: jobID})
 		}
 		return i >= 0 || hold, nil
 	})
@@ -353,7 +381,7 @@ func (b *Budgets) renew(tenant string, tb *tenantBudget, gen uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), renewTimeout)
 	defer cancel()
 	err := b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
-		rs.live(now)
+		rs.live(now, tb.isCharged)
 		until := now.Add(b.ttl).UnixMilli()
 		for id, h := range tb.held {
 			switch i := rs.find(id); {
@@ -404,7 +432,7 @@ func (b *Budgets) Status(ctx context.Context, tenant string) (BudgetStatus, erro
 	}
 	var reserved int64
 	if err := b.change(ctx, tb.key, func(rs *reservations, now time.Time) (bool, error) {
-		reserved = rs.live(now)
+		reserved = rs.live(now, tb.isCharged)
 		return false, nil
 	}); err != nil {
 		return BudgetStatus{}, fmt.Errorf("ledger: budget of %s: %w", tenant, err)

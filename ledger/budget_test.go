@@ -146,3 +146,38 @@ func TestBudgetsConcurrent(t *testing.T) {
 		t.Fatalf("unknown period: %v, want ErrInvalid", err)
 	}
 }
+
+// TestSettleHoldEndsWithItsCharge: a settled execution's hold stands in for its charge until
+// the ledger shows it, then the charge alone counts (issue 34: both counted, and a tenant was
+// refused at half its limit). A hold of another job keeps counting.
+func TestSettleHoldEndsWithItsCharge(t *testing.T) {
+	srv := start(t)
+	ctx := ctxT(t)
+	l := ledger.New(srv.JS, ledger.Prices{"m": {InputPerMillion: 1_000_000}}, "USD") // 1 µ a token
+	b, err := ledger.NewBudgets(l, ledger.PeriodMonth, map[string]int64{"acme": 1_000}, ledger.WithSettleHold(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	reserve := func(job string, micros int64) func(int64) {
+		t.Helper()
+		rel, err := b.ReserveJob(ctx, "acme", job, micros)
+		if err != nil {
+			t.Fatalf("reserve %d for %s: %v", micros, job, err)
+		}
+		return rel
+	}
+	reserve(j1, 100)(600) // j1 settled at 600: its hold counts until its charge is read
+	reserve(j2, 100)(100) // j2 settled at 100, never charged here
+	if _, err := b.ReserveJob(ctx, "acme", j3, 400); !errors.Is(err, ledger.ErrBudgetExceeded) {
+		t.Fatalf("reserve 400 at 700 held: %v, want ErrBudgetExceeded", err)
+	}
+	if _, err := l.Charge(ctx, ledger.ChargeInput{Tenant: "acme", KeyHash: k1, JobID: j1, Epoch: 1, Model: "m", InputTokens: 600}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Status(ctx, "acme")
+	if err != nil || st.SpentMicros != 600 || st.ReservedMicros != 100 {
+		t.Fatalf("status %+v, %v; want 600 spent (j1's charge) and 100 held (j2's hold)", st, err)
+	}
+	reserve(j3, 300)(0) // 600 + 100 + 300 = 1000: admitted once j1 counts once
+}

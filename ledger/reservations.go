@@ -55,6 +55,9 @@ type reservation struct {
 	Micros  int64  `json:"m"`
 	Until   int64  `json:"u"` // unix milliseconds
 	Settled bool   `json:"s,omitempty"`
+	// Job is the execution a settle hold stands in for (ReserveJob): once the ledger shows a
+	// charge of it, the hold no longer counts (the charge does).
+	Job string `json:"j,omitempty"`
 }
 
 // reservations is the value of a tenant's key in BudgetBucket.
@@ -62,16 +65,18 @@ type reservations struct {
 	List []reservation `json:"r"`
 }
 
-// live drops the entries expired at now and sums the others.
-func (rs *reservations) live(now time.Time) int64 {
+// live drops the entries expired at now, and the settle holds of jobs charged says the ledger
+// has a charge of (nil: none), and sums the others.
+func (rs *reservations) live(now time.Time, charged func(job string) bool) int64 {
 	ms := now.UnixMilli()
 	var sum int64
 	kept := rs.List[:0]
 	for _, r := range rs.List {
-		if r.Until > ms {
-			kept = append(kept, r)
-			sum += r.Micros
+		if r.Until <= ms || (r.Settled && r.Job != "" && charged != nil && charged(r.Job)) {
+			continue
 		}
+		kept = append(kept, r)
+		sum += r.Micros
 	}
 	rs.List = kept
 	return sum
