@@ -182,6 +182,9 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 	}
 	switch {
 	case g.Bypass: // its record key is made per execution by intent.Admit
+		if s.retryCountSent(c) { // an SDK that retries it: its retries can find it (intent/bypass.go)
+			g.ContentKey = intent.AutoKey(g.Tenant, c.Method(), c.Path(), g.Fingerprint)
+		}
 	case present:
 		g.Key = intent.RecordKey(g.Tenant, g.echoKey)
 	default:
@@ -282,6 +285,20 @@ func (s *Server) isRetry(c *fiber.Ctx) bool {
 	}
 	for _, h := range s.idem.RetryHeaders {
 		if v := c.Get(h); v != "" && v != "0" && !strings.EqualFold(v, "false") {
+			return true
+		}
+	}
+	return false
+}
+
+// retryCountSent reports whether the request says which attempt it is (an official SDK's
+// x-stainless-retry-count, or a configured retry header), whatever the count.
+func (s *Server) retryCountSent(c *fiber.Ctx) bool {
+	if c.Get("x-stainless-retry-count") != "" {
+		return true
+	}
+	for _, h := range s.idem.RetryHeaders {
+		if c.Get(h) != "" {
 			return true
 		}
 	}

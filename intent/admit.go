@@ -28,12 +28,7 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 		return nil, err
 	}
 	if req.Bypass {
-		jobID := jobs.NewID()
-		key := HashParts(req.Tenant, "bypass", jobID) // unique per execution, whatever the key
-		if adm, ran, err := c.runLocal(ctx, req, key, jobID); ran {
-			return adm, err
-		}
-		return c.create(ctx, req, key, jobID, Bypassed)
+		return c.bypass(ctx, req)
 	}
 	if rec, rev, ok := c.finishedRecord(req); ok {
 		adm, err := c.attach(ctx, req, &kv.ExistsError{Record: rec, Rev: rev}, false)

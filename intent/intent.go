@@ -208,6 +208,10 @@ type Request struct {
 	Arrived time.Time
 	// Bypass: deduplication is off for this request (X-Allow-Duplicate, or the route).
 	Bypass bool
+	// ContentKey is the auto key of a bypassed request whose client sent an SDK's retry
+	// count (it retries on a timeout): its execution is listed under it, and its retry (Retry)
+	// joins that execution (bypass.go). Empty: a bypass nothing will look for.
+	ContentKey string
 	// Async: the request is a background job (indexed as such; nobody follows it here).
 	Async    bool
 	Model    string
