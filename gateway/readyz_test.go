@@ -57,26 +57,59 @@ func notAdmitted(t *testing.T, base, key string, wait time.Duration) {
 func TestReadyzAnswersAtOnceWithoutQuorum(t *testing.T) {
 	c := testkit.RunCluster(t, 3)
 	gw := gatewaykit.StartGateway(t, clusterConfig(t, c, 3))
-	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, readyzAtOnce(t, gw.URL, http.StatusOK, "ready"))
-	chat(t, gw.URL, "readyz-quorum-0001")
+	readyzThroughOutage(t, gw.URL, "readyz-quorum", func() func() {
+		leader, other, _ := c.LoseQuorum(kv.BucketStream)
+		return func() {
+			c.Restart(leader)
+			c.Restart(other)
+		}
+	})
+}
 
-	leader, other, _ := c.LoseQuorum(kv.BucketStream)
-	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, readyzAtOnce(t, gw.URL, http.StatusServiceUnavailable, ""))
-	// Several probe timeouts without a quorum: every answer at once, and every one 503.
+// TestReadyzWhileIDEMsOnlyReplicaIsDown (issue 34): on a 3-node cluster with one replica per
+// stream, the server that holds the IDEM bucket is stopped. The other two keep a meta leader
+// and list every stream, but no record can be written: /readyz is 503 (main said ready, or
+// took seconds, depending on where JOBS and the status board were placed), at once, and 200
+// again when the server is back.
+func TestReadyzWhileIDEMsOnlyReplicaIsDown(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	gw := gatewaykit.StartGateway(t, clusterConfig(t, c, 1))
+	readyzThroughOutage(t, gw.URL, "readyz-r1", func() func() {
+		holder := c.StreamLeader(kv.BucketStream)
+		if holder < 0 {
+			t.Fatalf("%s has no leader", kv.BucketStream)
+		}
+		c.Stop(holder)
+		return func() { c.Restart(holder) }
+	})
+}
+
+// readyzThroughOutage waits for the gateway at base to be ready and answer a request, calls
+// stop (which makes admission impossible and returns how to undo it) and asserts that /readyz,
+// answering at once all along, turns 503 and stays so for several probe timeouts while a new
+// request is not admitted; then undoes the outage and asserts /readyz turns 200 and a request
+// is answered. Keys are prefix-0001, -0002, -0003.
+func readyzThroughOutage(t *testing.T, base, prefix string, stop func() (restart func())) {
+	t.Helper()
+	testkit.CheckFor(t, 30*time.Second, 20*time.Millisecond, readyzAtOnce(t, base, http.StatusOK, "ready"))
+	chat(t, base, prefix+"-0001")
+
+	restart := stop()
+	testkit.CheckFor(t, 20*time.Second, 20*time.Millisecond, readyzAtOnce(t, base, http.StatusServiceUnavailable, ""))
+	// Several probe timeouts without admission: every answer at once, and every one 503.
 	until := time.Now().Add(3 * httpapi.ReadyProbeTimeout)
 	for time.Now().Before(until) {
-		if err := readyzAtOnce(t, gw.URL, http.StatusServiceUnavailable, "")(); err != nil {
-			t.Fatalf("without a quorum: %v", err)
+		if err := readyzAtOnce(t, base, http.StatusServiceUnavailable, "")(); err != nil {
+			t.Fatalf("during the outage: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	notAdmitted(t, gw.URL, "readyz-quorum-0002", 2*time.Second)
-	if err := readyzAtOnce(t, gw.URL, http.StatusServiceUnavailable, "")(); err != nil {
-		t.Fatalf("without a quorum: %v", err)
+	notAdmitted(t, base, prefix+"-0002", 2*time.Second)
+	if err := readyzAtOnce(t, base, http.StatusServiceUnavailable, "")(); err != nil {
+		t.Fatalf("during the outage: %v", err)
 	}
 
-	c.Restart(leader)
-	c.Restart(other)
-	testkit.CheckFor(t, 60*time.Second, 20*time.Millisecond, readyzAtOnce(t, gw.URL, http.StatusOK, "ready"))
-	chat(t, gw.URL, "readyz-quorum-0003")
+	restart()
+	testkit.CheckFor(t, 60*time.Second, 20*time.Millisecond, readyzAtOnce(t, base, http.StatusOK, "ready"))
+	chat(t, base, prefix+"-0003")
 }
