@@ -438,6 +438,117 @@ func TestMalformedHTTP(t *testing.T) {
 	}
 }
 
+// TestBareLFInHeader (issue 34): a request with a bare LF anywhere in its header section, with
+// or without an Authorization header (ignored without tenants, a valid key with them), is
+// refused with 400 malformed_request in its route's error format, and changes nothing: no
+// backend call, no record under its Idempotency-Key. fasthttp reads a bare LF as a line end,
+// so on main a value split by one ("X-A: a\nX-B: b"), a folded line after one, LF-only lines
+// and an LF-ended header block were all executed. The same request with CRLF runs once.
+func TestBareLFInHeader(t *testing.T) {
+	const secret = "sk-og-lf-3d9e1b"
+	sum := sha256.Sum256([]byte(secret))
+	open := gatewaykit.StartGateway(t, nil)
+	cfg := gatewaykit.Config(t)
+	cfg.Tenants = []config.Tenant{{ID: "acme", APIKeysSHA256: []string{hex.EncodeToString(sum[:])}}}
+	tenanted := gatewaykit.StartGateway(t, cfg)
+
+	// req is a raw POST of path whose header section (from the line after the request line to
+	// the blank line) mangle rewrites.
+	req := func(addr, path, auth, key, body string, mangle func(string) string) string {
+		hdr := "Host: " + addr + "\r\n"
+		if auth != "" {
+			hdr += "Authorization: Bearer " + auth + "\r\n"
+		}
+		hdr += "Content-Type: application/json\r\nIdempotency-Key: " + key + "\r\nContent-Length: " +
+			fmt.Sprint(len(body)) + "\r\nConnection: close\r\n\r\n"
+		return "POST " + path + " HTTP/1.1\r\n" + mangle(hdr) + body
+	}
+	insert := func(line string) func(string) string {
+		return func(h string) string { return line + h }
+	}
+	cases := []struct {
+		name   string
+		mangle func(string) string
+		auth   bool // only with an Authorization header
+	}{
+		{name: "inside a value, the rest a header", mangle: insert("X-A: a\nX-B: b\r\n")},
+		{name: "before a folded line", mangle: insert("X-A: a\n b\r\n")},
+		{name: "ending one line", mangle: insert("X-A: a\n")},
+		{name: "ending every line", mangle: func(h string) string { return strings.ReplaceAll(h, "\r\n", "\n") }},
+		{name: "ending the header block", mangle: func(h string) string { return strings.TrimSuffix(h, "\r\n\r\n") + "\r\n\n" }},
+		{name: "inside the Authorization value", auth: true, mangle: func(h string) string {
+			return strings.Replace(h, secret+"\r\n", secret+"\nX-B: b\r\n", 1)
+		}},
+	}
+	setups := []struct {
+		name string
+		gw   *gatewaykit.Gateway
+		auth string
+	}{
+		{"no tenants, with Authorization", open, secret},
+		{"no tenants, without Authorization", open, ""},
+		{"tenant key in Authorization", tenanted, secret},
+	}
+	for si, su := range setups {
+		addr := strings.TrimPrefix(su.gw.URL, "http://")
+		mock := su.gw.Mock(t, "mock")
+		status := map[string]string{}
+		if su.auth != "" {
+			status["Authorization"] = "Bearer " + su.auth
+		}
+		noRecord := func(t *testing.T, key string) {
+			t.Helper()
+			if r := do(t, http.MethodGet, su.gw.URL+"/v1/idempotency/"+key, "", status); r.Status != http.StatusNotFound {
+				t.Errorf("key %s: status API %d %s, want 404 (no record)", key, r.Status, r.Body)
+			}
+		}
+		for ci, c := range cases {
+			if c.auth && su.auth == "" {
+				continue
+			}
+			for _, path := range []string{chatPath, "/v1/messages"} {
+				t.Run(su.name+"/"+c.name+"/"+path, func(t *testing.T) {
+					key := fmt.Sprintf("bare-lf-%d-%d-%s", si, ci, strings.TrimPrefix(path, "/v1/")[:4])
+					body := chatBody("oncegate-mock", "bare lf "+key, "")
+					if path != chatPath {
+						body = `{"model":"oncegate-mock","max_tokens":8,"messages":[{"role":"user","content":"bare lf ` + key + `"}]}`
+					}
+					before := mock.Stats().Requests
+					all := rawExchange(t, addr, req(addr, path, su.auth, key, body, c.mangle))
+					if su.auth != "" && strings.Contains(string(all), secret) {
+						t.Errorf("the response echoes the API key:\n%s", all)
+					}
+					resp := parseRaw(t, all)
+					if resp.Status != http.StatusBadRequest {
+						t.Errorf("status = %d, want 400; body %s", resp.Status, resp.Body)
+					}
+					if path == chatPath {
+						assertOpenAIError(t, resp, "malformed_request")
+					} else if !isAnthropicInvalid(resp.Body) {
+						t.Errorf("not an Anthropic invalid_request_error: %s", resp.Body)
+					}
+					if after := mock.Stats().Requests; after != before {
+						t.Errorf("backend executions went %d -> %d", before, after)
+					}
+					noRecord(t, key)
+				})
+			}
+		}
+		t.Run(su.name+"/CRLF runs", func(t *testing.T) {
+			key := fmt.Sprintf("bare-lf-%d-crlf", si)
+			before := mock.Stats().Requests
+			resp := rawRequest(t, addr, req(addr, chatPath, su.auth, key, chatBody("oncegate-mock", "bare lf "+key, ""),
+				func(h string) string { return h }))
+			if resp.Status != http.StatusOK {
+				t.Fatalf("status = %d, want 200; body %s", resp.Status, resp.Body)
+			}
+			if after := mock.Stats().Requests; after != before+1 {
+				t.Errorf("backend executions went %d -> %d, want +1", before, after)
+			}
+		})
+	}
+}
+
 // rawExchange writes req on a new connection to addr and returns every byte the server sends
 // until it closes the connection.
 func rawExchange(t testing.TB, addr, req string) []byte {

@@ -64,6 +64,8 @@ type Gateway struct {
 	// the JOBS queue's head for admission.max_queue_wait (nil without a bound).
 	tally *loop
 	queue *loop
+	// ready refreshes the API's /readyz verdict (httpapi.Server.WatchReadiness).
+	ready *loop
 	// dashHub feeds this API's dashboards, dashPub posts this process's snapshot (dashboard.go).
 	dashHub, dashPub *loop
 	dashTally        *dashboard.Tally
@@ -455,6 +457,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	g.api = httpapi.New(httpapi.Deps{Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer})
+	g.ready = startLoop(ctx, g.api.WatchReadiness)
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
 	scheme := "http://"
@@ -545,6 +548,7 @@ func (g *Gateway) Stop(ctx context.Context) error {
 		g.hub.Close()
 	}
 	g.tally.stop() // after the last response counted, before NATS closes
+	g.ready.stop()
 	g.dashPub.stop()
 	g.dashHub.stop()
 	g.queue.stop()

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -60,9 +62,16 @@ func (r *resources) ensure(ctx context.Context) error {
 	return nil
 }
 
-// Check is /readyz's question: nil when every stream and the JOBS consumer exist. When one is
-// missing, it also asks for the setup to run again, so a lost stream comes back even without a
-// reconnect to notice.
+// admitStreams are the streams an admission writes: the record (IDEM) and the job (JOBS).
+var admitStreams = []string{kv.BucketStream, jobs.JobsStream}
+
+// Check is /readyz's question, asked by the API's readiness loop (never by a request): nil
+// when this node can admit a request, else an error that says why not. It can when every
+// stream exists, IDEM's and JOBS's streams each answer a stream info request from a leader
+// that has heard from a quorum of its replicas (replicas.Quorate: a leader that can commit the
+// record's create and the job's publish), and the workers' consumer on JOBS answers from its
+// leader. When a stream or the consumer is missing, it also asks for the setup to run again,
+// so a lost stream comes back even without a reconnect to notice. ctx bounds the whole check.
 func (r *resources) Check(ctx context.Context) error {
 	have := map[string]bool{}
 	names := r.js.StreamNames(ctx)
@@ -79,13 +88,24 @@ func (r *resources) Check(ctx context.Context) error {
 		}
 	}
 	if len(missing) == 0 {
-		if _, err := r.js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName); err != nil {
+		if _, err := r.js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName); errors.Is(err, jetstream.ErrConsumerNotFound) {
 			missing = append(missing, "consumer "+jobs.JobsStream+"/"+workers.ConsumerName)
+		} else if err != nil {
+			return fmt.Errorf("consumer %s/%s does not answer: %w", jobs.JobsStream, workers.ConsumerName, err)
 		}
 	}
 	if len(missing) > 0 {
 		r.kick()
 		return fmt.Errorf("JetStream is missing %s (lost with a NATS restart?); recreating", strings.Join(missing, ", "))
+	}
+	for _, n := range admitStreams {
+		st, err := r.js.Stream(ctx, n)
+		if err != nil {
+			return fmt.Errorf("stream %s does not answer: %w", n, err)
+		}
+		if cl := st.CachedInfo().Cluster; !replicas.Quorate(cl) {
+			return fmt.Errorf("stream %s has no leader with a quorum of its replicas (leader %q)", n, cl.Leader)
+		}
 	}
 	return nil
 }

@@ -14,8 +14,12 @@ import (
 )
 
 // hdrBodyOverLimit marks, between fasthttp's header hook and readBody, a request whose
-// Content-Length is over the body limit. A client's own copy is dropped first.
-const hdrBodyOverLimit = "X-Oncegate-Body-Over-Limit"
+// Content-Length is over the body limit; hdrBareLF one whose header section holds a bare LF.
+// A client's own copies are dropped first.
+const (
+	hdrBodyOverLimit = "X-Oncegate-Body-Over-Limit"
+	hdrBareLF        = "X-Oncegate-Bare-LF"
+)
 
 // headerReceived runs when fasthttp has read a request's header, before any of its body.
 // The server streams request bodies (readBody reads each into a buffer of its declared size;
@@ -25,22 +29,50 @@ const hdrBodyOverLimit = "X-Oncegate-Body-Over-Limit"
 // an oversized request and waits would get 408 at the read timeout instead of 413 at once: its
 // Content-Length is set to 0 here (nothing is read) and the request marked for readBody, which
 // answers 413 and closes the connection (the body's bytes are still on it).
+//
+// A request whose header section holds a bare LF (an LF not preceded by CR) is marked the same
+// way and answered 400 malformed_request by readBody, before any handler, its body unread.
+// fasthttp reads a bare LF as a line end, so "X-A: a<LF>X-B: b" arrives as two valid headers
+// and a folded or LF-only header as if it were well formed: what a proxy in front read as one
+// header this server would read as another, so the request is refused whole (issue 34; the
+// README promised it). The raw header section is the one place the LF can still be seen.
 func (s *Server) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	h.Del(hdrBodyOverLimit)
-	if h.ContentLength() > s.bodyLimit {
+	h.Del(hdrBareLF)
+	switch {
+	case hasBareLF(h.RawHeaders()):
+		h.SetContentLength(0)
+		h.Set(hdrBareLF, "1")
+	case h.ContentLength() > s.bodyLimit:
 		h.SetContentLength(0)
 		h.Set(hdrBodyOverLimit, "1")
 	}
 	return fasthttp.RequestConfig{} // the server's limits
 }
 
+// hasBareLF reports whether b holds an LF that is not the end of a CRLF.
+func hasBareLF(b []byte) bool {
+	for i, c := range b {
+		if c == '\n' && (i == 0 || b[i-1] != '\r') {
+			return true
+		}
+	}
+	return false
+}
+
 // readBody is the first middleware: it reads the request's body, whatever the route, into one
 // buffer of the body's declared size (a chunked body: grown up to the limit), so that no
 // handler meets a stream and no route can leave a body's bytes on the connection to be read
 // as the next request. A body it cannot read whole ends the connection after the answer:
-// 413 over the limit, 408 when the read timeout passes first, 400 otherwise.
+// 413 over the limit, 408 when the read timeout passes first, 400 otherwise; so does a header
+// section with a bare LF (400 malformed_request, marked by headerReceived).
 func (s *Server) readBody(c *fiber.Ctx) error {
 	req := c.Request()
+	if len(req.Header.Peek(hdrBareLF)) > 0 {
+		req.Header.Del(hdrBareLF)
+		c.Context().SetConnectionClose()
+		return errMalformed
+	}
 	if len(req.Header.Peek(hdrBodyOverLimit)) > 0 {
 		req.Header.Del(hdrBodyOverLimit)
 		c.Context().SetConnectionClose()

@@ -424,7 +424,8 @@ func (s *Server) malformedRequest(ctx *fasthttp.RequestCtx, err error) {
 // checkHeaders refuses what fasthttp parses but HTTP forbids: a field name that is not a token
 // (RFC 9110 §5.1), or a value holding CR, LF or NUL ("invalid and dangerous", §5.5; a bare CR
 // stays inside a value in fasthttp), which could otherwise reach a backend in a forwarded
-// header. A bare LF ending a line is tolerated, as RFC 9112 §2.2 allows.
+// header. A bare LF anywhere in the header section, which fasthttp reads as a line end, was
+// already refused by readBody (headerReceived marks it).
 func checkHeaders(c *fiber.Ctx) error {
 	bad := false
 	c.Request().Header.VisitAll(func(k, v []byte) {

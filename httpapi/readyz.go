@@ -2,58 +2,110 @@ package httpapi
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 )
 
-// readyTTL is how long one /readyz verdict is reused: the check asks JetStream and reads the
-// workers' status board, and load balancers poll often.
-const readyTTL = time.Second
+// /readyz answers from a verdict this node already holds, never from a JetStream round trip:
+// after a peer was killed, a check asked on the request path waited for its timeouts, and a
+// load balancer whose health check allows 1 s took every node out (issue 34). WatchReadiness
+// refreshes the verdict in the background.
+const (
+	// readyEvery is how often WatchReadiness asks.
+	readyEvery = 500 * time.Millisecond
+	// ReadyProbeTimeout bounds one readiness check, every JetStream request of it together: a
+	// check that has not been answered by then (no leader, no quorum) says not ready.
+	ReadyProbeTimeout = time.Second
+	// readyStale is the age past which a verdict is no longer believed: the loop has stopped,
+	// or is stuck, and the node says not ready rather than repeat an old yes.
+	readyStale = 4*ReadyProbeTimeout + readyEvery
+)
 
-// readiness is /readyz's last verdict; one check runs at a time, concurrent pollers share it.
+// readiness is /readyz's last verdict, written by WatchReadiness, read by every poller.
 type readiness struct {
 	mu     sync.Mutex
-	at     time.Time
-	reason string // why not ready; "" = ready
+	at     time.Time // when the check that gave reason ended; zero: none has yet
+	reason string    // why not ready; "" = ready
 }
 
-// ResourceChecker reports whether every JetStream stream and bucket the gateway needs exists:
-// nil when they do, else an error that says which are missing.
+func (r *readiness) set(reason string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reason, r.at = reason, at
+}
+
+func (r *readiness) get() (string, time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reason, r.at
+}
+
+// ResourceChecker says whether this node can admit a request as far as JetStream goes: nil
+// when every stream and bucket the gateway needs exists and the ones an admission writes can
+// take a write now, else an error that says why not. It is called by WatchReadiness only, with
+// a deadline.
 type ResourceChecker interface {
 	Check(ctx context.Context) error
 }
 
-// readyz is 200 when this API node can get a request executed: connected to NATS, JetStream
-// answers, every stream and bucket exists (memory streams are lost with a NATS restart until
-// the gateway recreates them), and at least one worker has posted to the status board within its TTL (a worker
-// posts every 2 s while its pool consumes JOBS, and removes its entry when it stops; a worker
-// that died without stopping drops off when the entry expires, 10 s). Otherwise 503 with the
-// reason, so a load balancer does not send requests that would only wait in the queue.
+// readyz is 200 exactly while this API node can admit a request, as its last readiness check
+// (WatchReadiness, every readyEvery) found it, and 503 with the reason otherwise, so a load
+// balancer sends requests only where they would be admitted. Admitting needs: a connection to
+// NATS (read on each call), every stream and bucket present (memory streams are lost with a
+// NATS restart until the gateway recreates them), the streams of the IDEM bucket and of JOBS
+// each with a leader that has heard from a quorum of its replicas (it can commit the record and
+// the job) and the workers' consumer on JOBS answering, all within ReadyProbeTimeout; and at
+// least one worker on the status board (a worker posts every 2 s while its pool consumes JOBS
+// and removes its entry when it stops; one that died without stopping drops off when the entry
+// expires, 10 s). It never asks JetStream itself: it answers at once, whatever the cluster
+// does.
 func (s *Server) readyz(c *fiber.Ctx) error {
-	if s.nc == nil || !s.nc.IsConnected() { // cheap: no cache
+	if s.nc == nil || !s.nc.IsConnected() {
 		return writeAPIError(c, unavailable("not connected to NATS"))
 	}
-	if reason := s.readyReason(); reason != "" {
+	reason, at := s.ready.get()
+	switch now := s.now(); {
+	case at.IsZero():
+		return writeAPIError(c, unavailable("readiness not checked yet"))
+	case now.Sub(at) > readyStale:
+		return writeAPIError(c, unavailable(fmt.Sprintf("readiness last checked %s ago", now.Sub(at).Round(time.Second))))
+	case reason != "":
 		return writeAPIError(c, unavailable(reason))
 	}
 	return c.JSON(fiber.Map{"status": "ready"})
 }
 
-func (s *Server) readyReason() string {
-	r := &s.ready
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if now := s.now(); r.at.IsZero() || now.Sub(r.at) >= readyTTL || now.Before(r.at) {
-		r.reason, r.at = s.checkReady(), now
+// WatchReadiness checks whether this node can admit a request at once and then every
+// readyEvery, each check bounded by ReadyProbeTimeout, and keeps the verdict /readyz answers
+// from. It returns when ctx ends; the gateway runs it in a goroutine it owns and stops it
+// after the HTTP server.
+func (s *Server) WatchReadiness(ctx context.Context) {
+	t := time.NewTicker(readyEvery)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, ReadyProbeTimeout)
+		reason := s.checkReady(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		s.ready.set(reason, s.now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
-	return r.reason
 }
 
-func (s *Server) checkReady() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
+// checkReady is one readiness check: "" when this node can admit, else why not.
+func (s *Server) checkReady(ctx context.Context) string {
+	if s.nc == nil || !s.nc.IsConnected() {
+		return "not connected to NATS"
+	}
 	if _, err := s.js.AccountInfo(ctx); err != nil {
 		return "JetStream is not available"
 	}

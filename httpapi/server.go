@@ -7,7 +7,8 @@
 // writes it in the route's provider format.
 //
 // A Server is safe for concurrent use; the goroutines it starts end with the request that
-// started them.
+// started them. WatchReadiness, which keeps /readyz's verdict, runs in its caller's goroutine
+// until its ctx ends.
 package httpapi
 
 import (
@@ -49,7 +50,7 @@ type StatusReader interface {
 
 // Deps is what the API needs.
 type Deps struct {
-	// NC and JS are for readiness only (/readyz).
+	// NC and JS are for readiness only (WatchReadiness; /readyz reads NC's state).
 	NC *nats.Conn
 	JS jetstream.JetStream
 	// Intents decides every generation request (admission) and answers the status APIs.
@@ -57,7 +58,8 @@ type Deps struct {
 	Router  Router
 	// Status reads the workers' backend health (circuit breakers, retry budgets).
 	Status StatusReader
-	// Resources says whether the streams and buckets exist (/readyz); optional.
+	// Resources says whether the streams and buckets exist and can take an admission's writes
+	// (WatchReadiness); optional.
 	Resources ResourceChecker
 	Tenants   []config.Tenant
 	// Ledger and AdminKeys enable the admin API (entries, bills); optional.
@@ -97,7 +99,7 @@ type Server struct {
 	now          func() time.Time
 	// writeTimeout bounds one write to a client (for SSE: each flush, not the whole stream).
 	writeTimeout time.Duration
-	ready        readiness // /readyz's cached verdict
+	ready        readiness // /readyz's verdict, kept by WatchReadiness
 	metrics      *telemetry.Metrics
 	// metricsHandler serves the registry (fasthttp-adapted once).
 	metricsHandler fiber.Handler

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/replicas"
 )
 
 // A lease that ran out while the bucket had no leader says nothing about its owner: every
@@ -38,11 +39,6 @@ const (
 	watchEvery = 250 * time.Millisecond
 	watchGap   = watchEvery + leaderReadTimeout
 )
-
-// replicaHeard is how recently the leader must have heard from a replica for it to count
-// towards a quorum: raft heartbeats go out every second, so a live replica is heard within
-// about one; the server itself waits 10 s before it calls a silent replica not current.
-const replicaHeard = 1500 * time.Millisecond
 
 // leaderClock caches when the bucket's current leader was elected and how long it has been
 // steady.
@@ -181,30 +177,12 @@ func (s *Store) readLeader(ctx context.Context) (time.Time, bool) {
 			s.leader.since = *cl.LeaderSince
 		}
 	}
-	s.leader.cut = err == nil && !quorate(cl)
+	s.leader.cut = err == nil && !replicas.Quorate(cl)
 	switch {
-	case err != nil || !quorate(cl):
+	case err != nil || !replicas.Quorate(cl):
 		s.leader.steady = time.Time{}
 	case s.leader.steady.IsZero() || start.Sub(prev) > watchGap:
 		s.leader.steady = start // a run starts with this read, not at the last one
 	}
 	return s.leader.since, s.leader.ok
-}
-
-// quorate reports whether a stream's cluster info shows a leader that has heard from a quorum
-// of its group (itself included) within replicaHeard. No cluster info is one server.
-func quorate(cl *jetstream.ClusterInfo) bool {
-	if cl == nil || len(cl.Replicas) == 0 {
-		return cl == nil || cl.Leader != ""
-	}
-	if cl.Leader == "" {
-		return false
-	}
-	heard := 1 // the leader
-	for _, r := range cl.Replicas {
-		if !r.Offline && r.Active <= replicaHeard {
-			heard++
-		}
-	}
-	return heard > (len(cl.Replicas)+1)/2
 }

@@ -1,7 +1,8 @@
 // Package replicas decides how many replicas a JetStream stream (or a key-value bucket's
 // stream) is created or updated with at start-up: the configured count, or the existing
 // stream's when that is larger, so a start never lowers replicas an operator raised. It also
-// turns NATS's refusal of a replica count into one line that says what to do.
+// turns NATS's refusal of a replica count into one line that says what to do, and reads a
+// stream's cluster state (Scaled, Quorate).
 //
 // A leaf: kv, jobs, ledger and the status board call it for their own streams. Stateless.
 package replicas
@@ -148,6 +149,30 @@ func Scaled(ci *jetstream.ClusterInfo, n int) bool {
 		}
 	}
 	return true
+}
+
+// Heard is how recently a stream's leader must have heard from a replica for it to count
+// towards a quorum: raft heartbeats go out every second, so a live replica is heard within
+// about one; the server itself waits 10 s before it calls a silent replica not current.
+const Heard = 1500 * time.Millisecond
+
+// Quorate reports whether a stream's cluster info shows a leader that has heard from a quorum
+// of its group (itself included) within Heard: a leader that can commit a write. No cluster
+// info is one server.
+func Quorate(cl *jetstream.ClusterInfo) bool {
+	if cl == nil || len(cl.Replicas) == 0 {
+		return cl == nil || cl.Leader != ""
+	}
+	if cl.Leader == "" {
+		return false
+	}
+	heard := 1 // the leader
+	for _, r := range cl.Replicas {
+		if !r.Offline && r.Active <= Heard {
+			heard++
+		}
+	}
+	return heard > (len(cl.Replicas)+1)/2
 }
 
 // EnsureKV creates or updates key-value bucket cfg as Ensure does a stream: with cfg.Replicas
