@@ -15,7 +15,7 @@ import (
 // refreshes the verdict in the background.
 const (
 	// readyEvery is how often WatchReadiness asks.
-	readyEvery = 500 * time.Millisecond
+	readyEvery = time.Second
 	// ReadyProbeTimeout bounds one readiness check, every JetStream request of it together: a
 	// check that has not been answered by then (no leader, no quorum) says not ready.
 	ReadyProbeTimeout = time.Second
