@@ -36,6 +36,7 @@ var floors = map[string]int{
 	"internal/telemetry":        0,
 	"internal/testkit":          0,
 	"internal/testkit/freeport": 0,
+	"internal/testkit/lb":       0,
 	"internal/tracing":          0,
 	// 1: the stores, and the dashboard's snapshots of every process (its bucket and their
 	// aggregation; intent, workers and httpapi feed it or read it).
@@ -79,7 +80,7 @@ var keepOut = map[string][]string{
 }
 
 // testKit may be imported by test files only (and by the kit itself).
-var testKit = []string{"internal/testkit", "internal/testkit/freeport", "internal/testkit/gatewaykit", "internal/testkit/ledgerkit"}
+var testKit = []string{"internal/testkit", "internal/testkit/freeport", "internal/testkit/gatewaykit", "internal/testkit/ledgerkit", "internal/testkit/lb"}
 
 type pkg struct {
 	path string   // relative to the module
