@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/mockllm"
@@ -21,15 +22,22 @@ func mockMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	ttft := fs.Duration("ttft", 0, "time to first token")
 	inter := fs.Duration("inter-token", 0, "delay between tokens")
 	tokens := fs.Int("tokens", 16, "output tokens per response")
+	models := fs.String("models", "", "comma-separated model names to serve (default oncegate-mock)")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	var names []string
+	for _, m := range strings.Split(*models, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			names = append(names, m)
+		}
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		fmt.Fprintf(stderr, "oncegate mock: %v\n", err)
 		return 1
 	}
-	srv := &http.Server{Handler: mockllm.New(mockllm.Options{TTFT: *ttft, InterToken: *inter, Tokens: *tokens}),
+	srv := &http.Server{Handler: mockllm.New(mockllm.Options{TTFT: *ttft, InterToken: *inter, Tokens: *tokens, Models: names}),
 		ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(stdout, "oncegate mock listening on http://%s/v1 (stats: GET /stats)\n", ln.Addr())
 	errc := make(chan error, 1)
