@@ -216,7 +216,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	g.res = &resources{js: setupJS, replicas: chooseReplicas(cfg.NATS.Replicas, setupNC, g.ns != nil),
+	g.res = &resources{js: setupJS, replicas: chooseReplicas(cfg.NATS.Replicas, shapeOf(cfg.NATS.Cluster, setupNC, g.ns != nil)),
 		ttl: cfg.Idempotency.TTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup}
 	if err := g.ensureResourcesRetried(ctx); err != nil {
 		var re *replicas.Error

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/jobs"
@@ -172,19 +173,44 @@ func (g *Gateway) resetup(ctx context.Context) {
 	}
 }
 
-// chooseReplicas is nats.replicas (set), or when it is 0: 3 when nc is connected to a cluster
-// of 3 or more servers, else 1. The servers counted are those the client knows: its URLs and
-// the ones the cluster advertised (an in-process connection knows only the advertised ones).
-func chooseReplicas(set int, nc *nats.Conn, inProcess bool) int {
+// natsShape is what chooseReplicas sizes the replicas from.
+type natsShape struct {
+	// routes is the embedded server's configured cluster routes (every node lists every node,
+	// itself included, and Validate refuses duplicates); 0 when it is not a cluster node.
+	routes int
+	// cluster is the name of the cluster the client is connected to ("" for a single server).
+	cluster string
+	// servers is the servers the client knows: its URLs and the ones the cluster advertised.
+	servers int
+}
+
+// shapeOf is the shape of the NATS a gateway uses: the embedded server (ns is set) with the
+// cluster cl, or the external NATS nc is connected to.
+func shapeOf(cl config.NATSCluster, nc *nats.Conn, embedded bool) natsShape {
+	if embedded {
+		// The cluster is the configured one: at start, an in-process client knows only the
+		// servers the cluster advertised so far, often fewer than the routes name.
+		if cl.Enabled() {
+			return natsShape{routes: len(cl.Routes), cluster: cl.Name}
+		}
+		return natsShape{}
+	}
+	return natsShape{cluster: nc.ConnectedClusterName(), servers: len(nc.Servers())}
+}
+
+// chooseReplicas is nats.replicas (set), or when it is 0: 3 on an embedded cluster node whose
+// routes name 3 or more nodes, or on an external cluster of 3 or more servers the client
+// knows; 1 otherwise.
+func chooseReplicas(set int, s natsShape) int {
 	if set > 0 {
 		return set
 	}
-	if nc.ConnectedClusterName() == "" {
+	n := s.servers
+	switch {
+	case s.routes > 0:
+		n = s.routes
+	case s.cluster == "":
 		return 1
-	}
-	n := len(nc.Servers())
-	if inProcess {
-		n = len(nc.DiscoveredServers())
 	}
 	if n >= 3 {
 		return 3

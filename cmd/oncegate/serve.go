@@ -29,6 +29,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	natsCluster := fs.String("nats-cluster", "", "join the embedded NATS server to the cluster NAME (with --nats-cluster-listen and --nats-routes)")
 	clusterListen := fs.String("nats-cluster-listen", "", "host:port the other cluster nodes' routes connect to")
 	natsRoutes := fs.String("nats-routes", "", "every cluster node's route URL, this one included: nats://HOST:PORT,nats://HOST:PORT,...")
+	natsReplicas := fs.Int("nats-replicas", 0, "replicas of every stream and bucket: 1, 3 or 5 (default: 3 on a cluster of 3 or more, else 1)")
 	serverName := fs.String("nats-server-name", "", "this node's name in the cluster (default HOSTNAME-PORT of --nats-cluster-listen)")
 	metricsListen := fs.String("metrics-listen", "", "also serve /metrics, unauthenticated, on this host:port (any role)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback ADDR (profiling)")
@@ -62,6 +63,11 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	if *dashboardPublic {
 		cfg.Dashboard.Public = true
 	}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "nats-replicas" {
+			cfg.NATS.Replicas = *natsReplicas
+		}
+	})
 	if *natsRoutes != "" {
 		cfg.NATS.Cluster.Routes = strings.Split(*natsRoutes, ",")
 	}

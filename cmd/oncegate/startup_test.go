@@ -124,6 +124,12 @@ func TestServeStartFailures(t *testing.T) {
 			untouched: filepath.Join(tmp, "d5"),
 		},
 		{
+			name:      "replicas that NATS cannot keep a majority with",
+			args:      []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d6"), "--nats-replicas", "2"},
+			want:      "oncegate: nats.replicas: must be 1, 3 or 5 (or 0: 1 on a single server, 3 on a cluster of 3 or more), got 2",
+			untouched: filepath.Join(tmp, "d6"),
+		},
+		{
 			name:      "api role on an embedded NATS without a port",
 			args:      []string{"serve", "--role", "api", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d3")},
 			want:      `oncegate: role: "api" runs no workers and the embedded NATS server has no network port, so no worker could ever connect: pass --nats-listen ADDR (nats.listen) or --nats-url URL (nats.url)`,
