@@ -31,6 +31,7 @@ import (
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/replicas"
+	"github.com/oncegate/oncegate/internal/resilience"
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/internal/tracing"
@@ -254,35 +255,71 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	return nil
 }
 
-// clusterSetupWindow bounds the retries of ensureResources on a cluster node.
+// clusterSetupWindow bounds the retries of ensureResources on a cluster node or an external
+// NATS.
 const clusterSetupWindow = time.Minute
 
-// ensureResourcesRetried is the setup (resources.ensure), retried on a cluster node while a
-// JetStream request times out: the nodes create the same streams at once, and nats-server
-// answers a stream request only from the stream's leader, so a request for a stream whose
-// creation by another node is in flight goes unanswered. A refusal to place the replicas is
-// retried too: a node starts once a majority has formed, and an R3 stream needs all three
-// (CI saw "no suitable peers for placement, peer offline" from all three nodes at once).
-// Every step is idempotent; past the window, the error is the start's one line.
-func (g *Gateway) ensureResourcesRetried(ctx context.Context) error {
+// setupJitter bounds the random wait before a timed-out setup is tried again.
+const setupJitter = time.Second
+
+// ensureResourcesRetried is the setup (resources.ensure), retried on a cluster node or an
+// external NATS while a JetStream request times out: nodes (or gateways sharing an external
+// NATS) create the same streams at once, and nats-server answers a stream request only from the
+// stream's leader, so a request for a stream whose creation by another process is in flight
+// goes unanswered. A stream or bucket another process created meanwhile with another
+// configuration ("already in use") is retried: the next attempt finds it and updates it. On a
+// cluster node, a refusal to place the replicas is retried too: a node starts once a majority
+// has formed, and an R3 stream needs all three (CI saw "no suitable peers for placement, peer
+// offline" from all three nodes at once); an external NATS that refuses them says so at once
+// (nats.replicas 5 on three servers, say). Every step is idempotent; past the window, the error is the start's one
+// line. On the embedded single server nothing else creates streams: its first error is the
+// start's.
+func (g *Gateway) ensureResourcesRetried(parent context.Context) error {
+	// The requests run without parent's deadline, so jetstream bounds each by its default
+	// timeout (5 s): one unanswered request must not spend a start's whole deadline (two
+	// gateways started with one both waited it out). parent's end still ends them.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(parent))
+	defer cancel(nil)
+	stop := context.AfterFunc(parent, func() { cancel(context.Cause(parent)) })
+	defer stop()
+	// ended is err once parent has ended: a request cut by it says "context canceled", so the
+	// cause (a deadline, say) is added.
+	ended := func(err error) error {
+		if errors.Is(err, context.Cause(ctx)) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", err, context.Cause(ctx))
+	}
+	retry := g.cfg.NATS.URL != "" || g.cfg.NATS.Cluster.Enabled()
 	deadline := time.Now().Add(clusterSetupWindow)
 	for {
 		err := g.res.ensure(ctx)
-		if err == nil || !g.cfg.NATS.Cluster.Enabled() || ctx.Err() != nil || time.Now().After(deadline) {
+		if ctx.Err() != nil && err != nil {
+			return ended(err)
+		}
+		if err == nil || !retry || time.Now().After(deadline) {
 			return err
 		}
+		var wait time.Duration
 		switch {
 		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout), errors.Is(err, nats.ErrNoResponders):
+			// Two processes that created a stream at once both go unanswered (nats-server
+			// 2.15), time out together and would race again on the next stream: a random
+			// wait puts one ahead, and the other then finds what it created.
+			wait = resilience.Backoff(0, setupJitter, setupJitter)
 			g.log.Info().Err(err).Msg("JetStream setup timed out while the cluster settles: retrying")
-		case replicas.PeersMissing(err):
+		case errors.Is(err, jetstream.ErrStreamNameAlreadyInUse), errors.Is(err, jetstream.ErrBucketExists):
+			g.log.Info().Err(err).Msg("JetStream setup raced another process creating the same stream: retrying")
+		case replicas.PeersMissing(err) && g.cfg.NATS.Cluster.Enabled():
+			wait = 500 * time.Millisecond
 			g.log.Info().Err(err).Msg("JetStream cannot place the replicas until every node has joined: retrying")
-			select {
-			case <-ctx.Done():
-				return err
-			case <-time.After(500 * time.Millisecond):
-			}
 		default:
 			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ended(err)
+		case <-time.After(wait):
 		}
 	}
 }

@@ -3,10 +3,12 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -88,4 +90,36 @@ func TestStartFailureStopsWhatStarted(t *testing.T) {
 			t.Fatalf("the failed start kept the data dir or port: %v", err)
 		}
 	})
+}
+
+// TestConcurrentFirstStartsOnExternalCluster: two gateways started at the same moment against a
+// fresh external 3-node cluster (nats.url names all three, replicas chosen: 3) both start. Two
+// processes creating the same new R3 stream at once both go unanswered (seen here with
+// nats-server 2.15: both gateways exited with "ensure stream JOBS: context deadline exceeded",
+// or CHUNKS, on every round), so the start retries within its window, as a cluster node does.
+// Each round is a fresh cluster: the race is in the first creation.
+func TestConcurrentFirstStartsOnExternalCluster(t *testing.T) {
+	for round := range 2 {
+		t.Run(fmt.Sprintf("round %d", round+1), func(t *testing.T) {
+			c := testkit.RunCluster(t, 3)
+			var wg sync.WaitGroup
+			errs := make([]error, 2)
+			for i := range errs {
+				cfg := clusterConfig(t, c, 0)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, errs[i] = start(t, cfg)
+				}()
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if err != nil {
+					t.Errorf("gateway %d: %v", i+1, err)
+				}
+			}
+			_, js := c.Connect(t)
+			wantReplicas(t, js, 3, nil)
+		})
+	}
 }
