@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -108,6 +109,45 @@ func TestClusterReplicas(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, clusterConfig(t, c, 0))
 	wantReplicas(t, js, 3, nil)
 	chat(t, gw.URL, "cluster-replicas-0001")
+}
+
+// TestEmbeddedClusterPicksThreeReplicas: three gateways whose embedded servers form a cluster
+// (nats.cluster with three routes, nats.replicas unset) give every stream and bucket 3
+// replicas, whatever servers their in-process clients have discovered: here none, as the nodes
+// open no client port (before, they chose 1; the README's nodes did too, the one on
+// 127.0.0.1:4222 being the client's default URL and so not counted as discovered).
+func TestEmbeddedClusterPicksThreeReplicas(t *testing.T) {
+	const n = 3
+	var routes []string
+	listens := make([]string, n)
+	for i := range listens {
+		listens[i] = testkit.FreeAddr(t)
+		routes = append(routes, "nats://"+listens[i])
+	}
+	gws := make([]*gateway.Gateway, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		cfg := gatewaykit.Config(t)
+		cfg.Workers.Concurrency = 4
+		cfg.NATS.Cluster = config.NATSCluster{Name: "oncegate-test", Listen: listens[i], Routes: routes, ServerName: fmt.Sprintf("n%d", i+1)}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { // a fresh cluster elects its meta leader once all three are up
+			defer wg.Done()
+			gws[i], errs[i] = start(t, cfg)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("node %d: %v", i+1, err)
+		}
+	}
+	js := (&gatewaykit.Gateway{Gateway: gws[0]}).JetStream(t, "test")
+	wantReplicas(t, js, 3, nil)
 }
 
 // replicas1Cluster is a 3-node cluster on which a gateway with nats.replicas 1 started (every
