@@ -476,3 +476,19 @@ func (px *routeProxy) close() {
 	_ = px.ln.Close()
 	px.wg.Wait()
 }
+
+// dialJetStream connects to the NATS server (or the cluster's servers, comma-separated) at
+// urls; the connection is closed when the test ends.
+func dialJetStream(t testing.TB, urls string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(urls, nats.Name("e2e"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}

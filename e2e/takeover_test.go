@@ -27,7 +27,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -425,15 +424,7 @@ func takeoverProcessKilled(t *testing.T, bin, prompt string, pieces uint64) {
 // storedPieces is how many messages REQUESTS holds on the NATS server at addr.
 func storedPieces(t *testing.T, addr string) uint64 {
 	t.Helper()
-	nc, err := nats.Connect("nats://" + addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := dialJetStream(t, "nats://"+addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	st, err := js.Stream(ctx, kv.RequestsStream)
