@@ -20,7 +20,9 @@ func TestMockServesNamedModels(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
 	var out, errOut bytes.Buffer
-	go func() { done <- mockMain(ctx, []string{"--listen", addr, "--models", "gpt-lb, oncegate-mock"}, &out, &errOut) }()
+	go func() {
+		done <- mockMain(ctx, []string{"--listen", addr, "--models", "gpt-lb, oncegate-mock"}, &out, &errOut)
+	}()
 	defer func() {
 		cancel()
 		if code := <-done; code != 0 {
