@@ -41,22 +41,25 @@ func (c *Core) bypass(ctx context.Context, req *Request) (*Admission, error) {
 		if adm, ran, err := c.runLocal(ctx, req, key, jobID); ran {
 			return adm, err
 		}
+		return c.create(ctx, req, key, jobID, Bypassed)
 	}
-	adm, err := c.create(ctx, req, key, jobID, Bypassed)
-	if err != nil || req.ContentKey == "" {
-		return adm, err
-	}
+	// Listed before it is claimed: a retry sent while this claim waits (an election outlasts
+	// an SDK's timeout) finds it, and claims the same key and job itself; whichever claim
+	// lands first executes, and the other joins it.
 	now := c.now()
 	if err := c.store.AddRecent(ctx, req.ContentKey, kv.RecentExec{Key: key, Job: jobID, At: now}, now.Add(-bypassRetryWindow)); err != nil {
 		// Unlisted, its retry executes again: what a bypass did before.
 		c.log.Warn().Err(err).Str(fieldJobID, jobID).Msg("listing a bypassed SDK request for its retries")
 	}
-	return adm, nil
+	listed := *req
+	listed.Key = key
+	return c.claimOrJoin(ctx, &listed, jobID, Bypassed)
 }
 
 // joinRetriedBypass attaches the retry req of a bypassed request to the one execution of its
-// content listed within the window. ok is false when there is none, or more than one, or it
-// is gone: the retry then executes.
+// content listed within the window, or claims it (its key and job) when the listed attempt's
+// claim has not landed yet. ok is false when none is listed, or more than one: the retry then
+// executes.
 func (c *Core) joinRetriedBypass(ctx context.Context, req *Request) (adm *Admission, ok bool, err error) {
 	list, err := c.store.Recent(ctx, req.ContentKey, c.now().Add(-bypassRetryWindow))
 	if err != nil {
@@ -67,21 +70,35 @@ func (c *Core) joinRetriedBypass(ctx context.Context, req *Request) (adm *Admiss
 		return nil, false, nil
 	}
 	e := list[0]
-	rec, rev, err := c.store.Get(ctx, e.Key)
-	if err != nil {
-		return nil, false, nil // expired (or unreadable): the retry executes
-	}
-	if rec.Tenant != req.Tenant || rec.Fingerprint != req.Fingerprint || rec.JobID != e.Job {
-		return nil, false, nil
-	}
 	joined := *req
 	joined.Key, joined.Bypass = e.Key, false
-	adm, err = c.attach(ctx, &joined, &kv.ExistsError{Record: rec, Rev: rev}, false)
-	if errors.Is(err, errGone) || errors.Is(err, kv.ErrConflict) {
-		return nil, false, nil
-	}
+	adm, err = c.claimOrJoin(ctx, &joined, e.Job, Bypassed)
 	if err == nil {
-		c.log.Info().Str(fieldJobID, rec.JobID).Str("outcome", string(adm.Outcome)).Msg("an SDK retry of a bypassed request joined its execution")
+		c.log.Info().Str(fieldJobID, e.Job).Str("outcome", string(adm.Outcome)).Msg("an SDK retry of a bypassed request found its attempt")
 	}
 	return adm, true, err
+}
+
+// claimOrJoin claims req.Key for job jobID (outcome names a new execution), or attaches to the
+// record that holds it: the other of a bypassed request and its retry got there first.
+func (c *Core) claimOrJoin(ctx context.Context, req *Request, jobID string, outcome Outcome) (*Admission, error) {
+	for range maxDecisions {
+		adm, err := c.create(ctx, req, req.Key, jobID, outcome)
+		if !errors.Is(err, kv.ErrExists) {
+			return adm, err
+		}
+		var held *kv.ExistsError
+		errors.As(err, &held)
+		if held != nil && (held.Record.Tenant != req.Tenant || held.Record.JobID != jobID) {
+			return nil, ErrKeyForeign // a listed key is made from the job id: never another's
+		}
+		attached := *req
+		attached.Bypass = false
+		adm, err = c.attach(ctx, &attached, held, false)
+		if errors.Is(err, errGone) || errors.Is(err, kv.ErrConflict) {
+			continue
+		}
+		return adm, err
+	}
+	return nil, ErrContended
 }

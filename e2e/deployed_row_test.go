@@ -1,0 +1,363 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/oncegate/oncegate/internal/testkit/lb"
+)
+
+// The fault row a user's deployment would recognise (issue 34): the README's three cluster
+// nodes as built binaries, a load balancer in front (round robin, retry on connect errors
+// only), a population of clients using the official Go SDK with its default retry policy
+// (two retries, backoff with jitter, x-stainless-retry-count, Retry-After) and a 1 s
+// per-attempt timeout, a node killed -9 every period and restarted 5 s later. The intents:
+// keyed (a key each), keyless (the auto key), and bypassed (X-Allow-Duplicate); 5 % of the
+// generations outlast the SDK's timeout (its retry must join them), 2 % of the keyless ones
+// are sent again on purpose 5-8 s later (a new intent: the auto window is 3 s), 2 % are sent
+// twice at the same moment (one intent when keyless; two executions when bypassed).
+//
+// Per run it reports duplicate executions by kind (beyond what the intents ask for, on
+// executions no kill cut), executions cut by a kill, false merges (two intents answered by one
+// job), the share answered within the SDK's three attempts, p99 time to answer, and the
+// ledger's standing charges against the jobs answered. Short in `go test ./...` (240 intents,
+// one kill); -deployed.intents and -deployed.kill_every (or -chaos.long: 10,000 intents, a
+// kill every 60 s) make the long run whose table RELIABILITY.md keeps.
+var (
+	deployedIntents   = flag.Int("deployed.intents", 0, "intents in TestDeployedRow (default 240, 10,000 with -chaos.long)")
+	deployedKillEvery = flag.Duration("deployed.kill_every", 0, "a node killed every this long in TestDeployedRow (default 10 s, 60 s with -chaos.long)")
+)
+
+// deployedRate is the intents started per second.
+const deployedRate = 10
+
+// deployedKind is what an intent of the population is.
+type deployedKind string
+
+const (
+	kindKeyed   deployedKind = "keyed"
+	kindKeyless deployedKind = "keyless"
+	kindBypass  deployedKind = "bypass"
+)
+
+// deployedCall is one SDK call (with its retries) and what it got.
+type deployedCall struct {
+	content string
+	kind    deployedKind
+	key     string
+	err     error
+	took    time.Duration
+	jobID   string
+}
+
+// deployedGroup is the calls that share a content and the executions they ask for.
+type deployedGroup struct {
+	kind  deployedKind
+	calls []*deployedCall
+	want  int // executions the intents of this content ask for
+	// distinct: every call is an intent of its own (no two may share a job).
+	distinct    bool
+	slow        bool          // a generation that outlasts the SDK's per-attempt timeout
+	repeatAfter time.Duration // > 0: the second call is sent this long after the first
+}
+
+func TestDeployedRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the README's three-node cluster as built binaries")
+	}
+	intents, killEvery := 240, 10*time.Second
+	if *chaosLong {
+		intents, killEvery = 10_000, time.Minute
+	}
+	if *deployedIntents > 0 {
+		intents = *deployedIntents
+	}
+	if *deployedKillEvery > 0 {
+		killEvery = *deployedKillEvery
+	}
+	const model = "gpt-lb"
+	bin := oncegateBinary(t)
+	mockAddr, _ := startMockProc(t, bin, "--models", model)
+	rec := startRecorder(t, "http://"+mockAddr)
+	nodes := readmeClusterNodes(t)
+	var addrs []string
+	start := func(i int) {
+		// The user's own backend, as the README says to add one (OPENAI_BASE_URL): every
+		// node's calls go through the recorder under its own slot, so a kill knows which
+		// calls it cut.
+		n := nodes[i]
+		env := []string{"OPENAI_BASE_URL=" + rec.workerBase(i), "OPENAI_API_KEY=unused"}
+		n.p = startProcEnv(t, n.name, env, bin, n.args...)
+	}
+	for i, n := range nodes {
+		start(i)
+		addrs = append(addrs, strings.TrimPrefix(n.base, "http://"))
+	}
+	waitClusterReady(t, nodes)
+	bal := lb.Start(t, addrs...)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var kills sync.WaitGroup
+	killed := 0
+	kills.Add(1)
+	go func() { // the fault: a node killed every killEvery, restarted 5 s later
+		defer kills.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(killEvery):
+			}
+			nodes[i%len(nodes)].p.kill(t)
+			rec.fault(i % len(nodes))
+			killed++
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			start(i % len(nodes))
+		}
+	}()
+
+	// The per-attempt timeout is the HTTP client's: the Go SDK retries it as a transport error,
+	// as the Python and Node SDKs retry their own timeout (its option.WithRequestTimeout is
+	// returned at once, see TestSDKRetriesWithoutKey).
+	client := openai.NewClient(option.WithBaseURL(bal.URL()+"/v1"), option.WithAPIKey("unused"),
+		option.WithHTTPClient(&http.Client{Timeout: time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}))
+	call := func(c *deployedCall, slow bool) { // one SDK call, its retries included
+		knobs := `{"tokens":3,"inter_token_ms":10}`
+		if slow { // 1.6 s: past the SDK's 1 s timeout, so its retries must join it
+			knobs = `{"tokens":16,"inter_token_ms":100}`
+		}
+		opts := []option.RequestOption{option.WithJSONSet("mock", json.RawMessage(knobs))}
+		switch c.kind {
+		case kindKeyed:
+			opts = append(opts, option.WithHeader("Idempotency-Key", c.key))
+		case kindBypass:
+			opts = append(opts, option.WithHeader("X-Allow-Duplicate", "true"))
+		}
+		var resp *http.Response
+		opts = append(opts, option.WithResponseInto(&resp))
+		start := time.Now()
+		_, c.err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: model,
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(c.content)}}, opts...)
+		c.took = time.Since(start)
+		if c.err == nil && resp != nil {
+			c.jobID = resp.Header.Get("Oncegate-Job-Id")
+		}
+	}
+
+	rng := rand.New(rand.NewPCG(34, 10_000)) // #nosec G404 -- the population's mix, reproducible
+	run := fmt.Sprintf("%d", time.Now().UnixNano())
+	groups := make([]*deployedGroup, intents)
+	began := time.Now()
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				g := groups[i]
+				if g.repeatAfter > 0 { // the same content again, on purpose, past the auto window
+					call(g.calls[0], g.slow)
+					time.Sleep(g.repeatAfter)
+					call(g.calls[1], g.slow)
+					continue
+				}
+				var same sync.WaitGroup // one call, or two at the same moment
+				for _, c := range g.calls {
+					same.Add(1)
+					go func() { defer same.Done(); call(c, g.slow) }()
+				}
+				same.Wait()
+			}
+		}()
+	}
+	for i := range intents {
+		content := fmt.Sprintf("deployed %s intent %d", run, i)
+		g := &deployedGroup{want: 1, slow: i%20 == 7}
+		switch r := i % 10; {
+		case r < 4:
+			g.kind = kindKeyed
+		case r < 9:
+			g.kind = kindKeyless
+		default:
+			g.kind = kindBypass
+		}
+		n := 1
+		switch p := rng.IntN(100); {
+		case p < 2: // the same content twice at the same moment
+			n = 2
+			if g.kind == kindBypass {
+				g.want, g.distinct = 2, true
+			}
+		case p < 4 && g.kind == kindKeyless: // sent again on purpose, past the auto window
+			n, g.want, g.distinct = 2, 2, true
+			g.repeatAfter = 5*time.Second + time.Duration(rng.IntN(3000))*time.Millisecond
+		}
+		for range n {
+			g.calls = append(g.calls, &deployedCall{content: content, kind: g.kind, key: content})
+		}
+		groups[i] = g
+		// Paced, so that the population spans the kills: 10 intents a second.
+		time.Sleep(time.Until(began.Add(time.Duration(i) * time.Second / deployedRate)))
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	cancel()
+	kills.Wait()
+	waitClusterReady(t, nodes) // a node restarted at the end: the ledger is read from all
+	reportDeployedRow(t, rec, groups, killed, nodes, bin)
+}
+
+// reportDeployedRow checks and prints the row's figures.
+func reportDeployedRow(t *testing.T, rec *recorder, groups []*deployedGroup, killed int, nodes []*clusterNode, bin string) {
+	t.Helper()
+	dups := map[deployedKind]int{}
+	var cut, falseMerges, calls, answered int
+	var took []time.Duration
+	jobs := map[string]bool{}
+	for _, g := range groups {
+		var whole int
+		for _, ex := range rec.of(g.calls[0].content) {
+			if ex.faulted {
+				cut++
+			} else {
+				whole++
+			}
+		}
+		if whole > g.want {
+			dups[g.kind] += whole - g.want
+			t.Logf("%s %q: %d executions no kill cut, want %d: %s", g.kind, g.calls[0].content, whole, g.want, describeGroup(rec, g))
+		}
+		seen := map[string]int{}
+		for _, c := range g.calls {
+			calls++
+			if c.err != nil {
+				if calls-answered <= 5 {
+					t.Logf("%s call %q (slow %v) failed after %s: %v", c.kind, c.content, g.slow, c.took.Round(time.Millisecond), c.err)
+				}
+				continue
+			}
+			answered++
+			took = append(took, c.took)
+			jobs[c.jobID] = true
+			seen[c.jobID]++
+		}
+		if g.distinct {
+			for _, n := range seen {
+				falseMerges += n - 1
+				if n > 1 {
+					t.Logf("%s %q: %d intents answered by one job: %s", g.kind, g.calls[0].content, n, describeGroup(rec, g))
+				}
+			}
+		}
+	}
+	slices.Sort(took)
+	p99 := time.Duration(0)
+	if len(took) > 0 {
+		p99 = took[min(len(took)-1, len(took)*99/100)]
+	}
+	standing := deployedStandingCharges(t, bin, nodes)
+	var charged, multi int
+	for job := range jobs {
+		if standing[job] > 0 {
+			charged++
+		}
+		if standing[job] > 1 {
+			multi++
+		}
+	}
+	t.Logf("DEPLOYED ROW | %d intents, %d calls, %d kills | duplicate executions: keyed %d, keyless %d, bypass %d | cut by a kill %d | false merges %d | answered %.2f %% | p99 %s | jobs answered %d, with a standing charge %d, with more than one %d",
+		len(groups), calls, killed, dups[kindKeyed], dups[kindKeyless], dups[kindBypass], cut, falseMerges,
+		100*float64(answered)/float64(max(calls, 1)), p99.Round(time.Millisecond), len(jobs), charged, multi)
+	if n := dups[kindKeyed] + dups[kindKeyless] + dups[kindBypass]; n != 0 {
+		t.Errorf("%d duplicate executions no kill cut", n)
+	}
+	if falseMerges != 0 {
+		t.Errorf("%d false merges", falseMerges)
+	}
+	if multi != 0 {
+		t.Errorf("%d jobs with more than one standing charge after reconcile", multi)
+	}
+}
+
+// deployedStandingCharges reconciles the cluster's ledger (`oncegate ledger reconcile`, as an
+// operator runs it) and counts each job's charges that stand (not reversed) in its export.
+func deployedStandingCharges(t *testing.T, bin string, nodes []*clusterNode) map[string]int {
+	t.Helper()
+	urls := make([]string, len(nodes))
+	for i, n := range nodes {
+		urls[i] = n.natsURL
+	}
+	url := strings.Join(urls, ",")
+	if out, err := exec.Command(bin, "ledger", "reconcile", "--nats-url", url).CombinedOutput(); err != nil {
+		t.Fatalf("ledger reconcile: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "ledger", "export", "--nats-url", url).Output()
+	if err != nil {
+		t.Fatalf("ledger export: %v", err)
+	}
+	type entry struct {
+		ID     string `json:"id"`
+		Kind   string `json:"kind"`
+		JobID  string `json:"job_id"`
+		Refers string `json:"refers"`
+	}
+	var es []entry
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e entry
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("export line %q: %v", sc.Text(), err)
+		}
+		es = append(es, e)
+	}
+	reversed := map[string]bool{}
+	for _, e := range es {
+		if e.Kind == "reversal" {
+			reversed[e.Refers] = true
+		}
+	}
+	t.Logf("ledger: %d entries, %d reversed", len(es), len(reversed))
+	standing := map[string]int{}
+	for _, e := range es {
+		if e.Kind == "charge" && !reversed[e.ID] {
+			standing[e.JobID]++
+		}
+	}
+	return standing
+}
+
+// describeGroup says what a group's calls got and which executions its content had (for a
+// failure's log).
+func describeGroup(rec *recorder, g *deployedGroup) string {
+	var b strings.Builder
+	for _, c := range g.calls {
+		fmt.Fprintf(&b, "[call job %s took %s err %v] ", c.jobID, c.took.Round(time.Millisecond), c.err)
+	}
+	for _, ex := range rec.of(g.calls[0].content) {
+		fmt.Fprintf(&b, "[node %d at %s for %s completed %v faulted %v] ", ex.worker+1, ex.start.Format("15:04:05.000"),
+			ex.end.Sub(ex.start).Round(time.Millisecond), ex.completed, ex.faulted)
+	}
+	return b.String()
+}
