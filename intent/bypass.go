@@ -20,6 +20,11 @@ import (
 // the same content twice on purpose, and which one the retry continues cannot be told: it
 // executes, as the header asks (a false merge would give two intents one answer).
 //
+// The listing is one compare-and-set on the content's list (decideBypass), so an attempt and
+// its retry that both waited out an election (the SDK's timeout is shorter than one) decide
+// on the list as the other left it: the one that lands first lists its execution, the other
+// joins it, whichever of the two it is.
+//
 // A bypass without the retry count runs as before: on this node's workers if it can, with no
 // record; a listed one needs a record to be joined, so it takes the job path, and its listing
 // costs a read and a synced write.
@@ -30,11 +35,6 @@ const bypassRetryWindow = 10 * time.Minute
 
 // bypass admits a bypassed request.
 func (c *Core) bypass(ctx context.Context, req *Request) (*Admission, error) {
-	if req.ContentKey != "" && req.Retry {
-		if adm, ok, err := c.joinRetriedBypass(ctx, req); ok {
-			return adm, err
-		}
-	}
 	jobID := jobs.NewID()
 	key := HashParts(req.Tenant, "bypass", jobID) // unique per execution, whatever the key
 	if req.ContentKey == "" {
@@ -43,40 +43,72 @@ func (c *Core) bypass(ctx context.Context, req *Request) (*Admission, error) {
 		}
 		return c.create(ctx, req, key, jobID, Bypassed)
 	}
-	// Listed before it is claimed: a retry sent while this claim waits (an election outlasts
-	// an SDK's timeout) finds it, and claims the same key and job itself; whichever claim
-	// lands first executes, and the other joins it.
-	now := c.now()
-	if err := c.store.AddRecent(ctx, req.ContentKey, kv.RecentExec{Key: key, Job: jobID, At: now}, now.Add(-bypassRetryWindow)); err != nil {
-		// Unlisted, its retry executes again: what a bypass did before.
+	own := kv.RecentExec{Key: key, Job: jobID, At: c.now()}
+	target, err := c.decideBypass(ctx, req, own)
+	if err != nil {
+		// Not listed: it executes as a bypass did before (its retry executes again).
 		c.log.Warn().Err(err).Str(fieldJobID, jobID).Msg("listing a bypassed SDK request for its retries")
+		return c.create(ctx, req, key, jobID, Bypassed)
+	}
+	if target == nil {
+		return c.create(ctx, req, key, jobID, Bypassed) // an ambiguous retry: it executes, unlisted
 	}
 	listed := *req
-	listed.Key = key
-	return c.claimOrJoin(ctx, &listed, jobID, Bypassed)
+	listed.Key = target.Key
+	adm, err := c.claimOrJoin(ctx, &listed, target.Job, Bypassed)
+	if err == nil && target.Job != jobID {
+		c.log.Info().Str(fieldJobID, target.Job).Str("outcome", string(adm.Outcome)).Bool("retry", req.Retry).
+			Msg("a bypassed SDK request found its other attempt")
+	}
+	return adm, err
 }
 
-// joinRetriedBypass attaches the retry req of a bypassed request to the one execution of its
-// content listed within the window, or claims it (its key and job) when the listed attempt's
-// claim has not landed yet. ok is false when none is listed, or more than one: the retry then
-// executes.
-func (c *Core) joinRetriedBypass(ctx context.Context, req *Request) (adm *Admission, ok bool, err error) {
-	list, err := c.store.Recent(ctx, req.ContentKey, c.now().Add(-bypassRetryWindow))
-	if err != nil {
-		c.log.Warn().Err(err).Msg("reading a bypassed request's recent executions; the retry executes")
-		return nil, false, nil
-	}
-	if len(list) != 1 {
-		return nil, false, nil
-	}
-	e := list[0]
-	joined := *req
-	joined.Key, joined.Bypass = e.Key, false
-	adm, err = c.claimOrJoin(ctx, &joined, e.Job, Bypassed)
-	if err == nil {
-		c.log.Info().Str(fieldJobID, e.Job).Str("outcome", string(adm.Outcome)).Msg("an SDK retry of a bypassed request found its attempt")
-	}
-	return adm, true, err
+// decideBypass decides, on its content's list as it stands (kv.Store.DecideRecent), what the
+// bypassed SDK request req (own: its own execution, if it gets one) attaches to:
+//
+//   - a first attempt (retry count 0) joins a retry listed before it that no attempt has
+//     joined yet (its own listing waited out an election while its retry went ahead), else it
+//     lists own and executes;
+//   - a retry joins the one execution listed; with none listed (its attempt's listing has not
+//     landed), it lists own as a retry and executes, and its attempt will join it; with two or
+//     more it cannot tell which is its attempt's, and executes unlisted (nil).
+func (c *Core) decideBypass(ctx context.Context, req *Request, own kv.RecentExec) (*kv.RecentExec, error) {
+	var target *kv.RecentExec
+	err := c.store.DecideRecent(ctx, req.ContentKey, c.now().Add(-bypassRetryWindow), func(list []kv.RecentExec) []kv.RecentExec {
+		target = nil
+		for i := range list {
+			if list[i].Job == own.Job { // an earlier try of this very write landed
+				t := list[i]
+				target = &t
+				return nil
+			}
+		}
+		if !req.Retry {
+			for i := range list {
+				if list[i].Retry && !list[i].Matched {
+					list[i].Matched = true
+					t := list[i]
+					target = &t
+					return list
+				}
+			}
+			target = &own
+			return append(list, own)
+		}
+		switch len(list) {
+		case 0:
+			r := own
+			r.Retry = true
+			target = &r
+			return []kv.RecentExec{r}
+		case 1:
+			t := list[0]
+			target = &t
+			return nil
+		}
+		return nil // ambiguous: target stays nil
+	})
+	return target, err
 }
 
 // claimOrJoin claims req.Key for job jobID (outcome names a new execution), or attaches to the

@@ -30,6 +30,11 @@ type RecentExec struct {
 	Key string    `json:"k"`
 	Job string    `json:"j"`
 	At  time.Time `json:"t"`
+	// Retry: listed by a retry that found its attempt not listed yet (the attempt's listing
+	// waited out an election); the attempt, when it comes, joins it (Matched) instead of
+	// executing.
+	Retry   bool `json:"r,omitempty"`
+	Matched bool `json:"m,omitempty"`
 }
 
 // maxRecent bounds one content's list (the oldest go first).
@@ -37,25 +42,21 @@ const maxRecent = 16
 
 func recentKey(content string) string { return "recent." + content }
 
-// Recent lists the executions of content started after since, oldest first.
-func (s *Store) Recent(ctx context.Context, content string, since time.Time) ([]RecentExec, error) {
-	list, _, err := s.recent(ctx, content)
-	if err != nil {
-		return nil, fmt.Errorf("kv: recent %s: %w", content, err)
-	}
-	return fresh(list, since), nil
-}
-
-// AddRecent lists e among content's executions (dropping those started before since).
-func (s *Store) AddRecent(ctx context.Context, content string, e RecentExec, since time.Time) error {
+// DecideRecent reads content's list (without the executions started before since) and
+// writes what decide makes of it, by compare-and-set: decide runs again on the list as it
+// then stands when another writer got there first, so every decision is taken on the list it
+// changes. decide returns the list to write, or nil to write nothing.
+func (s *Store) DecideRecent(ctx context.Context, content string, since time.Time, decide func([]RecentExec) []RecentExec) error {
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		for {
 			list, rev, err := s.recent(ctx, content)
 			if err != nil {
 				return err
 			}
-			// Without e itself: a try whose answer was lost may have listed it already.
-			list = append(slices.DeleteFunc(fresh(list, since), func(o RecentExec) bool { return o.Job == e.Job }), e)
+			list = decide(fresh(list, since))
+			if list == nil {
+				return nil
+			}
 			if len(list) > maxRecent {
 				list = list[len(list)-maxRecent:]
 			}
@@ -68,14 +69,14 @@ func (s *Store) AddRecent(ctx context.Context, content string, e RecentExec, sin
 			} else {
 				_, err = s.kv.Update(ctx, recentKey(content), data, rev)
 			}
-			if casLost(err) { // another start listed itself first: again
+			if casLost(err) { // another writer changed it first: decide again
 				continue
 			}
 			return err
 		}
 	})
 	if err != nil {
-		return fmt.Errorf("kv: add recent %s: %w", content, err)
+		return fmt.Errorf("kv: recent %s: %w", content, err)
 	}
 	return nil
 }
