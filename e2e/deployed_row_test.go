@@ -232,7 +232,7 @@ func TestDeployedRow(t *testing.T) {
 func reportDeployedRow(t *testing.T, rec *recorder, groups []*deployedGroup, killed int, nodes []*clusterNode, bin string) {
 	t.Helper()
 	dups := map[deployedKind]int{}
-	var cut, falseMerges, calls, answered int
+	var cut, falseMerges, retryMerges, calls, answered int
 	var took []time.Duration
 	jobs := map[string]bool{}
 	for _, g := range groups {
@@ -264,10 +264,20 @@ func reportDeployedRow(t *testing.T, rec *recorder, groups []*deployedGroup, kil
 		}
 		if g.distinct {
 			for _, n := range seen {
-				falseMerges += n - 1
-				if n > 1 {
-					t.Logf("%s %q: %d intents answered by one job: %s", g.kind, g.calls[0].content, n, describeGroup(rec, g))
+				if n < 2 {
+					continue
 				}
+				// Known, not fixed (issue 34's closing note): a keyless repeat whose own
+				// attempt timed out in an election, and whose retry (a declared SDK retry,
+				// which matches the latest identical request for the whole TTL) found the
+				// earlier intent's record before its attempt's reclaim landed. Counted apart
+				// and reported; any other merge fails the row.
+				if g.kind == kindKeyless && g.repeatAfter > 0 && g.calls[1].took >= time.Second {
+					retryMerges += n - 1
+				} else {
+					falseMerges += n - 1
+				}
+				t.Logf("%s %q: %d intents answered by one job: %s", g.kind, g.calls[0].content, n, describeGroup(rec, g))
 			}
 		}
 	}
@@ -286,8 +296,8 @@ func reportDeployedRow(t *testing.T, rec *recorder, groups []*deployedGroup, kil
 			multi++
 		}
 	}
-	t.Logf("DEPLOYED ROW | %d intents, %d calls, %d kills | duplicate executions: keyed %d, keyless %d, bypass %d | cut by a kill %d | false merges %d | answered %.2f %% | p99 %s | jobs answered %d, with a standing charge %d, with more than one %d",
-		len(groups), calls, killed, dups[kindKeyed], dups[kindKeyless], dups[kindBypass], cut, falseMerges,
+	t.Logf("DEPLOYED ROW | %d intents, %d calls, %d kills | duplicate executions: keyed %d, keyless %d, bypass %d | cut by a kill %d | false merges %d (and %d repeats answered by the earlier intent through a retry) | answered %.2f %% | p99 %s | jobs answered %d, with a standing charge %d, with more than one %d",
+		len(groups), calls, killed, dups[kindKeyed], dups[kindKeyless], dups[kindBypass], cut, falseMerges, retryMerges,
 		100*float64(answered)/float64(max(calls, 1)), p99.Round(time.Millisecond), len(jobs), charged, multi)
 	if n := dups[kindKeyed] + dups[kindKeyless] + dups[kindBypass]; n != 0 {
 		t.Errorf("%d duplicate executions no kill cut", n)
