@@ -20,6 +20,7 @@ import (
 // not, and the sweeper re-drives it once its lease ran out. The job completes with the full
 // answer under a new epoch, and the same key then replays it.
 func TestWholeProcessCrashLosesNoAcceptedJob(t *testing.T) {
+	t.Parallel() // processes and ports of its own; mostly waiting (CI's e2e time, issue 34)
 	if testing.Short() {
 		t.Skip("builds and runs the binary twice")
 	}
@@ -96,6 +97,7 @@ func TestWholeProcessCrashLosesNoAcceptedJob(t *testing.T) {
 // for a client long gone), and the next bypass executes as usual. The backend is a process of
 // its own, so its count spans the gateway's restart.
 func TestCrashMidBypassIsNotRedriven(t *testing.T) {
+	t.Parallel() // processes and ports of its own; mostly waiting (CI's e2e time, issue 34)
 	if testing.Short() {
 		t.Skip("builds and runs the binary twice")
 	}

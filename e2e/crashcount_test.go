@@ -22,6 +22,7 @@ import (
 // at 0 attempts and the ledger without the estimate: the only account of the sent attempt was
 // in PROGRESS, a memory stream the restart emptied.
 func TestCrashMidStreamCountsTheCutAttempt(t *testing.T) {
+	t.Parallel() // processes and ports of its own; mostly waiting (CI's e2e time, issue 34)
 	if testing.Short() {
 		t.Skip("builds and runs the binary twice")
 	}

@@ -48,6 +48,7 @@ type clusterNode struct {
 // the servers it had discovered. Free ports hide that cause (ONCEGATE_E2E_README_PORTS=1 keeps
 // the README's); gateway's TestEmbeddedClusterPicksThreeReplicas shows it on any port.
 func TestReadmeCluster(t *testing.T) {
+	t.Parallel() // processes and ports of its own; mostly waiting (CI's e2e time, issue 34)
 	start := time.Now()
 	nodes := readmeClusterNodes(t)
 	for _, n := range nodes {

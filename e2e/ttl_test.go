@@ -18,6 +18,7 @@ import (
 // claim's job was dropped as a copy of the first one's message id, and once that was mended a
 // new stream found the first execution's chunks on its subject and was refused as fenced.
 func TestKeyReusedAfterItsTTL(t *testing.T) {
+	t.Parallel() // processes and ports of its own; mostly waiting (CI's e2e time, issue 34)
 	cfg := gatewaykit.Config(t)
 	cfg.Idempotency.TTL = config.Duration(2 * time.Second)
 	cfg.Idempotency.AutoWindow = config.Duration(time.Second)
