@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -63,8 +64,37 @@ func (r *resources) ensure(ctx context.Context) error {
 	return nil
 }
 
-// admitStreams are the streams an admission writes: the record (IDEM) and the job (JOBS).
-var admitStreams = []string{kv.BucketStream, jobs.JobsStream}
+// admitStreams are the streams an admission writes, the record (IDEM) and the job (JOBS), each
+// with a subject no message is ever stored on: a read of it is answered (not found) only by a
+// server that holds the stream.
+var admitStreams = []struct{ name, probe string }{
+	{kv.BucketStream, "$KV." + kv.Bucket + ".readyz-probe"},
+	{jobs.JobsStream, "jobs.run.readyz-probe"},
+}
+
+// leaderAnswers asks stream's leader (a message get, which only the leader answers, unlike a
+// direct get any replica answers) for the last message on probe: "no message" or a message
+// both say a leader serves the stream.
+func (r *resources) leaderAnswers(ctx context.Context, stream, probe string) error {
+	req, _ := json.Marshal(map[string]string{"last_by_subj": probe})
+	m, err := r.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return fmt.Errorf("stream %s: no leader answers: %w", stream, err)
+	}
+	var resp struct {
+		Error *struct {
+			ErrCode int    `json:"err_code"`
+			Desc    string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return fmt.Errorf("stream %s: leader's answer: %w", stream, err)
+	}
+	if resp.Error != nil && resp.Error.ErrCode != int(jetstream.JSErrCodeMessageNotFound) {
+		return fmt.Errorf("stream %s: leader answers %q", stream, resp.Error.Desc)
+	}
+	return nil
+}
 
 // Check is /readyz's question, asked by the API's readiness loop (never by a request): nil
 // when this node can admit a request, else an error that says why not. It can when every
@@ -99,13 +129,19 @@ func (r *resources) Check(ctx context.Context) error {
 		r.kick()
 		return fmt.Errorf("JetStream is missing %s (lost with a NATS restart?); recreating", strings.Join(missing, ", "))
 	}
-	for _, n := range admitStreams {
-		st, err := r.js.Stream(ctx, n)
+	for _, a := range admitStreams {
+		st, err := r.js.Stream(ctx, a.name)
 		if err != nil {
-			return fmt.Errorf("stream %s does not answer: %w", n, err)
+			return fmt.Errorf("stream %s does not answer: %w", a.name, err)
 		}
 		if cl := st.CachedInfo().Cluster; !replicas.Quorate(cl) {
-			return fmt.Errorf("stream %s has no leader with a quorum of its replicas (leader %q)", n, cl.Leader)
+			return fmt.Errorf("stream %s has no leader with a quorum of its replicas (leader %q)", a.name, cl.Leader)
+		}
+		// A stream's info can be stale (the meta leader's assignment still names a one-replica
+		// stream's stopped server; a follower's view still names a leader that just stopped:
+		// CI saw /readyz ready in both outages), so the stream's leader is asked too.
+		if err := r.leaderAnswers(ctx, a.name, a.probe); err != nil {
+			return err
 		}
 	}
 	return nil
