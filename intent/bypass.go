@@ -14,7 +14,7 @@ import (
 // retry executed again too (issue 34: 48-65 duplicate executions per 10,000 intents, in every
 // run, from bypassed requests alone). The SDK says which attempt a request is
 // (x-stainless-retry-count: 0, 1, 2): so a bypassed request whose client sent that count
-// (Request.ContentKey set) is listed among its content's recent executions (kv.Recent), and a
+// (Request.ContentKey set) is listed among its content's recent executions (kv.Store.DecideRecent), and a
 // retry of it (count ≥ 1) joins the execution of its content started within
 // bypassRetryWindow when there is exactly one. When there are two or more, the client sent
 // the same content twice on purpose, and which one the retry continues cannot be told: it
