@@ -330,8 +330,17 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	if mdErr == nil && md.NumDelivered > 1 {
 		p.opts.Metrics.Redelivered()
 	}
-	if mdErr != nil || !trustSent(md, sent, time.Now()) {
-		rec, rev, err = p.store.Get(ctx, wire.Key)
+	if p.runs(wire.Key) {
+		// This pool runs the key now (also a job delivered again as new: see deliveredAgain),
+		// maybe still writing its outcome: asked again once that is done.
+		_ = m.NakWithDelay(time.Second)
+		return
+	}
+	trusted := mdErr == nil && trustSent(md, sent, time.Now())
+	if !trusted {
+		// From the leader: a replica that has not caught up (a restarted node's) may still
+		// show PENDING an execution that finished, and this job would run it again.
+		rec, rev, err = p.store.Latest(ctx, wire.Key)
 		switch {
 		case errors.Is(err, kv.ErrNotFound):
 			log.Info().Msg("record gone; dropping job")
@@ -369,6 +378,10 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			return
 		}
 	}
+	if !trusted && (mdErr != nil || md.NumDelivered == 1) && p.deliveredAgain(ctx, wire.Key, rec, log) {
+		_ = m.NakWithDelay(ackWait(p.opts.Lease))
+		return
+	}
 	job := intent.JobOf(wire.Key, rec)
 	if now := p.opts.Now(); (mdErr != nil || md.NumDelivered == 1) && !leaseHolds(rec, now) {
 		// A first delivery whose lease has run out: its submit landed late (a partition held
@@ -391,13 +404,9 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	}
 	if mdErr == nil && md.NumDelivered > 1 {
 		// A redelivery: the previous holder stopped acking. Take over only once its lease ran
-		// out, and never from ourselves: this pool's execution may still be retrying its
-		// outcome's write past its lease (finalRetry).
+		// out, and never from ourselves (p.runs above: this pool's execution may still be
+		// retrying its outcome's write past its lease, finalRetry).
 		now := p.opts.Now()
-		if p.runs(wire.Key) {
-			_ = m.NakWithDelay(time.Second)
-			return
-		}
 		abandoned, unheard := intent.Abandoned(ctx, p.js, p.store, wire.Key, rec, now, p.opts.Lease)
 		if !abandoned && leaseHolds(rec, now) {
 			if owner, gone := p.ownerGone(ctx, wire.Key, rec); gone {
@@ -426,6 +435,22 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry or its owner's death")
 	}
 	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job), rec: rec, rev: rev, log: log})
+}
+
+// deliveredAgain reports whether another pool runs the epoch of rec, which a first delivery of
+// its job, too old to be trusted (trustSent), found PENDING. JetStream's first delivery is not
+// proof that nobody took the job before: a consumer's delivery count is not kept across a
+// leader change (nats-server#5346), and a job stored twice (its submit's dedup lost in an
+// election) is a new message. In the deployed row (issue 34) 12 of 13 duplicate executions
+// began that way, seconds after an election, while the first execution's owner was still
+// writing its outcome. Asking costs jobs.RunningWait when nobody answers, paid only by a job
+// that waited in JOBS longer than freshJob.
+func (p *Pool) deliveredAgain(ctx context.Context, key string, rec *kv.Record, log zerolog.Logger) bool {
+	running, _ := jobs.Running(ctx, p.js.Conn(), key, rec.Epoch)
+	if running {
+		log.Info().Msg("a first delivery of a job another pool runs; left to it")
+	}
+	return running
 }
 
 // storedRequest returns rec with the request it stores in REQUESTS. When that cannot be read
