@@ -29,19 +29,25 @@ type readiness struct {
 	mu     sync.Mutex
 	at     time.Time // when the check that gave reason ended; zero: none has yet
 	reason string    // why not ready; "" = ready
+	// reconnects is the connection's reconnect count when the check began: a verdict from
+	// before a reconnect is not believed (see readyz).
+	reconnects uint64
 }
 
-func (r *readiness) set(reason string, at time.Time) {
+func (r *readiness) set(reason string, at time.Time, reconnects uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.reason, r.at = reason, at
+	r.reason, r.at, r.reconnects = reason, at, reconnects
 }
 
-func (r *readiness) get() (string, time.Time) {
+func (r *readiness) get() (string, time.Time, uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.reason, r.at
+	return r.reason, r.at, r.reconnects
 }
+
+// reconnects is how often this node's NATS connection has reconnected.
+func (s *Server) reconnects() uint64 { return s.nc.Stats().Reconnects }
 
 // ResourceChecker says whether this node can admit a request as far as JetStream goes: nil
 // when every stream and bucket the gateway needs exists and the ones an admission writes can
@@ -66,10 +72,15 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 	if s.nc == nil || !s.nc.IsConnected() {
 		return writeAPIError(c, unavailable("not connected to NATS"))
 	}
-	reason, at := s.ready.get()
+	reason, at, reconnects := s.ready.get()
 	switch now := s.now(); {
 	case at.IsZero():
 		return writeAPIError(c, unavailable("readiness not checked yet"))
+	case reconnects != s.reconnects():
+		// The server this node was connected to went away: what the last check found there
+		// says nothing about the one it reconnected to (a survivor without a quorum). Seen in
+		// TestReadyzAnswersAtOnceWithoutQuorum: 200 for up to a second after the reconnect.
+		return writeAPIError(c, unavailable("reconnected to NATS; readiness not checked since"))
 	case now.Sub(at) > readyStale:
 		return writeAPIError(c, unavailable(fmt.Sprintf("readiness last checked %s ago", now.Sub(at).Round(time.Second))))
 	case reason != "":
@@ -87,12 +98,16 @@ func (s *Server) WatchReadiness(ctx context.Context) {
 	defer t.Stop()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, ReadyProbeTimeout)
+		var reconnects uint64
+		if s.nc != nil {
+			reconnects = s.reconnects()
+		}
 		reason := s.checkReady(cctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		s.ready.set(reason, s.now())
+		s.ready.set(reason, s.now(), reconnects)
 		select {
 		case <-ctx.Done():
 			return
