@@ -70,6 +70,8 @@ type Gateway struct {
 	// dashHub feeds this API's dashboards, dashPub posts this process's snapshot (dashboard.go).
 	dashHub, dashPub *loop
 	dashTally        *dashboard.Tally
+	// keys keeps this API's copy of the run-time API keys (apikeys.go).
+	keys *loop
 	// quorum runs each side's kv.Store.WatchQuorum (a lease is taken over only from a steady bucket).
 	quorum   []*loop
 	pool     *workers.Pool
@@ -491,7 +493,11 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D(), MaxBodyBytesInFlight: adm.MaxBodyBytesInFlight,
 			Limits: tenantLimits(g.cfg)}})
 	g.intents = intents
-	g.api = httpapi.New(httpapi.Deps{Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
+	keys, err := g.startKeys(ctx, js)
+	if err != nil {
+		return err
+	}
+	g.api = httpapi.New(httpapi.Deps{Keys: keys, Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer})
 	g.ready = startLoop(ctx, g.api.WatchReadiness)
@@ -586,6 +592,7 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	}
 	g.tally.stop() // after the last response counted, before NATS closes
 	g.ready.stop()
+	g.keys.stop()
 	g.dashPub.stop()
 	g.dashHub.stop()
 	g.queue.stop()

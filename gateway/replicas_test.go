@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,7 +25,7 @@ import (
 
 // allStreams is every stream a gateway sets up (a bucket's stream is KV_<bucket>).
 var allStreams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream, kv.RequestsStream,
-	ledger.StreamName, ledger.TallyStreamName, status.Stream}
+	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream}
 
 // clusterConfig is a gateway on the cluster c (external NATS) with nats.replicas n.
 func clusterConfig(t *testing.T, c *testkit.Cluster, n int) *config.Config {
@@ -117,35 +116,7 @@ func TestClusterReplicas(t *testing.T) {
 // open no client port (before, they chose 1; the README's nodes did too, the one on
 // 127.0.0.1:4222 being the client's default URL and so not counted as discovered).
 func TestEmbeddedClusterPicksThreeReplicas(t *testing.T) {
-	const n = 3
-	var routes []string
-	listens := make([]string, n)
-	for i := range listens {
-		listens[i] = testkit.FreeAddr(t)
-		routes = append(routes, "nats://"+listens[i])
-	}
-	gws := make([]*gateway.Gateway, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		cfg := gatewaykit.Config(t)
-		cfg.Workers.Concurrency = 4
-		cfg.NATS.Cluster = config.NATSCluster{Name: "oncegate-test", Listen: listens[i], Routes: routes, ServerName: fmt.Sprintf("n%d", i+1)}
-		if err := cfg.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { // a fresh cluster elects its meta leader once all three are up
-			defer wg.Done()
-			gws[i], errs[i] = start(t, cfg)
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("node %d: %v", i+1, err)
-		}
-	}
+	gws := embeddedCluster(t, 3, nil)
 	js := (&gatewaykit.Gateway{Gateway: gws[0]}).JetStream(t, "test")
 	wantReplicas(t, js, 3, nil)
 }

@@ -38,7 +38,7 @@ type resources struct {
 
 // streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
 var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream, kv.RequestsStream,
-	ledger.StreamName, ledger.TallyStreamName, status.Stream}
+	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream}
 
 // ensure creates or updates every stream, bucket and the JOBS consumer; idempotent, and it
 // never lowers a replica count.
@@ -59,6 +59,9 @@ func (r *resources) ensure(ctx context.Context) error {
 		return err
 	}
 	if _, err := status.Open(ctx, r.js, statusTTL, r.replicas); err != nil {
+		return err
+	}
+	if _, err := kv.OpenAPIKeys(ctx, r.js, r.replicas); err != nil {
 		return err
 	}
 	return nil

@@ -21,12 +21,19 @@ type LedgerReader interface {
 func (s *Server) routesAdmin(r fiber.Router) {
 	r.Get("/admin/ledger", s.adminLedger)
 	r.Get("/admin/bill", s.adminBill)
+	s.routesKeys(r)
 }
 
 // authenticateAdmin checks the admin key (Authorization: Bearer or x-api-key). With no admin
 // key configured the admin API does not exist (404).
 func (s *Server) authenticateAdmin(c *fiber.Ctx) error {
-	if len(s.adminKeys) == 0 || s.ledger == nil {
+	return s.admitAdmin(c, s.ledger != nil)
+}
+
+// admitAdmin checks the admin key for an admin API that exists when enabled (errAdminDisabled
+// otherwise, or without an admin key configured).
+func (s *Server) admitAdmin(c *fiber.Ctx, enabled bool) error {
+	if len(s.adminKeys) == 0 || !enabled {
 		return errAdminDisabled
 	}
 	if !s.isAdminKey(requestKey(c)) {

@@ -180,9 +180,10 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 	if err != nil {
 		return keyHeaderInvalid(err)
 	}
+	g.RetryHeader, g.Retry = s.retryHeader(c)
 	switch {
 	case g.Bypass: // its record key is made per execution by intent.Admit
-		if s.retryCountSent(c) { // an SDK that retries it: its retries can find it (intent/bypass.go)
+		if g.RetryHeader != "" { // an SDK that retries it: its retries can find it (intent/bypass.go)
 			g.ContentKey = intent.AutoKey(g.Tenant, c.Method(), c.Path(), g.Fingerprint)
 		}
 	case present:
@@ -190,7 +191,6 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 	default:
 		g.setAuto(c.Method(), c.Path())
 	}
-	g.Retry = s.isRetry(c)
 	if preferAsync(c.Get("Prefer")) {
 		g.setAsync()
 	}
@@ -278,31 +278,30 @@ func (s *Server) readDeadline(c *fiber.Ctx, g *generation) error {
 	return nil
 }
 
-// isRetry: the request declares itself a retry of an earlier attempt.
-func (s *Server) isRetry(c *fiber.Ctx) bool {
-	if n, err := strconv.Atoi(c.Get("x-stainless-retry-count")); err == nil && n >= 1 {
-		return true
+// retryHeader reads the headers that say which attempt a request is: an official SDK's
+// x-stainless-retry-count (a retry from 1), or a configured retry header (a retry unless "",
+// "0" or "false"). name is the header that declares it a retry, else the first one sent ("":
+// none); retry says it is a retry of an earlier attempt.
+func (s *Server) retryHeader(c *fiber.Ctx) (name string, retry bool) {
+	if v := c.Get(intent.SDKRetryHeader); v != "" {
+		if n, err := strconv.Atoi(v); err == nil && n >= 1 {
+			return intent.SDKRetryHeader, true
+		}
+		name = intent.SDKRetryHeader
 	}
 	for _, h := range s.idem.RetryHeaders {
-		if v := c.Get(h); v != "" && v != "0" && !strings.EqualFold(v, "false") {
-			return true
+		v := c.Get(h)
+		if v == "" {
+			continue
+		}
+		if v != "0" && !strings.EqualFold(v, "false") {
+			return h, true
+		}
+		if name == "" {
+			name = h
 		}
 	}
-	return false
-}
-
-// retryCountSent reports whether the request says which attempt it is (an official SDK's
-// x-stainless-retry-count, or a configured retry header), whatever the count.
-func (s *Server) retryCountSent(c *fiber.Ctx) bool {
-	if c.Get("x-stainless-retry-count") != "" {
-		return true
-	}
-	for _, h := range s.idem.RetryHeaders {
-		if c.Get(h) != "" {
-			return true
-		}
-	}
-	return false
+	return name, false
 }
 
 // setAsync makes g a background job. It executes streamed (nobody waits for the whole

@@ -36,6 +36,9 @@ func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *intent.A
 	if adm.Outcome == intent.Replayed {
 		c.Set("Idempotent-Replayed", "true")
 	}
+	if adm.Dedup != nil && wantsDedupReason(c) {
+		c.Set(dedupReasonHeader, dedupReason(adm.Dedup))
+	}
 }
 
 // deliver answers a generation request from its admission.

@@ -85,6 +85,8 @@ type jobView struct {
 	Error     json.RawMessage `json:"error,omitempty"`
 	// TraceID is the trace the execution continues: the creating request's.
 	TraceID string `json:"trace_id,omitempty"`
+	// Dedup: which execution copies of this job's key attach to, and by which rules.
+	Dedup *dedupView `json:"dedup"`
 }
 
 func (s *Server) getJob(c *fiber.Ctx) error {
@@ -94,7 +96,7 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 	}
 	rec, _ = s.intents.WithProgress(c.UserContext(), key, rec)
 	v := jobView{ID: rec.JobID, Object: "job", Status: jobStatus(rec), Model: rec.Model, CreatedAt: rec.Created.Unix(),
-		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: tokensOut(rec), TraceID: rec.TraceID}
+		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: tokensOut(rec), TraceID: rec.TraceID, Dedup: s.dedupOf(rec)}
 	if res := rec.Result; res != nil {
 		v.Usage = res.Usage
 		switch {
@@ -197,6 +199,7 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	if rec.Cancelled {
 		out["cancelled"] = true
 	}
+	out["dedup"] = s.dedupOf(rec)
 	return c.JSON(out)
 }
 

@@ -65,9 +65,11 @@ type Deps struct {
 	// Ledger and AdminKeys enable the admin API (entries, bills); optional.
 	Ledger          LedgerReader
 	AdminKeysSHA256 []string
-	Idem            config.Idempotency
-	HTTP            config.HTTP
-	Log             zerolog.Logger
+	// Keys are the API keys managed at run time (apikeys.go); nil: the configured ones only.
+	Keys KeyStore
+	Idem config.Idempotency
+	HTTP config.HTTP
+	Log  zerolog.Logger
 	// Tracer starts each generation request's span and carries its trace to the execution
 	// (nil: off; a client's traceparent still reaches the backend).
 	Tracer *tracing.Tracer
@@ -91,6 +93,7 @@ type Server struct {
 	tenants   []tenantKeys
 	ledger    LedgerReader
 	adminKeys [][]byte
+	keys      KeyStore // nil: no run-time keys
 	idem      config.Idempotency
 	log       zerolog.Logger
 	tracer    *tracing.Tracer
@@ -121,7 +124,7 @@ const anonymousTenant = "anonymous"
 // New builds the app and its routes.
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
-		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, metrics: d.Metrics, tracer: d.Tracer,
+		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, keys: d.Keys, metrics: d.Metrics, tracer: d.Tracer,
 		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally}
 	if s.now == nil {
 		s.now = time.Now
@@ -263,6 +266,9 @@ func requestKey(c *fiber.Ctx) string {
 // tenantOf is the tenant whose API key key is.
 func (s *Server) tenantOf(key string) (string, bool) {
 	sum := sha256.Sum256([]byte(key))
+	if tenant, ok, known := s.runtimeTenantOf(sum); known {
+		return tenant, ok
+	}
 	found := ""
 	for _, t := range s.tenants {
 		for _, h := range t.hashes {

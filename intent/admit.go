@@ -77,7 +77,7 @@ func (c *Core) newClaim(req *Request, jobID string, epoch int) *kv.Record {
 func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 	now := c.now()
 	rec := &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
-		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, EpochStarted: now,
+		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, Arrived: req.arrival(now), EpochStarted: now,
 		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API, Path: req.Path,
 		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID,
 		Echo: req.Echo}
@@ -299,7 +299,8 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 		return nil, ErrKeyReused
 	}
 	now := c.now()
-	if req.Auto && !req.Retry && req.arrival(now).Sub(rec.Created) > c.opts.AutoWindow {
+	rule := c.match(req, rec, req.arrival(now))
+	if rule == "" {
 		// Identical content after the window is a new intent, not a copy.
 		if rec.State == kv.Pending {
 			jobID := jobs.NewID()
@@ -340,7 +341,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 			if adm != nil {
 				adm.redriven = true // it joined the intent, but its request runs it again
 			}
-			return adm, err
+			return explain(adm, rule, req.RetryHeader, rec), err
 		}
 		// The feed first, the places after: a place given back is observed as a follower
 		// that left (oncegate_followers_per_execution), so none is taken for a join that fails.
@@ -354,13 +355,13 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 			return nil, err
 		}
 		c.remember(req.Key, rec)
-		return c.admission(Joined, req.Key, rec, fl, leave), nil
+		return explain(c.admission(Joined, req.Key, rec, fl, leave), rule, req.RetryHeader, rec), nil
 	case kv.Failed:
 		if rec.Result != nil && rec.Result.Retryable && !rec.Cancelled {
 			return c.reclaim(ctx, req, rec, rev, rec.JobID)
 		}
 	}
-	return c.admission(Replayed, req.Key, rec, nil, nil), nil
+	return explain(c.admission(Replayed, req.Key, rec, nil, nil), rule, req.RetryHeader, rec), nil
 }
 
 // archive keeps a finished execution reachable by its job id before its auto key moves on to
@@ -397,7 +398,7 @@ func (c *Core) stillQueued(ctx context.Context, key string) bool {
 func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev uint64, jobID string) (*Admission, error) {
 	rec := c.newClaim(req, jobID, old.Epoch+1)
 	if jobID == old.JobID {
-		rec.Created = old.Created
+		rec.Created, rec.Arrived = old.Created, old.Arrived
 	}
 	res, err := c.reserve(ctx, req, jobID)
 	if err != nil {

@@ -202,6 +202,10 @@ type Request struct {
 	// Retry: the request declares itself a retry of an earlier attempt (an SDK's retry
 	// header), so an auto key joins even outside AutoWindow.
 	Retry bool
+	// RetryHeader is the header that says which attempt the request is (SDKRetryHeader, or
+	// one of idempotency.retry_headers), if one was sent: the rule a copy found by it is
+	// reported with (Dedup).
+	RetryHeader string
 	// Arrived is when the request reached the gateway (zero: when it is admitted). An auto
 	// key's window is judged from it, never from when the store answered: a claim that stalls
 	// in an election is still the copy of the intent it arrived beside.
@@ -250,6 +254,8 @@ type Admission struct {
 	// (a takeover) or ends.
 	Rec   *kv.Record
 	JobID string
+	// Dedup says why a joined or replayed request was deduplicated; nil otherwise.
+	Dedup *Dedup
 
 	core   *Core
 	fl     *jobs.Follower // created, joined, bypassed; nil for a replay

@@ -70,8 +70,11 @@ func (c *Core) joinLocal(req *Request) (*Admission, bool) {
 		return nil, false
 	}
 	now := c.now()
-	if rec.Tenant != req.Tenant || rec.Fingerprint != req.Fingerprint || !now.Before(rec.LeaseUntil) ||
-		(req.Auto && !req.Retry && now.Sub(rec.Created) > c.opts.AutoWindow) {
+	if rec.Tenant != req.Tenant || rec.Fingerprint != req.Fingerprint || !now.Before(rec.LeaseUntil) {
+		return nil, false
+	}
+	rule := c.match(req, rec, now)
+	if rule == "" {
 		return nil, false
 	}
 	fl, ok := c.hub.JoinLive(jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch))
@@ -84,7 +87,7 @@ func (c *Core) joinLocal(req *Request) (*Admission, bool) {
 		fl.Close()
 		return nil, false // the normal path meets the same cap and answers it
 	}
-	return c.admission(Joined, req.Key, rec, fl, leave), true
+	return explain(c.admission(Joined, req.Key, rec, fl, leave), rule, req.RetryHeader, rec), true
 }
 
 // remember records that this node follows key's execution at rec.

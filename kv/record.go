@@ -141,6 +141,9 @@ type Record struct {
 	// ChargeKey is the key the execution ran and is charged under, when this record is a
 	// copy kept under another key (Archived); empty: the record's own key.
 	ChargeKey string `json:"charge_key,omitempty"`
+	// Arrived is when the request that created the record reached the gateway (before any
+	// wait for the store); zero in records written before it was kept (FirstArrived).
+	Arrived time.Time `json:"arrived,omitzero"`
 
 	Result *Result `json:"result,omitempty"`
 }
@@ -190,6 +193,15 @@ type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+}
+
+// FirstArrived is when the request that created r reached the gateway: Arrived, or Created
+// for a record written before Arrived was kept.
+func (r *Record) FirstArrived() time.Time {
+	if r.Arrived.IsZero() {
+		return r.Created
+	}
+	return r.Arrived
 }
 
 // requestSize is the request's size: its bytes', or as kept when they are not in r.

@@ -9,6 +9,7 @@ import (
 )
 
 const keyUsage = `usage: oncegate key hash [KEY]
+       oncegate key add|revoke|list ...   (keys managed at run time: oncegate key add -h)
   prints the hex SHA-256 of an API key, the value tenants[].api_keys_sha256 and
   admin.api_keys_sha256 (and ONCEGATE_TENANTS) expect. Without KEY it reads the key from
   stdin, which keeps it out of the shell history and the process list:

@@ -26,6 +26,7 @@ const usage = `usage:
   oncegate mock [--listen ADDR] [--ttft DUR] [--inter-token DUR] [--tokens N]
   oncegate config check FILE
   oncegate key hash [KEY]      (the sha256 hex for api_keys_sha256; reads stdin without KEY)
+  oncegate key add --tenant T | revoke HASH|KEY|- | list   [--url URL]  (run-time keys; see key add -h)
   oncegate ledger verify|export|bill|reconcile [--nats-url URL | --data-dir DIR] ... (see ledger -h)
   oncegate bench [--url URL] [--scenario overhead|duplicates|retry-storm|fanout|replay] [--compare URL] [--json] (see bench -h)
 `
@@ -48,6 +49,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case "ledger":
 		return ledgerMain(ctx, args, stdout, stderr, getenv)
 	case "key":
+		if len(args) > 0 && isKeyAdminCommand(args[0]) {
+			return keyAdminMain(ctx, args, os.Stdin, stdout, stderr, getenv)
+		}
 		return keyMain(args, os.Stdin, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)

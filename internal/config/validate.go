@@ -134,7 +134,7 @@ func (c *Config) Validate() error {
 	v.admission(&c.Admission, c.HTTP.MaxBodyBytes)
 	v.backends(c.Backends)
 	v.routes(c.Routes, c.Backends)
-	v.tenants(c.Tenants, c.Admission.APINodes)
+	v.tenants(c.Tenants, c.Admission.APINodes, len(c.Admin.APIKeysSHA256) > 0)
 	v.ledger(&c.Ledger)
 	v.admin(&c.Admin)
 	v.tracing(&c.Tracing)
@@ -638,7 +638,9 @@ func (v *validator) limits(p string, l Limits, nodes int) {
 	}
 }
 
-func (v *validator) tenants(ts []Tenant, nodes int) {
+// tenants checks the tenants; runtimeKeys (an admin key is configured) lets a tenant list no
+// key: its keys are then added at run time (oncegate key add, docs/operations/api-keys.md).
+func (v *validator) tenants(ts []Tenant, nodes int, runtimeKeys bool) {
 	ids := map[string]int{}
 	keys := map[string]string{} // key -> path of first use
 	for i, t := range ts {
@@ -656,8 +658,8 @@ func (v *validator) tenants(ts []Tenant, nodes int) {
 				ids[t.ID] = i
 			}
 		}
-		if len(t.APIKeysSHA256) == 0 {
-			v.add(p+".api_keys_sha256", "must list at least one key hash")
+		if len(t.APIKeysSHA256) == 0 && !runtimeKeys {
+			v.add(p+".api_keys_sha256", "must list at least one key hash (or configure admin.api_keys_sha256 and add keys at run time: oncegate key add)")
 		}
 		for j, k := range t.APIKeysSHA256 {
 			kp := fmt.Sprintf("%s.api_keys_sha256[%d]", p, j)
