@@ -61,6 +61,7 @@ var floors = map[string]int{
 var testOnly = map[string]bool{
 	"bench/floor":                 true,
 	"deploy":                      true,
+	"docs":                        true,
 	"e2e":                         true,
 	"examples/openai-go":          true,
 	"internal/archtest":           true,
