@@ -254,3 +254,19 @@ func TestTroubleshootingNamesEveryStartFailure(t *testing.T) {
 		}
 	}
 }
+
+// TestFencesClosed: every page's ``` fences pair up, so no code block swallows the text after
+// it (and the command tests, which read ```sh blocks, see every block).
+func TestFencesClosed(t *testing.T) {
+	for _, p := range pages(t) {
+		n := 0
+		for _, l := range strings.Split(readPage(t, p), "\n") {
+			if strings.HasPrefix(l, "```") {
+				n++
+			}
+		}
+		if n%2 != 0 {
+			t.Errorf("%s has %d ``` fence lines: one block is not closed", p, n)
+		}
+	}
+}
