@@ -21,7 +21,7 @@
 # nginx and Bifrost are skipped when not installed: NGINX (default: nginx on PATH) and
 # BIFROST (default: bifrost-http on PATH) name the binaries; Bifrost needs the config.schema.json
 # of its source next to its binary or in BIFROST_SCHEMA (else it fetches it from the internet at
-# start). How to build it here: testdata/bench/i16/bifrost-from-source.md.
+# start). How to build it here: bench/results/i16/bifrost-from-source.md.
 #
 # Measured per target and round (the mock: 16 tokens, no delays):
 #   c1    non-stream, c=1, interleaved 1 s slices against the mock directly: added p50

@@ -22,8 +22,8 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit/lb"
 )
 
-// The fault row a user's deployment would recognise (issue 34): the README's three cluster
-// nodes as built binaries, a load balancer in front (round robin, retry on connect errors
+// The fault row a user's deployment would recognise (issue 34): the three cluster
+// nodes of docs/operations/cluster.md as built binaries, a load balancer in front (round robin, retry on connect errors
 // only), a population of clients using the official Go SDK with its default retry policy
 // (two retries, backoff with jitter, x-stainless-retry-count, Retry-After) and a 1 s
 // per-attempt timeout, a node killed -9 every period and restarted 5 s later. The intents:
@@ -78,7 +78,7 @@ type deployedGroup struct {
 
 func TestDeployedRow(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs the README's three-node cluster as built binaries")
+		t.Skip("runs the three-node cluster of docs/operations/cluster.md as built binaries")
 	}
 	intents, killEvery := 240, 10*time.Second
 	if *chaosLong {
@@ -97,7 +97,7 @@ func TestDeployedRow(t *testing.T) {
 	nodes := readmeClusterNodes(t)
 	var addrs []string
 	start := func(i int) {
-		// The user's own backend, as the README says to add one (OPENAI_BASE_URL): every
+		// The user's own backend, as docs/backends.md says to add one (OPENAI_BASE_URL): every
 		// node's calls go through the recorder under its own slot, so a kill knows which
 		// calls it cut.
 		n := nodes[i]

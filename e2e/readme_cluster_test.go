@@ -17,7 +17,7 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
-// clusterNode is one node of the README's cluster as this test runs it.
+// clusterNode is one node of the cluster of docs/operations/cluster.md as this test runs it.
 type clusterNode struct {
 	name       string
 	args       []string
@@ -27,14 +27,15 @@ type clusterNode struct {
 	serverName string // its JetStream peer name, <hostname>-<route port>
 }
 
-// TestReadmeCluster runs exactly the commands of the README's "Cluster" section (its first sh
-// block): the binary is built once (the README's `go build -o oncegate ./cmd/oncegate` is the
+// TestReadmeCluster runs exactly the commands of docs/operations/cluster.md's first sh block
+// (it was the README's "Cluster" section): the binary is built once (the page's
+// `go build -o oncegate ./cmd/oncegate` is the
 // package's oncegateBinary), and the three `./oncegate serve ...` commands run as three
 // processes of it, with every 127.0.0.1 port they name replaced by a free port (the same free
-// port wherever the README repeats it, so the routes still name the route ports) and each
+// port wherever the page repeats it, so the routes still name the route ports) and each
 // ./data/... directory by a temporary one. Nothing else is changed.
 //
-// Every node must log that it set up its streams and buckets with 3 replicas (the README's
+// Every node must log that it set up its streams and buckets with 3 replicas (the page's
 // promise: three nodes survive the loss of one). It waits for all three /readyz, sends one
 // intent (one Idempotency-Key) to node 1, then to node 2 and node 3: one backend execution
 // across the cluster (the workers' lifetime request counts on the shared status board, read
@@ -43,10 +44,10 @@ type clusterNode struct {
 // survivors answer a new intent within an election's time (survivorBound), and from then on
 // answer new intents and replay the earlier one, never `503 store_unavailable`.
 //
-// With the README's own ports the nodes chose 1 replica before: node 1's client port,
+// With the page's own ports the nodes chose 1 replica before: node 1's client port,
 // 127.0.0.1:4222, is the NATS client's default URL, so no in-process client counted it among
 // the servers it had discovered. Free ports hide that cause (ONCEGATE_E2E_README_PORTS=1 keeps
-// the README's); gateway's TestEmbeddedClusterPicksThreeReplicas shows it on any port.
+// the page's); gateway's TestEmbeddedClusterPicksThreeReplicas shows it on any port.
 func TestReadmeCluster(t *testing.T) {
 	t.Parallel() // processes and ports of its own; mostly waiting (CI's e2e time, issue 34)
 	start := time.Now()
@@ -210,7 +211,7 @@ func flagValue(t *testing.T, args []string, flag string) string {
 			return args[i+1]
 		}
 	}
-	t.Fatalf("the README's cluster command has no %s: %v", flag, args)
+	t.Fatalf("the cluster page's command has no %s: %v", flag, args)
 	return ""
 }
 
@@ -253,34 +254,27 @@ func backendCalls(t *testing.T, base string, n int, since time.Time) int64 {
 	return calls
 }
 
-// readmePortsEnv, set to 1, makes TestReadmeCluster run the README's commands with their own
+// readmePortsEnv, set to 1, makes TestReadmeCluster run the page's commands with their own
 // ports (by hand only: they must be free, and two runs cannot share them).
 const readmePortsEnv = "ONCEGATE_E2E_README_PORTS"
 
-// readmeClusterNodes is the README's cluster commands (its "Cluster" section's first sh block:
+// readmeClusterNodes is the cluster commands of docs/operations/cluster.md (its first sh block:
 // the build, then the three nodes) as the arguments of the built binary: every 127.0.0.1 port
-// they name is replaced by a free port (the same free port wherever the README repeats it, so
+// they name is replaced by a free port (the same free port wherever the page repeats it, so
 // the routes still name the route ports), and each ./data/... directory by a temporary one.
 // Nothing else changes.
 func readmeClusterNodes(t *testing.T) []*clusterNode {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks := fencedBlocks(readmeSection(t, string(readme), "## Cluster"), "sh")
-	if len(blocks) == 0 {
-		t.Fatal("the README's Cluster section has no sh block")
-	}
+	blocks := clusterPageBlocks(t)
 	cmds := shellCommands(blocks[:1])
 	// The build is the package's oncegateBinary (the same `go build` of ./cmd/oncegate).
 	const build, serve = "go build -o oncegate ./cmd/oncegate", "./oncegate serve "
 	if len(cmds) != 4 || cmds[0].line != build {
-		t.Fatalf("the README's cluster block has %d commands, want %q and the three nodes':\n%s", len(cmds), build, strings.Join(commandLines(cmds), "\n"))
+		t.Fatalf("the cluster page's first block has %d commands, want %q and the three nodes':\n%s", len(cmds), build, strings.Join(commandLines(cmds), "\n"))
 	}
 	cmds = cmds[1:]
 	literalPorts := os.Getenv(readmePortsEnv) == "1"
-	ports := map[string]string{} // README port -> free port
+	ports := map[string]string{} // the page's port -> free port
 	used := map[string]bool{}
 	portRE := regexp.MustCompile(`127\.0\.0\.1:(\d+)`)
 	dirRE := regexp.MustCompile(`\./data/[A-Za-z0-9_-]+`)
@@ -320,6 +314,22 @@ func readmeClusterNodes(t *testing.T) []*clusterNode {
 	return nodes
 }
 
+// clusterPage is the page whose command blocks TestReadmeCluster and TestReadmeExternalCluster
+// run, one block each; a block more fails them until a test runs it.
+var clusterPage = filepath.Join("docs", "operations", "cluster.md")
+
+// clusterPageBlocks is the page's sh blocks: the embedded cluster's, then the external one's.
+func clusterPageBlocks(t *testing.T) []string {
+	t.Helper()
+	page := readRepoFile(t, clusterPage)
+	noOtherShellFences(t, page)
+	blocks := fencedBlocks(page, "sh")
+	if len(blocks) != 2 {
+		t.Fatalf("%s has %d sh blocks; the tests run two (the embedded cluster, the external one): run a new block in e2e/readme_cluster_test.go", clusterPage, len(blocks))
+	}
+	return blocks
+}
+
 // start runs the node's process.
 func (n *clusterNode) start(t *testing.T) {
 	t.Helper()
@@ -350,4 +360,61 @@ func waitClusterReady(t *testing.T, nodes []*clusterNode) {
 			return nil
 		})
 	}
+}
+
+// TestReadmeExternalCluster runs docs/operations/cluster.md's second sh block, the api and the
+// worker role on an external NATS cluster, as written but for the addresses: each
+// nats://nats-N:4222 becomes the client URL of the Nth of three stock nats-server processes
+// (runNATSProcs), and the api's --listen 0.0.0.0:8080 a free loopback port. The api node must
+// become ready (which needs the worker on the status board), answer a new intent, and replay it
+// to a second copy with the same bytes and job id, with one backend call made by the worker.
+func TestReadmeExternalCluster(t *testing.T) {
+	t.Parallel() // processes and ports of its own; mostly waiting
+	cmds := shellCommands(clusterPageBlocks(t)[1:2])
+	const api, worker = "oncegate serve --role api ", "oncegate serve --role worker "
+	if len(cmds) != 2 || !strings.HasPrefix(cmds[0].line, api) || !strings.HasPrefix(cmds[1].line, worker) {
+		t.Fatalf("%s's second block has %d commands, want one starting %q and one starting %q:\n%s",
+			clusterPage, len(cmds), api, worker, strings.Join(commandLines(cmds), "\n"))
+	}
+	urls := runNATSProcs(t, "always").URLs()
+	listen := testkit.FreeAddr(t)
+	serverRE := regexp.MustCompile(`nats://nats-(\d+):4222`)
+	var procs []*proc
+	for i, c := range cmds {
+		line := serverRE.ReplaceAllStringFunc(c.line, func(u string) string {
+			n := serverRE.FindStringSubmatch(u)[1]
+			for j := range urls {
+				if n == fmt.Sprint(j+1) {
+					return urls[j]
+				}
+			}
+			t.Fatalf("%s names %s; the test runs %d servers", clusterPage, u, len(urls))
+			return ""
+		})
+		line = strings.ReplaceAll(line, "0.0.0.0:8080", listen)
+		if strings.Contains(line, "://nats-") || strings.Contains(line, "0.0.0.0") {
+			t.Fatalf("an address of %q is not one the test replaces: %s", c.line, line)
+		}
+		name := []string{"api", "worker"}[i]
+		args := strings.Fields(strings.TrimPrefix(line, "oncegate "))
+		t.Logf("%s: oncegate %s", name, strings.Join(args, " "))
+		procs = append(procs, startProc(t, name, oncegateBinary(t), args...))
+	}
+	base := "http://" + listen
+	waitReady(t, base, procs...)
+
+	body := chatBody("oncegate-mock", "one intent, external NATS", "")
+	hdr := map[string]string{"Idempotency-Key": "readme-external-1"}
+	first := postChat(t, base, body, hdr)
+	expect(t, first, http.StatusOK, "created")
+	again := postChat(t, base, body, hdr)
+	expect(t, again, http.StatusOK, "replayed")
+	if string(again.Body) != string(first.Body) || again.Header.Get("Oncegate-Job-Id") != first.Header.Get("Oncegate-Job-Id") {
+		t.Errorf("the copy got another answer (job %s, first %s):\n%s\nfirst:\n%s",
+			again.Header.Get("Oncegate-Job-Id"), first.Header.Get("Oncegate-Job-Id"), again.Body, first.Body)
+	}
+	if calls := backendCalls(t, base, 1, first.End); calls != 1 {
+		t.Errorf("the worker made %d backend calls for one intent, want 1", calls)
+	}
+	httpClient.CloseIdleConnections()
 }

@@ -27,14 +27,16 @@ type readmeStep struct {
 	check    func(t *testing.T, out string)
 }
 
-// TestReadmeTryIt runs every command of the README's "Try it" section against a started
-// gateway, the way a reader would: the oncegate binary (for `go run ./cmd/oncegate`, built
-// once, on a free loopback port and a temporary data dir; the README's localhost:8080 is
-// rewritten to that address), each curl line with the real curl through sh -c, and the Go
-// SDK example (for `go run ./examples/openai-go`), whose code must be the README's Go snippet.
-// It checks what the README's comments say: the second identical call is replayed with the
-// same bytes, the streamed copy and the SDK call are served from the same execution (one job
-// id; the key's record says one attempt and epoch 1).
+// TestReadmeTryIt runs every command of the README's "Try it" section, and every command of
+// docs/getting-started.md, against a started gateway (one per page), the way a reader would:
+// the oncegate binary (for `go run ./cmd/oncegate`, built once, on a free loopback port and a
+// temporary data dir; the page's localhost:8080 is rewritten to that address), each curl line
+// with the real curl through sh -c, and the Go SDK example (for `go run ./examples/openai-go`),
+// whose code must be the page's Go snippet. It checks what the comments say: the second
+// identical call is replayed with the same bytes, the streamed copy and the SDK call are
+// served from the same execution (one job id; the key's record says one attempt and epoch 1).
+// The getting-started page is read whole: a command block added anywhere in it must be one of
+// these steps, and a shell block fenced as anything but ```sh fails the test.
 //
 // Without curl the test skips, unless ONCEGATE_REQUIRE_TOOLS=1 (as CI sets it), where a
 // missing curl fails it.
@@ -45,13 +47,40 @@ func TestReadmeTryIt(t *testing.T) {
 		}
 		t.Skip("curl not installed (set ONCEGATE_REQUIRE_TOOLS=1 to make this a failure)")
 	}
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	readme := readRepoFile(t, "README.md")
+	t.Run("README.md", func(t *testing.T) { runTryIt(t, readmeSection(t, readme, "## Try it")) })
+	t.Run("docs/getting-started.md", func(t *testing.T) {
+		page := readRepoFile(t, "docs", "getting-started.md")
+		noOtherShellFences(t, page)
+		runTryIt(t, page)
+	})
+}
+
+// readRepoFile is a file of the repository, by its path from the root.
+func readRepoFile(t *testing.T, path ...string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(append([]string{".."}, path...)...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	section := readmeSection(t, string(readme), "## Try it")
-	cmds := shellCommands(fencedBlocks(section, "sh"))
-	goBlocks := fencedBlocks(section, "go")
+	return string(b)
+}
+
+// noOtherShellFences fails on a shell block fenced as something other than ```sh, which the
+// command tests would not see.
+func noOtherShellFences(t *testing.T, page string) {
+	t.Helper()
+	for _, lang := range []string{"bash", "shell", "console", "zsh", "shell-session"} {
+		if blocks := fencedBlocks(page, lang); len(blocks) > 0 {
+			t.Errorf("a ```%s block: fence shell commands as ```sh, so that a test runs them:\n%s", lang, blocks[0])
+		}
+	}
+}
+
+// runTryIt runs the quick start's commands found in text (its sh blocks and its one Go block).
+func runTryIt(t *testing.T, text string) {
+	cmds := shellCommands(fencedBlocks(text, "sh"))
+	goBlocks := fencedBlocks(text, "go")
 
 	// The Go snippet is the example's code between its README markers.
 	example, err := os.ReadFile(filepath.Join("..", "examples", "openai-go", "main.go"))
@@ -59,7 +88,7 @@ func TestReadmeTryIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(goBlocks) != 1 || goBlocks[0] != markedRegion(t, string(example)) {
-		t.Fatalf("the README's Go snippet is not examples/openai-go/main.go's code between the README markers:\n--- README\n%s\n--- example\n%s",
+		t.Fatalf("the page's Go snippet is not examples/openai-go/main.go's code between the README markers:\n--- page\n%s\n--- example\n%s",
 			strings.Join(goBlocks, "\n---\n"), markedRegion(t, string(example)))
 	}
 
@@ -138,13 +167,13 @@ func TestReadmeTryIt(t *testing.T) {
 		}},
 	}
 	if len(cmds) != len(steps) {
-		t.Fatalf("the README's Try it section has %d commands, the test checks %d: update e2e/readme_test.go with the README:\n%s",
+		t.Fatalf("the page has %d commands, the test checks %d: update e2e/readme_test.go with the page:\n%s",
 			len(cmds), len(steps), strings.Join(commandLines(cmds), "\n"))
 	}
 	for i, st := range steps {
 		c := cmds[i]
 		if !strings.HasPrefix(c.line, st.prefix) || !strings.Contains(c.comment, st.mentions) {
-			t.Fatalf("command %d of the README is %q (comment %q); the test expects one starting %q whose comment says %q",
+			t.Fatalf("command %d of the page is %q (comment %q); the test expects one starting %q whose comment says %q",
 				i+1, c.line, c.comment, st.prefix, st.mentions)
 		}
 	}

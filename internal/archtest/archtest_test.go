@@ -16,12 +16,13 @@ const module = "github.com/oncegate/oncegate"
 var floors = map[string]int{
 	// 0: leaves: provider adapters and wire formats, config, the embedded server, the JSON
 	// scanner, resilience, the mock backend, the bench tool, the status board, the metrics, the
-	// test kit.
+	// test kit, the configuration reference generator.
 	"internal/anthropicwire":    0,
 	"internal/backend":          0,
 	"internal/bench":            0,
 	"internal/clock":            0,
 	"internal/config":           0,
+	"internal/docgen":           0,
 	"internal/jsonscan":         0,
 	"internal/jsonscan/jsonref": 0,
 	"internal/jspub":            0,
@@ -60,6 +61,7 @@ var floors = map[string]int{
 var testOnly = map[string]bool{
 	"bench/floor":                 true,
 	"deploy":                      true,
+	"docs":                        true,
 	"e2e":                         true,
 	"examples/openai-go":          true,
 	"internal/archtest":           true,

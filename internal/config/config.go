@@ -132,9 +132,14 @@ func (c NATSCluster) Enabled() bool {
 
 // HTTP configures the HTTP server.
 type HTTP struct {
-	MaxBodyBytes  int      `yaml:"max_body_bytes"`
-	ReadTimeout   Duration `yaml:"read_timeout"`
-	WriteTimeout  Duration `yaml:"write_timeout"` // not applied to SSE
+	// MaxBodyBytes is the largest request body accepted: a larger one is answered 413
+	// request_too_large (from its Content-Length, before a byte of it is read).
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// ReadTimeout bounds reading a request: a body not received within it is answered 408
+	// request_timeout.
+	ReadTimeout  Duration `yaml:"read_timeout"`
+	WriteTimeout Duration `yaml:"write_timeout"` // not applied to SSE
+	// IdleTimeout closes a keep-alive connection that stays idle this long.
 	IdleTimeout   Duration `yaml:"idle_timeout"`
 	ShutdownGrace Duration `yaml:"shutdown_grace"` // bounded wait for in-flight streams on SIGTERM
 	// AccessLogSample is the share of requests whose access-log line (one per request, at
@@ -145,7 +150,7 @@ type HTTP struct {
 	// later on Listen; with neither, plain HTTP. They are read once at start: restart a node
 	// (rolling, with no intent lost) to rotate them. /metrics on metrics.listen stays plain.
 	TLSCert string `yaml:"tls_cert"`
-	TLSKey  string `yaml:"tls_key"`
+	TLSKey  string `yaml:"tls_key"` // the PEM private key file of tls_cert (--tls-key)
 }
 
 // Workers configures the worker side.
@@ -168,10 +173,19 @@ type Workers struct {
 
 // Idempotency configures deduplication.
 type Idempotency struct {
-	TTL        Duration `yaml:"ttl"`
+	// TTL is how long a key's record, and the result it holds, is kept: a copy within it is
+	// replayed, after it the key is new.
+	TTL Duration `yaml:"ttl"`
+	// AutoWindow is how long identical requests without an Idempotency-Key are one intent,
+	// measured from when each reached the gateway (a declared retry matches for the whole TTL).
 	AutoWindow Duration `yaml:"auto_window"`
-	MaxWait    Duration `yaml:"max_wait"`
-	Lease      Duration `yaml:"lease"`
+	// MaxWait is how long a non-stream copy of a running intent waits for its result before
+	// it is answered 409 idempotency_key_in_use with Retry-After.
+	MaxWait Duration `yaml:"max_wait"`
+	// Lease is how long a PENDING record stays its worker's without a renewal; a record whose
+	// lease ran out may be taken over (new epoch).
+	Lease Duration `yaml:"lease"`
+	// RenewEvery is how often a worker renews the lease of each execution it runs.
 	RenewEvery Duration `yaml:"renew_every"`
 	// RetryHeaders are extra header names whose presence (value != "" and
 	// != "0") marks a request as a retry.
@@ -203,9 +217,9 @@ type Admission struct {
 
 // Backend is an upstream LLM API.
 type Backend struct {
-	Name      string    `yaml:"name"`
-	Type      string    `yaml:"type"` // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeMock
-	BaseURL   string    `yaml:"base_url"`
+	Name      string    `yaml:"name"`        // unique; routes[].backends name backends by it
+	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeMock
+	BaseURL   string    `yaml:"base_url"`    // the API's base URL, e.g. https://api.openai.com/v1; empty for a mock
 	APIKeyEnv string    `yaml:"api_key_env"` // name of the env var holding the key (never the key itself)
 	Models    []string  `yaml:"models"`      // CatchAll = models nobody else serves
 	Timeout   Duration  `yaml:"timeout"`     // total time of one attempt
@@ -221,7 +235,7 @@ type Backend struct {
 	MaxAttempts int `yaml:"max_attempts"`
 	// RetryBase and RetryCap shape exponential backoff with full jitter.
 	RetryBase Duration `yaml:"retry_base"`
-	RetryCap  Duration `yaml:"retry_cap"`
+	RetryCap  Duration `yaml:"retry_cap"` // the longest backoff between two attempts
 	// RetryBudget is the largest fraction of requests that may be retries (sliding window).
 	RetryBudget float64 `yaml:"retry_budget"`
 	// HonorsIdempotencyKey: the backend deduplicates a forwarded Idempotency-Key, so a
@@ -230,7 +244,7 @@ type Backend struct {
 	// Continuation continues a broken stream: "" (never), "vllm" (continue_final_message),
 	// "anthropic" (assistant prefill, on PrefillModels only).
 	Continuation  string   `yaml:"continuation"`
-	PrefillModels []string `yaml:"prefill_models"`
+	PrefillModels []string `yaml:"prefill_models"` // the models continued by prefill (continuation: anthropic)
 	// AnthropicVersion is sent as anthropic-version when the client sent none.
 	AnthropicVersion string `yaml:"anthropic_version"`
 	// Responses is how POST /v1/responses reaches this backend: "" translates it to Chat
@@ -238,7 +252,7 @@ type Backend struct {
 	// that serves /v1/responses itself).
 	Responses string  `yaml:"responses"`
 	Breaker   Breaker `yaml:"breaker"`
-	// Passthrough lists other paths this backend serves as they are (passthrough.go).
+	// Passthrough lists other paths this backend serves as they are.
 	Passthrough []Passthrough `yaml:"passthrough"`
 }
 
@@ -247,8 +261,8 @@ type Breaker struct {
 	// FailureRate opens the breaker when failures/requests reach it over Window, once at
 	// least MinRequests were seen.
 	FailureRate float64  `yaml:"failure_rate"`
-	Window      Duration `yaml:"window"`
-	MinRequests int      `yaml:"min_requests"`
+	Window      Duration `yaml:"window"`       // the sliding window failure_rate is measured over
+	MinRequests int      `yaml:"min_requests"` // requests seen in the window before the breaker may open
 	// OpenFor is how long it stays open before half-open probes decide.
 	OpenFor Duration `yaml:"open_for"`
 	// Probes is how many requests a half-open breaker lets through.
@@ -321,11 +335,13 @@ func (b Backend) WithDefaults() Backend {
 type Degraded struct {
 	// Message, when set, is answered as a normal assistant message (status 200, header
 	// Oncegate-Degraded: true); otherwise the route answers 503 with Retry-After.
-	Message    string   `yaml:"message"`
+	Message string `yaml:"message"`
+	// RetryAfter is the Retry-After of the 503 when there is no Message (rounded up to
+	// whole seconds; 0: 1 s).
 	RetryAfter Duration `yaml:"retry_after"`
 }
 
-// MockKnobs tune the mock backend.
+// MockKnobs tunes the mock backend.
 type MockKnobs struct {
 	TTFT       Duration `yaml:"ttft"`        // delay before the first token
 	InterToken Duration `yaml:"inter_token"` // delay between tokens
@@ -335,7 +351,7 @@ type MockKnobs struct {
 // Route is an explicit route for one model; it overrides the backends' models
 // lists.
 type Route struct {
-	Model    string    `yaml:"model"`
+	Model    string    `yaml:"model"`    // the model name requests ask for; one route per model
 	Backends []string  `yaml:"backends"` // ordered: the next is tried when one is down
 	Dedup    *bool     `yaml:"dedup"`    // nil = true; false = every request executes
 	Degraded *Degraded `yaml:"degraded"` // nil = 503 with Retry-After when all backends are down
@@ -343,7 +359,7 @@ type Route struct {
 
 // Tenant is a client of the gateway, authenticated by API key.
 type Tenant struct {
-	ID            string   `yaml:"id"`
+	ID            string   `yaml:"id"`              // unique, [A-Za-z0-9_.-]+
 	APIKeysSHA256 []string `yaml:"api_keys_sha256"` // hex sha256 of each API key
 	Budget        *Budget  `yaml:"budget"`          // nil = no spend limit
 	Limits        Limits   `yaml:"limits"`          // caps across every API node; zero = none
@@ -362,7 +378,7 @@ type Limits struct {
 	// RequestsPerSecond is a token bucket over every model request (copies included) that
 	// holds Burst requests (0: the rate rounded up).
 	RequestsPerSecond float64 `yaml:"requests_per_second"`
-	Burst             int     `yaml:"burst"`
+	Burst             int     `yaml:"burst"` // the bucket size of requests_per_second (0: the rate rounded up)
 	// TokensPerMinute is a token bucket over what new executions may use: their estimated
 	// input (4 bytes a token) and max_tokens (or ledger.default_max_tokens), counted at
 	// admission as the providers count it.
@@ -396,13 +412,13 @@ func (l Limits) burst() int {
 
 // Budget is a tenant's spend limit per period, in micro-units of the ledger's currency.
 type Budget struct {
-	Limit  int64  `yaml:"limit"`
+	Limit  int64  `yaml:"limit"`  // the most net spend per period, in micro-units
 	Period string `yaml:"period"` // day | month
 }
 
 // Ledger configures billing: the price table and the reconciler.
 type Ledger struct {
-	Currency string `yaml:"currency"`
+	Currency string `yaml:"currency"` // a 3-letter upper-case currency code, named on bills
 	// Prices per model, in micro-units per million tokens.
 	Prices map[string]Price `yaml:"prices"`
 	// ReconcileEvery is how often a worker process runs the reconciler.
@@ -426,8 +442,8 @@ type Ledger struct {
 
 // RetiredSecret is a ledger secret no longer used for new entries, and when it stopped being.
 type RetiredSecret struct {
-	Secret string    `yaml:"secret"`
-	Until  Timestamp `yaml:"until"`
+	Secret string    `yaml:"secret"` // the retired secret
+	Until  Timestamp `yaml:"until"`  // verify accepts it for entries dated up to this time: a time after the last node stopped writing with it
 }
 
 // Timestamp is a time written in RFC 3339 (2026-12-04T20:00:00Z).
@@ -451,10 +467,10 @@ func (t *Timestamp) UnmarshalYAML(n *yaml.Node) error {
 // MinLedgerSecret is the shortest ledger.secret accepted, in bytes (ledger.MinSecretLen).
 const MinLedgerSecret = 32
 
-// Price of a model per million tokens, in micro-units.
+// Price is a model's price per million tokens, in micro-units.
 type Price struct {
-	InputPerMillion  int64 `yaml:"input_per_million"`
-	OutputPerMillion int64 `yaml:"output_per_million"`
+	InputPerMillion  int64 `yaml:"input_per_million"`  // micro-units per million input tokens
+	OutputPerMillion int64 `yaml:"output_per_million"` // micro-units per million output tokens
 }
 
 // Metrics configures the Prometheus endpoint. /metrics is always served on the API listener

@@ -20,6 +20,9 @@ const (
 	// already in the file gets the keys added.
 	EnvTenants = "ONCEGATE_TENANTS"
 
+	// EnvOpenAIBaseURL and EnvOpenAIAPIKey, both set, add a backend named "openai" of type
+	// openai serving every model no other backend serves ("*") at EnvOpenAIBaseURL with the
+	// key in EnvOpenAIAPIKey, unless a backend of type openai is configured.
 	EnvOpenAIBaseURL = "OPENAI_BASE_URL"
 	EnvOpenAIAPIKey  = "OPENAI_API_KEY" // #nosec G101 -- the name of the variable that holds the key, not a key
 )

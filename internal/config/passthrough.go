@@ -13,7 +13,7 @@ import (
 // body and Content-Type are stored and replayed. Dedup says which requests are deduplicated.
 type Passthrough struct {
 	Path  string `yaml:"path"`  // e.g. "/v1/images/generations"
-	Dedup string `yaml:"dedup"` // DedupKeyedOnly (default), DedupOff or DedupOn; see Policy
+	Dedup string `yaml:"dedup"` // DedupKeyedOnly, DedupOff or DedupOn; unset: DedupOff on ImagesGenerationsPath, else DedupKeyedOnly
 }
 
 // Dedup policies of a passthrough path.

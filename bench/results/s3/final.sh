@@ -1,5 +1,5 @@
 #!/bin/bash
-here=$(cd "$(dirname "$0")" && pwd)   # this directory (testdata/bench/s3)
+here=$(cd "$(dirname "$0")" && pwd)   # this directory (bench/results/s3)
 # Round-3 before/after: session-start binary (cur, 5cd8a55) vs new2 (3545395)
 cd /tmp/s3
 for b in cur new2; do

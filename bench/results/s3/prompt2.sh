@@ -1,5 +1,5 @@
 #!/bin/bash
-here=$(cd "$(dirname "$0")" && pwd)   # this directory (testdata/bench/s3)
+here=$(cd "$(dirname "$0")" && pwd)   # this directory (bench/results/s3)
 # interleaved: base (5cd8a55) vs final, per prompt size, two rounds
 export BENCH=/tmp/s3/new6
 for round in 1 2; do
