@@ -53,13 +53,8 @@ func waitReady(t *testing.T, addr string, logs func() string) {
 	client := &http.Client{Timeout: 5 * time.Second}
 	defer client.CloseIdleConnections()
 	testkit.CheckFor(t, time.Minute, 20*time.Millisecond, func() error {
-		resp, err := client.Get("http://" + addr + "/readyz")
-		if err != nil {
+		if err := testkit.Ready(client, "http://"+addr); err != nil {
 			return fmt.Errorf("gateway never ready: %w\n%s", err, logs())
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("gateway never ready: /readyz %d\n%s", resp.StatusCode, logs())
 		}
 		return nil
 	})

@@ -8,6 +8,11 @@ import (
 	"strings"
 )
 
+// buildVersion names a build that has no module version or VCS information to read: the
+// container image sets it with -ldflags "-X main.buildVersion=…" (its build context has no
+// .git). It is written by the linker only, never at run time.
+var buildVersion string
+
 // versionMain is `oncegate version`: what was built, from the build information the Go
 // toolchain embeds (the module version of `go install …@vX`, the VCS revision of a build in a
 // git checkout) and the Go version that built it.
@@ -21,6 +26,9 @@ func versionMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	bi, _ := debug.ReadBuildInfo() // nil without build information: versionText says so
+	if bi != nil && buildVersion != "" {
+		bi.Main.Version = buildVersion
+	}
 	io.WriteString(stdout, versionText(bi, runtime.Version(), runtime.GOOS+"/"+runtime.GOARCH))
 	return 0
 }
