@@ -58,7 +58,8 @@ func TestVersionCommand(t *testing.T) {
 
 // TestHelpListsCommands: `oncegate --help`, `-h` and `help` print the command list
 // (testdata/help.txt) and exit 0, instead of serve's flags; every command dispatched by run
-// is on it; an unknown command gets the list on stderr and exit 2.
+// is on it; an unknown command gets the list on stderr and exit 2. `serve -h` prints serve's
+// flags (testdata/serve-help.txt).
 func TestHelpListsCommands(t *testing.T) {
 	for _, arg := range []string{"--help", "-h", "-help", "help"} {
 		t.Run(arg, func(t *testing.T) {
@@ -80,6 +81,12 @@ func TestHelpListsCommands(t *testing.T) {
 			t.Errorf("%s -h: %s", cmd, stderr.String())
 		}
 	}
+	// serve's flags: deploy/kubernetes's test checks the manifests' flags against this file.
+	var serveOut, serveErr bytes.Buffer
+	if code := run(context.Background(), []string{"serve", "-h"}, &serveOut, &serveErr, func(string) string { return "" }); code != 2 || serveOut.Len() != 0 {
+		t.Errorf("serve -h: exit %d, stdout %q", code, serveOut.String())
+	}
+	testkit.Golden(t, "testdata/serve-help.txt", serveErr.Bytes())
 	var stdout, stderr bytes.Buffer
 	if code := run(context.Background(), []string{"frobnicate"}, &stdout, &stderr, func(string) string { return "" }); code != 2 ||
 		!strings.HasPrefix(stderr.String(), "oncegate: unknown command \"frobnicate\"\n"+usage[:20]) {
