@@ -770,15 +770,7 @@ func waitReady(t *testing.T, base string, procs ...*proc) {
 				t.Fatalf("%s exited: %v", p.name, p.err)
 			}
 		}
-		resp, err := httpClient.Get(base + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz %d", resp.StatusCode)
-		}
-		return nil
+		return testkit.Ready(httpClient, base)
 	})
 }
 

@@ -1,6 +1,8 @@
 // Command oncegate is the exactly-once gateway for LLM APIs: `oncegate serve` (the default)
-// runs the gateway, `oncegate mock` the standalone mock model backend, and `oncegate config
-// check` validates a configuration file. This package is wiring only.
+// runs the gateway, `oncegate mock` the standalone mock model backend, `oncegate config
+// check` validates a configuration file, `oncegate healthcheck` asks a gateway whether it is
+// ready (the container image's health check) and `oncegate version` says what was built.
+// `oncegate --help` lists every command. This package is wiring only.
 package main
 
 import (
@@ -19,22 +21,32 @@ func main() {
 	os.Exit(code)
 }
 
-const usage = `usage:
+const usage = `usage: oncegate [COMMAND] [FLAGS]
+
+commands:
+  serve        the gateway (the default command): HTTP API, workers, embedded or external NATS
+  mock         the deterministic OpenAI-compatible and Anthropic mock backend
+  config       config check FILE: validate a configuration, every problem at once
+  key          key hash [KEY]: the sha256 hex for api_keys_sha256 (reads stdin without KEY);
+               key add --tenant T | revoke HASH|KEY|- | list [--url URL]: run-time keys (see key add -h)
+  ledger       ledger verify|export|bill|reconcile: the billing ledger's tools
+  bench        load tool for any OpenAI-compatible URL
+  healthcheck  GET a gateway's /readyz: exit 0 when ready, 1 otherwise (container health checks)
+  version      the build's module version, VCS revision and Go version
+  help         this list
+
+"oncegate COMMAND -h" lists a command's flags. The gateway's:
   oncegate [serve] [--listen ADDR] [--data-dir DIR] [--config FILE] [--role all|api|worker]
                    [--nats-url URL[,URL...]] [--nats-listen ADDR] [--metrics-listen ADDR] [--dashboard-public]
                    [--nats-cluster NAME --nats-cluster-listen ADDR --nats-routes URL,URL,... [--nats-server-name NAME]]
-  oncegate mock [--listen ADDR] [--ttft DUR] [--inter-token DUR] [--tokens N]
-  oncegate config check FILE
-  oncegate key hash [KEY]      (the sha256 hex for api_keys_sha256; reads stdin without KEY)
-  oncegate key add --tenant T | revoke HASH|KEY|- | list   [--url URL]  (run-time keys; see key add -h)
-  oncegate ledger verify|export|bill|reconcile [--nats-url URL | --data-dir DIR] ... (see ledger -h)
-  oncegate bench [--url URL] [--scenario overhead|duplicates|retry-storm|fanout|replay] [--compare URL] [--json] (see bench -h)
 `
 
 // run dispatches a subcommand and returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	cmd := "serve"
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		cmd = "help" // the command list, not serve's flags
+	} else if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -53,7 +65,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 			return keyAdminMain(ctx, args, os.Stdin, stdout, stderr, getenv)
 		}
 		return keyMain(args, os.Stdin, stdout, stderr)
-	case "help", "-h", "--help":
+	case "healthcheck":
+		return healthcheckMain(ctx, args, stdout, stderr, getenv)
+	case "version":
+		return versionMain(args, stdout, stderr)
+	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	}

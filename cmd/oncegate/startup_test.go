@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -179,19 +177,7 @@ func TestServeSecondProcessOnDataDir(t *testing.T) {
 	}
 	defer stop()
 
-	client := &http.Client{Timeout: 5 * time.Second}
-	defer client.CloseIdleConnections()
-	testkit.CheckFor(t, time.Minute, 20*time.Millisecond, func() error {
-		resp, err := client.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return fmt.Errorf("first gateway never ready: %w\n%s", err, firstLog.String())
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("first gateway never ready: /readyz %d\n%s", resp.StatusCode, firstLog.String())
-		}
-		return nil
-	})
+	waitReady(t, addr, firstLog.String)
 
 	pid := "pid " + strconv.Itoa(first.Process.Pid)
 	for _, tc := range []struct {

@@ -610,21 +610,29 @@ func Load(path string) (*Config, error) {
 	return LoadWith(path, os.Getenv)
 }
 
-// LoadWith is [Load] with the environment read through getenv.
+// LoadWith is [Load] with the environment read through getenv. An incomplete environment
+// (OPENAI_BASE_URL without OPENAI_API_KEY) is an [ErrEnvIncomplete] error.
 func LoadWith(path string, getenv func(string) string) (*Config, error) {
+	var c *Config
 	if path == "" {
-		c := Default()
+		c = Default()
 		c.ApplyEnv(getenv)
 		if err := c.Validate(); err != nil {
 			return nil, err
 		}
-		return c, nil
+	} else {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		if c, err = check(path, data, func(c *Config) { c.ApplyEnv(getenv) }); err != nil {
+			return nil, err
+		}
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("config: %w", err)
+	if err := c.checkEnv(getenv); err != nil {
+		return nil, err
 	}
-	return check(path, data, func(c *Config) { c.ApplyEnv(getenv) })
+	return c, nil
 }
 
 // Parse decodes YAML over [Default] and validates the result, exactly like

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -26,6 +28,27 @@ const (
 	EnvOpenAIBaseURL = "OPENAI_BASE_URL"
 	EnvOpenAIAPIKey  = "OPENAI_API_KEY" // #nosec G101 -- the name of the variable that holds the key, not a key
 )
+
+// ErrEnvIncomplete is returned by [LoadWith] (and [Load]) when OPENAI_BASE_URL is set
+// without OPENAI_API_KEY while the configuration has no backend of type openai, so the
+// variable would add the convenience backend: without its key that backend cannot work, and
+// ignoring the variable would leave every request on the mock. The error names the missing
+// variable. The reverse (OPENAI_API_KEY alone) is not an error: many shells export it for
+// other tools, and a backends: entry may name it as its api_key_env.
+var ErrEnvIncomplete = errors.New("config: incomplete environment")
+
+// checkEnv returns an [ErrEnvIncomplete] error naming the missing variable, or nil.
+func (c *Config) checkEnv(getenv func(string) string) error {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	if getenv(EnvOpenAIBaseURL) == "" || getenv(EnvOpenAIAPIKey) != "" ||
+		slices.ContainsFunc(c.Backends, func(b Backend) bool { return b.Type == TypeOpenAI }) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is set but %s is not: set %s too (the backend at %s needs its key), or unset %s",
+		ErrEnvIncomplete, EnvOpenAIBaseURL, EnvOpenAIAPIKey, EnvOpenAIAPIKey, EnvOpenAIBaseURL, EnvOpenAIBaseURL)
+}
 
 // ApplyEnv applies environment overrides; an unset or empty variable changes
 // nothing. getenv is usually os.Getenv (nil means os.Getenv).

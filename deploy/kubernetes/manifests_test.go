@@ -1,0 +1,502 @@
+package kubernetes
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+)
+
+// repo is the repository's root, seen from this module.
+const repo = "../.."
+
+// kustomization is the part of a kustomization.yaml these manifests use; strict decoding
+// refuses anything else.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName"`
+		NewTag  string `json:"newTag"`
+	} `json:"images"`
+}
+
+// objects is what one variant's resources decode to, by kind.
+type objects struct {
+	statefulSets []*appsv1.StatefulSet
+	deployments  []*appsv1.Deployment
+	services     []*corev1.Service
+	pdbs         []*policyv1.PodDisruptionBudget
+	netpols      []*networkingv1.NetworkPolicy
+	image        string // the kustomization's image name
+}
+
+// load decodes a variant: its kustomization.yaml, whose resources must be exactly the
+// directory's manifests (nats-values.yaml is Helm's, not a manifest), and every document of
+// every resource, strictly (an unknown or misspelt field, a duplicate key or a value of the
+// wrong type is an error) into the typed Kubernetes API structs of its kind.
+func load(t *testing.T, dir string) objects {
+	t.Helper()
+	var k kustomization
+	decodeStrict(t, filepath.Join(dir, "kustomization.yaml"), readFile(t, filepath.Join(dir, "kustomization.yaml")), &k)
+	if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" || len(k.Images) != 1 || k.Images[0].Name == "" {
+		t.Fatalf("%s/kustomization.yaml: %+v", dir, k)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var manifests []string
+	for _, f := range files {
+		if b := filepath.Base(f); b != "kustomization.yaml" && b != "nats-values.yaml" {
+			manifests = append(manifests, b)
+		}
+	}
+	if got := slices.Sorted(slices.Values(k.Resources)); !slices.Equal(got, manifests) {
+		t.Errorf("%s/kustomization.yaml lists %v, the directory holds %v", dir, got, manifests)
+	}
+	o := objects{image: k.Images[0].Name}
+	for _, name := range k.Resources {
+		path := filepath.Join(dir, name)
+		for i, doc := range bytes.Split(readFile(t, path), []byte("\n---\n")) {
+			where := fmt.Sprintf("%s document %d", path, i+1)
+			var tm metav1.TypeMeta
+			if err := yaml.Unmarshal(doc, &tm); err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			switch tm.APIVersion + " " + tm.Kind {
+			case "apps/v1 StatefulSet":
+				o.statefulSets = append(o.statefulSets, decodeStrict(t, where, doc, &appsv1.StatefulSet{}))
+			case "apps/v1 Deployment":
+				o.deployments = append(o.deployments, decodeStrict(t, where, doc, &appsv1.Deployment{}))
+			case "v1 Service":
+				o.services = append(o.services, decodeStrict(t, where, doc, &corev1.Service{}))
+			case "policy/v1 PodDisruptionBudget":
+				o.pdbs = append(o.pdbs, decodeStrict(t, where, doc, &policyv1.PodDisruptionBudget{}))
+			case "networking.k8s.io/v1 NetworkPolicy":
+				o.netpols = append(o.netpols, decodeStrict(t, where, doc, &networkingv1.NetworkPolicy{}))
+			default:
+				t.Fatalf("%s: unexpected %s %s (add its type to this test)", where, tm.APIVersion, tm.Kind)
+			}
+		}
+	}
+	return o
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func decodeStrict[T any](t *testing.T, where string, doc []byte, v T) T {
+	t.Helper()
+	if err := yaml.UnmarshalStrict(doc, v); err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	return v
+}
+
+// TestDecodeStrictRefusesMistakes: the decoding the other tests rely on fails on the
+// mistakes it is meant to catch, so a clean decode means something.
+func TestDecodeStrictRefusesMistakes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		doc  string
+	}{
+		{"misspelt field", "apiVersion: v1\nkind: Service\nspec:\n  selectr: {a: b}\n"},
+		{"field at the wrong level", "apiVersion: apps/v1\nkind: StatefulSet\nspec:\n  replicas: 3\n  image: x\n"},
+		{"wrong type", "apiVersion: apps/v1\nkind: StatefulSet\nspec:\n  replicas: three\n"},
+		{"bad quantity", "apiVersion: v1\nkind: PersistentVolumeClaim\nspec:\n  resources:\n    requests:\n      storage: ten-gigs\n"},
+		{"duplicate key", "apiVersion: v1\nkind: Service\nspec:\n  clusterIP: None\n  clusterIP: 10.0.0.1\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var objs = []any{&corev1.Service{}, &appsv1.StatefulSet{}, &corev1.PersistentVolumeClaim{}}
+			for _, v := range objs {
+				if err := yaml.UnmarshalStrict([]byte(tc.doc), v); err == nil && strings.Contains(tc.doc, kindOf(v)) {
+					t.Errorf("%T decoded %q without an error", v, tc.doc)
+				}
+			}
+		})
+	}
+}
+
+func kindOf(v any) string {
+	s := fmt.Sprintf("%T", v)
+	return "kind: " + s[strings.LastIndex(s, ".")+1:]
+}
+
+// serveFlags are the flags `oncegate serve` defines, read from the golden file of its -h
+// output, which cmd/oncegate's tests keep equal to what the binary prints.
+func serveFlags(t *testing.T) map[string]bool {
+	t.Helper()
+	flags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(string(readFile(t, filepath.Join(repo, "cmd/oncegate/testdata/serve-help.txt"))), -1) {
+		flags[m[1]] = true
+	}
+	if len(flags) < 10 {
+		t.Fatalf("only %d flags in serve-help.txt", len(flags))
+	}
+	return flags
+}
+
+// args parses a container's args: the subcommand, then --name=value flags (the manifests
+// write every flag that way).
+func args(t *testing.T, c corev1.Container, known map[string]bool) map[string]string {
+	t.Helper()
+	if len(c.Args) == 0 || c.Args[0] != "serve" || len(c.Command) != 0 {
+		t.Fatalf("container %s: command %q args %q, want the image's entrypoint with args serve …", c.Name, c.Command, c.Args)
+	}
+	out := map[string]string{}
+	for _, a := range c.Args[1:] {
+		name, value, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !ok || !strings.HasPrefix(a, "--") {
+			t.Errorf("container %s: argument %q is not --name=value", c.Name, a)
+			continue
+		}
+		if !known[name] {
+			t.Errorf("container %s: oncegate serve has no flag --%s", c.Name, name)
+		}
+		out[name] = value
+	}
+	return out
+}
+
+// env is a container's literal environment; a variable from a Secret maps to "secret:NAME/KEY".
+func env(c corev1.Container) map[string]string {
+	out := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil:
+			out[e.Name] = "secret:" + e.ValueFrom.SecretKeyRef.Name + "/" + e.ValueFrom.SecretKeyRef.Key
+		case e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil:
+			out[e.Name] = "resource:" + e.ValueFrom.ResourceFieldRef.Resource
+		default:
+			out[e.Name] = e.Value
+		}
+	}
+	return out
+}
+
+// envNames are the ONCEGATE_* and OPENAI_* variables the gateway reads (internal/config).
+func envNames(t *testing.T) map[string]bool {
+	t.Helper()
+	names := map[string]bool{"GOMEMLIMIT": true}
+	for _, m := range regexp.MustCompile(`"((?:ONCEGATE|OPENAI)_[A-Z_]+)"`).FindAllStringSubmatch(string(readFile(t, filepath.Join(repo, "internal/config/env.go"))), -1) {
+		names[m[1]] = true
+	}
+	return names
+}
+
+// httpRoutes are the GET paths the gateway serves without /v1: httpapi's and the metrics
+// listener's, read from their sources.
+func httpRoutes(t *testing.T) map[string]string {
+	t.Helper()
+	routes := map[string]string{}
+	for _, m := range regexp.MustCompile(`s\.app\.Get\("(/[a-z]+)"`).FindAllStringSubmatch(string(readFile(t, filepath.Join(repo, "httpapi/server.go"))), -1) {
+		routes[m[1]] = "http"
+	}
+	if strings.Contains(string(readFile(t, filepath.Join(repo, "gateway/metrics.go"))), `mux.Handle("GET /metrics"`) {
+		routes["/metrics@metrics"] = "metrics"
+	}
+	for _, want := range []string{"/healthz", "/readyz", "/metrics@metrics"} {
+		if routes[want] == "" {
+			t.Fatalf("the gateway's sources no longer serve %s: %v", want, routes)
+		}
+	}
+	return routes
+}
+
+// checkPod checks what every oncegate pod template keeps: one container running the
+// kustomization's image as the image's user (65532, non-root, no privilege escalation),
+// flags oncegate has, variables it reads, OPENAI_BASE_URL and OPENAI_API_KEY from one Secret
+// (both or neither), and probes that GET a route the gateway serves on a named port the
+// container declares.
+func checkPod(t *testing.T, where string, tpl corev1.PodTemplateSpec, image string, flags map[string]bool) (corev1.Container, map[string]string, map[string]string) {
+	t.Helper()
+	spec := tpl.Spec
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%s: %d containers, want 1", where, len(spec.Containers))
+	}
+	c := spec.Containers[0]
+	if c.Image != image {
+		t.Errorf("%s: image %q, want %q (the kustomization's images[].name)", where, c.Image, image)
+	}
+	if sc := spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser != 65532 {
+		t.Errorf("%s: pod securityContext %+v, want runAsNonRoot and runAsUser 65532 (the Dockerfile's USER)", where, spec.SecurityContext)
+	}
+	if sc := c.SecurityContext; sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("%s: container securityContext %+v, want allowPrivilegeEscalation: false", where, c.SecurityContext)
+	}
+	a := args(t, c, flags)
+	e := env(c)
+	known := envNames(t)
+	for name := range e {
+		if !known[name] {
+			t.Errorf("%s: the gateway reads no variable %s", where, name)
+		}
+	}
+	if e["OPENAI_BASE_URL"] != "secret:oncegate-openai/base_url" || e["OPENAI_API_KEY"] != "secret:oncegate-openai/api_key" {
+		t.Errorf("%s: OPENAI_BASE_URL %q, OPENAI_API_KEY %q, want both from the Secret oncegate-openai", where, e["OPENAI_BASE_URL"], e["OPENAI_API_KEY"])
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	routes := httpRoutes(t)
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+	}{{"startup", c.StartupProbe}, {"liveness", c.LivenessProbe}, {"readiness", c.ReadinessProbe}} {
+		if p.probe == nil {
+			continue
+		}
+		g := p.probe.HTTPGet
+		if g == nil {
+			t.Errorf("%s: %s probe is not an httpGet", where, p.name)
+			continue
+		}
+		path := g.Path
+		if g.Port.StrVal == "metrics" {
+			path += "@metrics"
+		}
+		if routes[path] != g.Port.StrVal || ports[g.Port.StrVal] == 0 {
+			t.Errorf("%s: %s probe GETs %s on port %q: not a route the gateway serves there, or no such container port (%v)", where, p.name, g.Path, g.Port.String(), ports)
+		}
+	}
+	if c.LivenessProbe == nil || c.StartupProbe == nil {
+		t.Errorf("%s: needs a startup and a liveness probe", where)
+	}
+	return c, a, e
+}
+
+// portOf is the port of a host:port, or "" when it has none.
+func portOf(hostport string) string {
+	_, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return ""
+	}
+	return port
+}
+
+// checkSelects fails unless selector matches the pod labels.
+func checkSelects(t *testing.T, where string, selector *metav1.LabelSelector, podLabels map[string]string) {
+	t.Helper()
+	sel, err := metav1.LabelSelectorAsSelector(selector)
+	if err != nil || sel.Empty() || !sel.Matches(labels.Set(podLabels)) {
+		t.Errorf("%s: selector %v (%v) does not select the pods %v", where, selector, err, podLabels)
+	}
+}
+
+// checkService fails unless svc selects the pods and each target port is a named port of c.
+func checkService(t *testing.T, svc *corev1.Service, podLabels map[string]string, c corev1.Container) {
+	t.Helper()
+	checkSelects(t, "Service "+svc.Name, &metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, podLabels)
+	for _, p := range svc.Spec.Ports {
+		if !slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool {
+			return cp.Name == p.TargetPort.StrVal && cp.ContainerPort == p.Port
+		}) {
+			t.Errorf("Service %s: port %d → %q is not a named container port with that number (%v)", svc.Name, p.Port, p.TargetPort.String(), c.Ports)
+		}
+	}
+}
+
+// TestEmbeddedCluster: deploy/kubernetes/embedded is a StatefulSet of three nodes whose
+// embedded NATS servers form one cluster: started in parallel (a node is ready only with a
+// majority), routes naming exactly the three pods by their stable names under the headless
+// Service (which publishes not-ready pods), on the route port the node listens on, R3, the
+// store on a claim at /data, readiness on /readyz and liveness on /healthz, a client Service
+// on the HTTP port, a PodDisruptionBudget that keeps a majority, and a NetworkPolicy that
+// opens the unauthenticated route port to the nodes only.
+func TestEmbeddedCluster(t *testing.T) {
+	o := load(t, "embedded")
+	if len(o.statefulSets) != 1 || len(o.services) != 2 || len(o.pdbs) != 1 || len(o.netpols) != 1 || len(o.deployments) != 0 {
+		t.Fatalf("want 1 StatefulSet, 2 Services, 1 PDB, 1 NetworkPolicy; got %d, %d, %d, %d (and %d Deployments)",
+			len(o.statefulSets), len(o.services), len(o.pdbs), len(o.netpols), len(o.deployments))
+	}
+	sts := o.statefulSets[0]
+	where := "StatefulSet " + sts.Name
+	replicas := int32(0)
+	if sts.Spec.Replicas != nil {
+		replicas = *sts.Spec.Replicas
+	}
+	if replicas != 3 {
+		t.Errorf("%s: replicas %d, want 3", where, replicas)
+	}
+	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("%s: podManagementPolicy %q, want Parallel", where, sts.Spec.PodManagementPolicy)
+	}
+	podLabels := sts.Spec.Template.Labels
+	checkSelects(t, where, sts.Spec.Selector, podLabels)
+	c, a, e := checkPod(t, where, sts.Spec.Template, o.image, serveFlags(t))
+
+	var headless, client *corev1.Service
+	for _, s := range o.services {
+		if s.Name == sts.Spec.ServiceName {
+			headless = s
+		} else {
+			client = s
+		}
+	}
+	if headless == nil || headless.Spec.ClusterIP != corev1.ClusterIPNone || !headless.Spec.PublishNotReadyAddresses {
+		t.Fatalf("%s: serviceName %q is not a headless Service that publishes not-ready pods: %+v", where, sts.Spec.ServiceName, headless)
+	}
+	checkService(t, headless, podLabels, c)
+	checkService(t, client, podLabels, c)
+
+	routePort := portOf(a["nats-cluster-listen"])
+	var want []string
+	for i := range replicas {
+		want = append(want, fmt.Sprintf("nats://%s-%d.%s:%s", sts.Name, i, headless.Name, routePort))
+	}
+	if got := strings.Split(a["nats-routes"], ","); a["nats-cluster"] == "" || routePort == "" || !slices.Equal(got, want) {
+		t.Errorf("%s: --nats-cluster %q --nats-cluster-listen %q --nats-routes %q, want a cluster name and the routes %q",
+			where, a["nats-cluster"], a["nats-cluster-listen"], a["nats-routes"], want)
+	}
+	if a["nats-replicas"] != "3" {
+		t.Errorf("%s: --nats-replicas %q, want 3", where, a["nats-replicas"])
+	}
+	if headless.Spec.Ports[0].Name != "routes" || fmt.Sprint(headless.Spec.Ports[0].Port) != routePort {
+		t.Errorf("Service %s: ports %v, want the route port %s", headless.Name, headless.Spec.Ports, routePort)
+	}
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "http" && p.ContainerPort == 8080 }) ||
+		portOf(e["ONCEGATE_LISTEN"]) != "8080" {
+		t.Errorf("%s: ONCEGATE_LISTEN %q, want port 8080, the container's http port", where, e["ONCEGATE_LISTEN"])
+	}
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("%s: readiness on %v, liveness on %v; want /readyz and /healthz", where, c.ReadinessProbe, c.LivenessProbe)
+	}
+
+	if e["ONCEGATE_DATA_DIR"] != "/data" || len(sts.Spec.VolumeClaimTemplates) != 1 ||
+		!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == sts.Spec.VolumeClaimTemplates[0].Name && m.MountPath == "/data"
+		}) {
+		t.Errorf("%s: ONCEGATE_DATA_DIR %q, claims %d, mounts %v; want the claim mounted at /data, the data dir",
+			where, e["ONCEGATE_DATA_DIR"], len(sts.Spec.VolumeClaimTemplates), c.VolumeMounts)
+	}
+	if sc := sts.Spec.Template.Spec.SecurityContext; sc.FSGroup == nil || *sc.FSGroup != 65532 {
+		t.Errorf("%s: fsGroup %v, want 65532 so the claim is writable by the image's user", where, sc.FSGroup)
+	}
+
+	pdb := o.pdbs[0]
+	checkSelects(t, "PodDisruptionBudget "+pdb.Name, pdb.Spec.Selector, podLabels)
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != int(replicas)/2+1 {
+		t.Errorf("PodDisruptionBudget %s: minAvailable %v, want a majority of %d", pdb.Name, pdb.Spec.MinAvailable, replicas)
+	}
+
+	np := o.netpols[0]
+	checkSelects(t, "NetworkPolicy "+np.Name, &np.Spec.PodSelector, podLabels)
+	for _, rule := range np.Spec.Ingress {
+		for _, p := range rule.Ports {
+			if p.Port.StrVal == "routes" && (len(rule.From) != 1 || rule.From[0].PodSelector == nil) {
+				t.Errorf("NetworkPolicy %s: the route port is open to %v, want the nodes only", np.Name, rule.From)
+			}
+		}
+	}
+	if !slices.ContainsFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+		return len(r.From) == 1 && r.From[0].PodSelector != nil && slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port.StrVal == "routes" })
+	}) {
+		t.Errorf("NetworkPolicy %s: no rule lets the nodes reach each other's route port", np.Name)
+	}
+	checkSelects(t, "NetworkPolicy "+np.Name+" from", np.Spec.Ingress[0].From[0].PodSelector, podLabels)
+}
+
+// natsValues is the part of the NATS chart's values nats-values.yaml sets.
+type natsValues struct {
+	Config struct {
+		Cluster struct {
+			Enabled  bool `json:"enabled"`
+			Replicas int  `json:"replicas"`
+		} `json:"cluster"`
+		JetStream struct {
+			Enabled   bool `json:"enabled"`
+			FileStore struct {
+				PVC struct {
+					Size string `json:"size"`
+				} `json:"pvc"`
+			} `json:"fileStore"`
+			MemoryStore struct {
+				Enabled bool   `json:"enabled"`
+				MaxSize string `json:"maxSize"`
+			} `json:"memoryStore"`
+		} `json:"jetstream"`
+	} `json:"config"`
+}
+
+// TestExternalNATS: deploy/kubernetes/external-nats runs the api and worker roles as two
+// Deployments on a NATS cluster from the official chart: the chart's values make a
+// JetStream cluster of three, every process lists the three servers by the chart's pod
+// names, streams are R3, the api role is behind the client Service with readiness on
+// /readyz, the worker role serves no API and is probed on its metrics port, and each has a
+// PodDisruptionBudget that selects its own pods only.
+func TestExternalNATS(t *testing.T) {
+	var v natsValues
+	decodeStrict(t, "nats-values.yaml", readFile(t, "external-nats/nats-values.yaml"), &v)
+	if !v.Config.Cluster.Enabled || v.Config.Cluster.Replicas != 3 || !v.Config.JetStream.Enabled || !v.Config.JetStream.MemoryStore.Enabled {
+		t.Errorf("nats-values.yaml: %+v, want a JetStream cluster of 3 with a memory store", v.Config)
+	}
+	var servers []string
+	for i := range v.Config.Cluster.Replicas {
+		servers = append(servers, fmt.Sprintf("nats://nats-%d.nats-headless:4222", i))
+	}
+
+	o := load(t, "external-nats")
+	if len(o.deployments) != 2 || len(o.services) != 1 || len(o.pdbs) != 2 || len(o.statefulSets) != 0 {
+		t.Fatalf("want 2 Deployments, 1 Service, 2 PDBs; got %d, %d, %d (and %d StatefulSets)", len(o.deployments), len(o.services), len(o.pdbs), len(o.statefulSets))
+	}
+	flags := serveFlags(t)
+	roles := map[string]*appsv1.Deployment{}
+	for _, d := range o.deployments {
+		where := "Deployment " + d.Name
+		checkSelects(t, where, d.Spec.Selector, d.Spec.Template.Labels)
+		c, a, e := checkPod(t, where, d.Spec.Template, o.image, flags)
+		roles[a["role"]] = d
+		if got := strings.Split(e["ONCEGATE_NATS_URL"], ","); !slices.Equal(got, servers) {
+			t.Errorf("%s: ONCEGATE_NATS_URL %q, want %q", where, e["ONCEGATE_NATS_URL"], servers)
+		}
+		if a["nats-replicas"] != "3" {
+			t.Errorf("%s: --nats-replicas %q, want 3", where, a["nats-replicas"])
+		}
+		for _, p := range o.pdbs {
+			sel, _ := metav1.LabelSelectorAsSelector(p.Spec.Selector)
+			if sel.Matches(labels.Set(d.Spec.Template.Labels)) != (p.Name == d.Name) {
+				t.Errorf("PodDisruptionBudget %s selects %s's pods: %v", p.Name, d.Name, sel.Matches(labels.Set(d.Spec.Template.Labels)))
+			}
+		}
+		switch a["role"] {
+		case "api":
+			if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" || portOf(e["ONCEGATE_LISTEN"]) != "8080" {
+				t.Errorf("%s: readiness %v, ONCEGATE_LISTEN %q; want /readyz and port 8080", where, c.ReadinessProbe, e["ONCEGATE_LISTEN"])
+			}
+			checkService(t, o.services[0], d.Spec.Template.Labels, c)
+		case "worker":
+			if c.ReadinessProbe != nil || e["ONCEGATE_LISTEN"] != "" || portOf(a["metrics-listen"]) != "9464" {
+				t.Errorf("%s: a worker serves no API: readiness %v, ONCEGATE_LISTEN %q; --metrics-listen %q", where, c.ReadinessProbe, e["ONCEGATE_LISTEN"], a["metrics-listen"])
+			}
+		}
+	}
+	if roles["api"] == nil || roles["worker"] == nil || len(roles) != 2 {
+		t.Fatalf("want one Deployment with --role=api and one with --role=worker, got %v", roles)
+	}
+	if sel := labels.SelectorFromSet(o.services[0].Spec.Selector); sel.Matches(labels.Set(roles["worker"].Spec.Template.Labels)) {
+		t.Errorf("Service %s sends HTTP to the workers too", o.services[0].Name)
+	}
+}
