@@ -43,14 +43,16 @@ import (
 
 // Gateway is one running oncegate process: NATS (embedded or not), the API, the workers.
 type Gateway struct {
-	cfg    *config.Config
-	log    zerolog.Logger
-	ns     *natsrv.Server
-	conns  []*nats.Conn
-	api    *httpapi.Server
-	hub    *jobs.Hub
-	ln     net.Listener
-	apiErr chan error
+	cfg   *config.Config
+	log   zerolog.Logger
+	ns    *natsrv.Server
+	conns []*nats.Conn
+	api   *httpapi.Server
+	hub   *jobs.Hub
+	ln    net.Listener
+	// tlsConf is the API's TLS, loaded at start, applied when the port is bound (listenAPI).
+	tlsConf *tls.Config
+	apiErr  chan error
 
 	// metrics is the process's one registry, passed down to every room; metricsSrv serves it on
 	// metrics.listen when set.
@@ -149,17 +151,27 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	}
 	g.tracer = tr
 	if serveAPI {
+		// The port is tried now, so that a taken one fails the start at once, and bound for
+		// good only when the API serves (listenAPI). A port listening during the seconds a
+		// start takes (a restarted cluster node waits for its peers) accepts a balancer's
+		// connections into the kernel's backlog: their clients retry elsewhere and are
+		// answered, and the node then reads the stale requests as new arrivals, past the auto
+		// window, and runs them again (issue 34's deployed row: 25 of 37 duplicates). A
+		// refused connect sends them to another node instead. A random port (":0") is kept
+		// from now on: nobody balances onto a port before it is known.
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
 			return &StartError{Field: "listen", Err: fmt.Errorf("listen %s: %w", cfg.Listen, listenCause(err))}
 		}
-		g.ln = ln
+		if _, port, _ := net.SplitHostPort(cfg.Listen); port == "0" || port == "" {
+			g.ln = ln
+		} else {
+			_ = ln.Close()
+		}
 		if cfg.HTTP.TLSCert != "" {
-			tlsConf, err := serverTLS(cfg.HTTP.TLSCert, cfg.HTTP.TLSKey)
-			if err != nil {
+			if g.tlsConf, err = serverTLS(cfg.HTTP.TLSCert, cfg.HTTP.TLSKey); err != nil {
 				return &StartError{Field: "http.tls_cert", Err: err}
 			}
-			g.ln = tls.NewListener(ln, tlsConf)
 		}
 	}
 	if err := g.listenMetrics(); err != nil {
@@ -500,6 +512,9 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	g.api = httpapi.New(httpapi.Deps{Keys: keys, Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer})
+	if err := g.listenAPI(); err != nil {
+		return err
+	}
 	g.ready = startLoop(ctx, g.api.WatchReadiness)
 	g.apiErr = make(chan error, 1)
 	go func() { g.apiErr <- g.api.App().Listener(g.ln) }()
@@ -508,6 +523,22 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		scheme = "https://"
 	}
 	g.log.Info().Str("listen", scheme+g.ln.Addr().String()).Msg("HTTP API serving (POST /v1/chat/completions)")
+	return nil
+}
+
+// listenAPI binds the API's port (unless start kept it: a random port) and wraps it in TLS
+// when configured.
+func (g *Gateway) listenAPI() error {
+	if g.ln == nil {
+		ln, err := net.Listen("tcp", g.cfg.Listen)
+		if err != nil {
+			return &StartError{Field: "listen", Err: fmt.Errorf("listen %s: %w", g.cfg.Listen, listenCause(err))}
+		}
+		g.ln = ln
+	}
+	if g.tlsConf != nil {
+		g.ln = tls.NewListener(g.ln, g.tlsConf)
+	}
 	return nil
 }
 
