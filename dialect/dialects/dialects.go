@@ -5,6 +5,7 @@ package dialects
 import (
 	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/dialect/anthropic"
+	"github.com/oncegate/oncegate/dialect/gemini"
 	"github.com/oncegate/oncegate/dialect/openai"
 	"github.com/oncegate/oncegate/dialect/responses"
 )
@@ -15,6 +16,7 @@ func All() []dialect.Dialect {
 		openai.New(),
 		anthropic.New(),
 		responses.New(),
+		gemini.New(),
 	}
 }
 

@@ -47,6 +47,7 @@ var floors = map[string]int{
 	"dialect":           1,
 	"dialect/anthropic": 1,
 	"dialect/dialects":  1,
+	"dialect/gemini":    1,
 	"dialect/openai":    1,
 	"dialect/responses": 1,
 	// 2: the stores, and the dashboard's snapshots of every process (its bucket and their
@@ -97,6 +98,7 @@ var keepOut = map[string][]string{
 	"dialect":           dialectKeepOut,
 	"dialect/anthropic": dialectKeepOut,
 	"dialect/dialects":  dialectKeepOut,
+	"dialect/gemini":    dialectKeepOut,
 	"dialect/openai":    dialectKeepOut,
 	"dialect/responses": dialectKeepOut,
 }
