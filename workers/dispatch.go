@@ -2,18 +2,16 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/anthropicwire"
+	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/clock"
 	"github.com/oncegate/oncegate/internal/config"
-	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/internal/resilience"
 )
 
@@ -49,6 +47,8 @@ type answer struct {
 	resp    *http.Response
 	cancel  context.CancelFunc
 	backend Backend
+	// dialect is the API the backend was spoken to in (nil for embeddings and passthrough).
+	dialect dialect.Dialect
 	// report tells the breaker how the call went once its body was consumed.
 	report func(ok bool)
 }
@@ -96,6 +96,14 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 		}
 		g := ex.pool.guard(name)
 		cfg := b.Config()
+		d, call, err := ex.prepare(b, body)
+		if err != nil {
+			// This backend cannot take this request (another API, or a feature it lacks):
+			// nothing was sent; the next backend may.
+			ex.log.Warn().Err(err).Str("backend", name).Msg("backend cannot take this request; skipping")
+			last = &failure{status: http.StatusBadRequest, body: ex.errorBody(http.StatusBadRequest, "unsupported_by_backend", err.Error())}
+			continue
+		}
 		for attempt := ex.tried[name]; attempt < cfg.MaxAttempts; attempt++ {
 			if ex.pastDeadline(0) {
 				return nil, ex.deadlineFailure(last), true
@@ -118,8 +126,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 			// The client's deadline (ex.job.Deadline) does not bound an attempt: it is the client's,
 			// not the intent's, so an attempt runs to the backend's own timeout and its outcome is
 			// the one stored (see deadline.go).
-			resp, cancel, err := b.Send(ctx, &backend.Call{API: ex.api(), Path: ex.job.Path, Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(),
-				Header: ex.job.Header})
+			resp, cancel, err := b.Send(ctx, call)
 			ex.pool.countAttempt(name, resp, err, attempt > 0)
 			if err != nil {
 				report(false)
@@ -143,10 +150,13 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 				}
 			}
 			if resp.StatusCode == http.StatusOK || finalStatus(resp.StatusCode) || ex.passthroughSuccess(resp.StatusCode) {
-				return &answer{resp: resp, cancel: cancel, backend: b, report: report}, nil, true
+				return &answer{resp: resp, cancel: cancel, backend: b, dialect: d, report: report}, nil, true
 			}
 			// 429, 5xx: refused (or failed) before any output.
 			errBody, _ := io.ReadAll(io.LimitReader(resp.Body, maxBackendBody))
+			if d != nil {
+				errBody = d.ErrorBody(resp.StatusCode, errBody)
+			}
 			resp.Body.Close()
 			cancel()
 			report(false)
@@ -180,7 +190,7 @@ func (ex *execution) tryBackends(ctx context.Context, body []byte, names []strin
 // marked degraded), else a 503 with Retry-After, else the last backend refusal.
 func (ex *execution) degrade(last *failure) *failure {
 	if ex.job.DegradedMessage != "" {
-		return &failure{status: http.StatusOK, degraded: true, body: degradedAnswer(ex.job.API, ex.job.ID, ex.job.Model, ex.job.DegradedMessage)}
+		return &failure{status: http.StatusOK, degraded: true, body: ex.client().Degraded(ex.job.ID, ex.job.Model, ex.job.DegradedMessage)}
 	}
 	if ex.job.DegradedRetryAfter > 0 || last == nil {
 		ra := ex.job.DegradedRetryAfter
@@ -199,23 +209,6 @@ func (ex *execution) degrade(last *failure) *failure {
 	return last
 }
 
-// degradedAnswer is the route's fixed message as a normal answer of the request's API.
-func degradedAnswer(api, id, model, msg string) []byte {
-	var v any
-	if api == backend.APIAnthropic {
-		v = map[string]any{"id": "msg_degraded_" + id, "type": "message", "role": "assistant", "model": model,
-			"content": []any{map[string]any{"type": "text", "text": msg}}, "stop_reason": "end_turn", "stop_sequence": nil,
-			"usage": map[string]int{"input_tokens": 0, "output_tokens": 0}}
-	} else {
-		v = map[string]any{"id": "chatcmpl-degraded-" + id, "object": "chat.completion", "created": time.Now().Unix(), "model": model,
-			"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": msg},
-				"logprobs": nil, "finish_reason": "stop"}},
-			"usage": map[string]int{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
-	}
-	b, _ := json.Marshal(v)
-	return b
-}
-
 // api is the job's wire format.
 func (ex *execution) api() string {
 	switch ex.job.API {
@@ -225,12 +218,36 @@ func (ex *execution) api() string {
 	return backend.APIOpenAI
 }
 
+// client is the dialect of the job's API, for what the client is told without a backend.
+func (ex *execution) client() dialect.Dialect { return ex.pool.dialects.Client(ex.api()) }
+
 // errorBody is a gateway error in the job's API format.
 func (ex *execution) errorBody(status int, code, msg string) []byte {
-	if ex.api() == backend.APIAnthropic {
-		return anthropicwire.ErrorBody(anthropicwire.ErrorType(status), msg)
+	return ex.client().GatewayError(status, code, msg)
+}
+
+// prepare is the call of the job's request to backend b, and the dialect it is in (nil for
+// embeddings and passthrough, which go as they are).
+func (ex *execution) prepare(b Backend, body []byte) (dialect.Dialect, *backend.Call, error) {
+	switch api := ex.api(); api {
+	case backend.APIEmbeddings, backend.APIPassthrough:
+		return nil, &backend.Call{API: api, Path: ex.job.Path, Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(), Header: ex.job.Header}, nil
 	}
-	return openaiwire.ErrorBody(msg, "server_error", code, "")
+	d, err := ex.pool.dialects.For(b.Config().Type, ex.api())
+	if err != nil {
+		return nil, nil, err
+	}
+	call, err := ex.call(d, b, body, ex.job.Stream, ex.forwardKey())
+	return d, call, err
+}
+
+// call is body as dialect d sends it to backend b.
+func (ex *execution) call(d dialect.Dialect, b Backend, body []byte, stream bool, idemKey string) (*backend.Call, error) {
+	up, err := d.Prepare(dialect.Request{API: ex.api(), Model: ex.job.Model, Body: body, Stream: stream, Header: ex.job.Header}, b.Config())
+	if err != nil {
+		return nil, err
+	}
+	return &backend.Call{API: ex.api(), Path: up.Path, Body: up.Body, Stream: stream, IdemKey: idemKey, Header: up.Header, KeyHeader: up.KeyHeader}, nil
 }
 
 // forwardKey is the Idempotency-Key sent upstream: stable per intent, never client text.

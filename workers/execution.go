@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/oncegate/oncegate/dialect/openai"
 	"io"
 	"net/http"
 	"sync"
@@ -128,7 +129,7 @@ func (ex *execution) run(ctx context.Context) {
 		// A 4xx that will fail the same way again is the outcome: stored and replayed.
 		body, _ := io.ReadAll(io.LimitReader(ans.resp.Body, maxBackendBody))
 		ans.report(true)
-		ex.finishCompleted(ctx, &kv.Result{Status: ans.resp.StatusCode, Body: body}, jobs.KindResult)
+		ex.finishCompleted(ctx, &kv.Result{Status: ans.resp.StatusCode, Body: ans.errorBody(body)}, jobs.KindResult)
 		return
 	}
 	if !ex.job.Stream {
@@ -136,7 +137,10 @@ func (ex *execution) run(ctx context.Context) {
 		if !ok {
 			return
 		}
-		res := &kv.Result{Status: http.StatusOK, Body: body, Usage: usageOf(ex.job.API, body)}
+		res, ok := ex.answerResult(ctx, ans, body)
+		if !ok {
+			return
+		}
 		ex.finishCompleted(ctx, res, jobs.KindResult)
 		return
 	}
@@ -146,7 +150,7 @@ func (ex *execution) run(ctx context.Context) {
 	}
 	for !ok && ctx.Err() == nil && r.canContinue(ans.backend) {
 		ans.report(false)
-		cont, cancelCont, err := r.continuation(ctx, ans.backend)
+		cont, cancelCont, err := r.continuation(ctx, ans.dialect, ans.backend)
 		if err != nil {
 			ex.log.Warn().Err(err).Msg("stream continuation failed")
 			break
@@ -179,6 +183,32 @@ func (ex *execution) readAnswer(ctx context.Context, ans *answer) (body []byte, 
 	}
 	ans.report(true)
 	return body, true
+}
+
+// answerResult is the stored result of a non-stream answer's body, in the client's API; ok is
+// false when the dialect could not read it (the execution ended failed, ambiguous: the
+// backend ran it).
+func (ex *execution) answerResult(ctx context.Context, ans *answer, body []byte) (*kv.Result, bool) {
+	if ans.dialect == nil {
+		return &kv.Result{Status: http.StatusOK, Body: body, Usage: kvUsage(openai.UsageOf(body))}, true
+	}
+	out, usage, err := ans.dialect.Answer(body, ex.job.Model)
+	if err != nil {
+		ex.ambiguous++
+		ex.log.Warn().Err(err).Str("backend", ans.backend.Name()).Msg("the backend's answer could not be read")
+		ex.finishFailed(ctx, &failure{status: http.StatusBadGateway, ambiguous: true, body: ex.errorBody(http.StatusBadGateway, "backend_bad_answer",
+			"the model backend's answer could not be read; not sent again")})
+		return nil, false
+	}
+	return &kv.Result{Status: http.StatusOK, Body: out, Usage: kvUsage(usage)}, true
+}
+
+// errorBody is a backend's error body in the client's API.
+func (a *answer) errorBody(body []byte) []byte {
+	if a.dialect == nil {
+		return body
+	}
+	return a.dialect.ErrorBody(a.resp.StatusCode, body)
 }
 
 // meta is what the client's response headers say about how the answer was obtained.

@@ -2,14 +2,12 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 
 	"github.com/oncegate/oncegate/internal/clock"
-	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/internal/resilience"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -31,44 +29,6 @@ import (
 // pass the client's deadline. When no attempt gets past the first token, the key is released
 // (FAILED, retryable, with Retry-After): a retry with the key executes again; an outcome that
 // nothing produced is never frozen for the TTL, and nothing is charged for it.
-
-// opening reports whether a stream event is one the relay holds back before the first token.
-func (r *relay) opening(event string, data []byte) bool {
-	if r.native {
-		var e struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(data, &e)
-		switch e.Type {
-		case "response.created", "response.in_progress", "response.queued":
-			return true
-		}
-		return false
-	}
-	if r.anthropic {
-		var e struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(data, &e)
-		if event == "" {
-			event = e.Type
-		}
-		switch event {
-		case "message_start", "content_block_start", "ping", "error":
-			return true
-		}
-		return false
-	}
-	if _, ok := openaiwire.UsageOnly(data); ok {
-		return false
-	}
-	var c oaChunk
-	if json.Unmarshal(data, &c) != nil {
-		return false
-	}
-	return len(c.Choices) == 1 && c.Choices[0].Delta.Role != "" && c.Choices[0].FinishReason == nil &&
-		(c.Choices[0].Delta.Content == nil || *c.Choices[0].Delta.Content == "")
-}
 
 // begin releases the held opening events: the stream has started for its clients.
 func (r *relay) begin() {
@@ -97,8 +57,7 @@ func (ex *execution) noteTried(name string, n int) {
 func (ex *execution) relayFirstToken(ctx context.Context, ans *answer) (*relay, *answer, bool) {
 	first := ans
 	for {
-		r := newRelay(ex)
-		r.track = ans.backend.Config().Continuation != ""
+		r := newRelay(ex, ans.dialect, ans.backend)
 		ok := r.run(ctx, ans.resp.Body, false)
 		if ans != first {
 			ans.cancel() // run closed the body; the first answer's cancel is run's to defer
@@ -125,7 +84,7 @@ func (ex *execution) relayFirstToken(ctx context.Context, ans *answer) (*relay, 
 			next.resp.Body.Close()
 			next.cancel()
 			next.report(true)
-			ex.finishCompleted(ctx, &kv.Result{Status: next.resp.StatusCode, Body: body}, jobs.KindResult)
+			ex.finishCompleted(ctx, &kv.Result{Status: next.resp.StatusCode, Body: next.errorBody(body)}, jobs.KindResult)
 			return nil, nil, false
 		}
 		ans = next

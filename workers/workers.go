@@ -10,6 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/oncegate/oncegate/dialect"
+	"github.com/oncegate/oncegate/dialect/dialects"
 	"net/http"
 	"slices"
 	"strings"
@@ -50,6 +52,9 @@ type Options struct {
 	ShutdownGrace time.Duration
 	// Backends by configured name.
 	Backends map[string]Backend
+	// Dialects name the API each backend type speaks; nil is every dialect the gateway has
+	// (dialects.Registry).
+	Dialects *dialect.Registry
 	Log      zerolog.Logger
 	// Now is the clock (tests); time.Now when nil.
 	Now func() time.Time
@@ -88,6 +93,8 @@ type Pool struct {
 	store  *kv.Store
 	opts   Options
 	guards map[string]*guard // per backend; built once, read concurrently
+	// dialects is opts.Dialects or the full table; read-only.
+	dialects *dialect.Registry
 	// discard removes finished executions' chunks; nil when DiscardChunksAfter is 0.
 	discard *jobs.Discarder
 	// leases finds expired leases for Sweep, reading only the records written since its last
@@ -143,8 +150,11 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 	if opts.ChargeGrace == 0 {
 		opts.ChargeGrace = 30 * time.Second
 	}
+	if opts.Dialects == nil {
+		opts.Dialects = dialects.Registry()
+	}
 	p := &Pool{js: js, store: store, opts: opts, guards: map[string]*guard{}, leases: store.WatchLeases(),
-		charged: map[string]chargedAt{}, running: map[string][]int{}, slots: make(chan struct{}, opts.Concurrency)}
+		dialects: opts.Dialects, charged: map[string]chargedAt{}, running: map[string][]int{}, slots: make(chan struct{}, opts.Concurrency)}
 	if opts.DiscardChunksAfter > 0 {
 		p.discard = jobs.NewDiscarder(js, opts.DiscardChunksAfter, opts.Log)
 	}

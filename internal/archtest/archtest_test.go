@@ -11,8 +11,9 @@ import (
 const module = "github.com/oncegate/oncegate"
 
 // floors places every package of the module. A package may import (directly or not) only
-// packages on lower floors; on floor 0, the internal leaves may import each other, but above
-// it two rooms of one floor never import each other. A new package must be placed here.
+// packages on lower floors; on the shared floors (0, the internal leaves; 1, the dialects)
+// the packages may import each other, but above them two rooms of one floor never import
+// each other. A new package must be placed here.
 var floors = map[string]int{
 	// 0: leaves: provider adapters and wire formats, config, the embedded server, the JSON
 	// scanner, resilience, the mock backend, the bench tool, the status board, the metrics, the
@@ -39,22 +40,35 @@ var floors = map[string]int{
 	"internal/testkit/freeport": 0,
 	"internal/testkit/lb":       0,
 	"internal/tracing":          0,
-	// 1: the stores, and the dashboard's snapshots of every process (its bucket and their
+	// 1: the API dialects (package dialect/), between the workers and the backends: the seam,
+	// one package per API, and the table of them all. Like the leaves, they may import each
+	// other (a dialect may build on another's frames, the table imports them all), and never a
+	// room above them.
+	"dialect":           1,
+	"dialect/anthropic": 1,
+	"dialect/dialects":  1,
+	"dialect/gemini":    1,
+	"dialect/openai":    1,
+	"dialect/responses": 1,
+	// 2: the stores, and the dashboard's snapshots of every process (its bucket and their
 	// aggregation; intent, workers and httpapi feed it or read it).
-	"kv":        1,
-	"jobs":      1,
-	"ledger":    1,
-	"dashboard": 1,
-	// 2: the exactly-once core.
-	"intent": 2,
-	// 3: the two faces of the core.
-	"httpapi": 3,
-	"workers": 3,
-	// 4: the composition root.
-	"gateway": 4,
-	// 5: the binary.
-	"cmd/oncegate": 5,
+	"kv":        2,
+	"jobs":      2,
+	"ledger":    2,
+	"dashboard": 2,
+	// 3: the exactly-once core.
+	"intent": 3,
+	// 4: the two faces of the core.
+	"httpapi": 4,
+	"workers": 4,
+	// 5: the composition root.
+	"gateway": 5,
+	// 6: the binary.
+	"cmd/oncegate": 6,
 }
+
+// shared are the floors whose packages may import each other.
+var shared = map[int]bool{0: true, 1: true}
 
 // testOnly are packages outside the floors: tests, benchmarks, examples, and the part of the test kit
 // that starts a whole gateway (it imports the composition root, and only tests import it).
@@ -79,7 +93,17 @@ var keepOut = map[string][]string{
 	"workers":   {"github.com/gofiber/fiber/v2"},
 	"dashboard": {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"httpapi":   {module + "/internal/backend"},
+	// The dialects speak to backends for the workers: no HTTP server, no NATS (and, by their
+	// floor, no room above them: workers, httpapi, intent, gateway, jobs, kv, ledger, dashboard).
+	"dialect":           dialectKeepOut,
+	"dialect/anthropic": dialectKeepOut,
+	"dialect/dialects":  dialectKeepOut,
+	"dialect/gemini":    dialectKeepOut,
+	"dialect/openai":    dialectKeepOut,
+	"dialect/responses": dialectKeepOut,
 }
+
+var dialectKeepOut = []string{"github.com/gofiber/fiber/v2", "github.com/nats-io/nats.go", "github.com/nats-io/nats.go/jetstream"}
 
 // testKit may be imported by test files only (and by the kit itself).
 var testKit = []string{"internal/testkit", "internal/testkit/freeport", "internal/testkit/gatewaykit", "internal/testkit/ledgerkit", "internal/testkit/lb"}
@@ -149,8 +173,8 @@ func climbs(from, dep string) string {
 	}
 	switch {
 	case df > floor:
-		return fmt.Sprintf("%s (floor %d) depends on %s (floor %d): arrows point down, cmd → gateway → httpapi, workers → intent → jobs, kv, ledger → internal", from, floor, dep, df)
-	case df == floor && floor > 0:
+		return fmt.Sprintf("%s (floor %d) depends on %s (floor %d): arrows point down, cmd → gateway → httpapi, workers → intent → jobs, kv, ledger → dialect → internal", from, floor, dep, df)
+	case df == floor && !shared[floor]:
 		return fmt.Sprintf("%s depends on %s, a room of its own floor: they never import each other", from, dep)
 	}
 	return ""
@@ -169,6 +193,16 @@ func TestRulesCanFail(t *testing.T) {
 		{"workers", "e2e", true},                       // not on a floor
 		{"httpapi", "intent", false},                   // down
 		{"internal/backend", "internal/config", false}, // leaves among themselves
+		{"dialect/openai", "kv", true},                 // a dialect importing a store
+		{"dialect/openai", "jobs", true},
+		{"dialect/anthropic", "workers", true},
+		{"dialect/responses", "httpapi", true},
+		{"dialect", "intent", true},
+		{"dialect/dialects", "gateway", true},
+		{"internal/backend", "dialect", true},          // a leaf importing a dialect
+		{"dialect/anthropic", "dialect/openai", false}, // a dialect building on another
+		{"dialect/openai", "internal/openaiwire", false},
+		{"workers", "dialect/dialects", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.from+"→"+tc.dep, func(t *testing.T) {

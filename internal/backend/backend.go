@@ -1,7 +1,9 @@
-// Package backend holds the provider adapters that workers call: OpenAI-compatible HTTP APIs
-// (OpenAI, vLLM, TGI, DeepSeek…), the Anthropic Messages API, another oncegate (whose
-// idempotency status API answers whether a call is running), and the built-in deterministic
-// mock, which is the OpenAI adapter over an in-memory transport. One attempt at a time: the
+// Package backend holds the provider adapters that workers call: one HTTP attempt to a
+// backend's base URL (OpenAI-compatible APIs, Anthropic, any API a dialect speaks, another
+// oncegate, whose idempotency status API answers whether a call is running), or to the
+// built-in deterministic mock over an in-memory transport. What is sent (path, body, headers,
+// the header the key goes in) was built by the caller's API dialect (package dialect); only
+// embeddings and passthrough calls go as they are. One attempt at a time: the
 // retry policy lives with the workers, which branch on this package's sentinel errors.
 // A Client is safe for concurrent use.
 package backend
@@ -61,13 +63,17 @@ const (
 
 // Call is one request to send.
 type Call struct {
-	// API is the request's wire format (APIOpenAI, APIAnthropic, APIEmbeddings or
-	// APIPassthrough); it picks the path.
+	// API is the request's wire format: APIEmbeddings and APIPassthrough pick their path
+	// here; for any other API the caller's dialect built Path, Body and Header.
 	API string
-	// Path is a passthrough request's path below the base URL (e.g. "/images/generations").
-	Path   string
-	Body   []byte
-	Stream bool
+	// Path is the request's path below the base URL, with its query: a passthrough path
+	// (e.g. "/images/generations") or the one a dialect built (e.g. "/chat/completions").
+	Path string
+	Body []byte
+	// KeyHeader is the header the API key goes in, as it is ("api-key", "x-api-key"); empty
+	// sends it as Authorization: Bearer.
+	KeyHeader string
+	Stream    bool
 	// IdemKey is forwarded as Idempotency-Key (a hash of the gateway's record key, never
 	// client text), so a gateway or provider that deduplicates can recognise a re-send.
 	IdemKey string
@@ -97,7 +103,7 @@ func New(b config.Backend, getenv func(string) string) (*Client, error) {
 		c.baseURL = "http://mock.internal/v1"
 		c.http = &http.Client{Transport: c.mock.RoundTripper()}
 		c.inProcess = true
-	case config.TypeOpenAI, config.TypeAnthropic, config.TypeOncegate:
+	default: // an HTTP API: which one is the caller's dialect's business (config validates the type)
 		c.baseURL = strings.TrimRight(b.BaseURL, "/")
 		if b.APIKeyEnv != "" && getenv != nil {
 			c.apiKey = getenv(b.APIKeyEnv)
@@ -111,8 +117,6 @@ func New(b config.Backend, getenv func(string) string) (*Client, error) {
 			IdleConnTimeout:     90 * time.Second,
 			ForceAttemptHTTP2:   true,
 		}}
-	default:
-		return nil, fmt.Errorf("backend %s: unknown type %q", b.Name, b.Type)
 	}
 	return c, nil
 }
@@ -209,39 +213,25 @@ func (c *Client) setHeaders(req *http.Request, call *Call) {
 	if call.IdemKey != "" && (c.cfg.Type == config.TypeOncegate || c.cfg.HonorsIdempotencyKey) {
 		req.Header.Set("Idempotency-Key", call.IdemKey)
 	}
-	if call.API == APIAnthropic {
-		if req.Header.Get("anthropic-version") == "" {
-			req.Header.Set("anthropic-version", c.cfg.AnthropicVersion)
-		}
-		if c.apiKey != "" && c.cfg.Type == config.TypeAnthropic {
-			req.Header.Set("x-api-key", c.apiKey)
-			return
-		}
-	}
-	if c.apiKey != "" {
+	switch {
+	case c.apiKey == "":
+	case call.KeyHeader != "":
+		req.Header.Set(call.KeyHeader, c.apiKey)
+	default:
 		req.Header.Set("Authorization", "Bearer "+c.apiKey)
 	}
 }
 
-// callPath is the path and the body a call sends: the chat APIs get their stream fields set
-// for the execution's mode; embeddings and passthrough bodies go as they are.
+// callPath is the path and the body a call sends: embeddings go to /embeddings as they are;
+// a passthrough and a dialect's request to the path they name.
 func callPath(call *Call) (string, []byte, error) {
-	switch call.API {
-	case APIAnthropic:
-		body, err := PrepareAnthropicBody(call.Body, call.Stream)
-		return "/messages", body, err
-	case APIEmbeddings:
+	if call.API == APIEmbeddings {
 		return "/embeddings", call.Body, nil
-	case APIResponses: // the gateway wrote the body (stream on, background off)
-		return "/responses", call.Body, nil
-	case APIPassthrough:
-		if !strings.HasPrefix(call.Path, "/") {
-			return "", nil, fmt.Errorf("backend: passthrough path %q is not absolute", call.Path)
-		}
-		return call.Path, call.Body, nil
 	}
-	body, err := PrepareBody(call.Body, call.Stream)
-	return "/chat/completions", body, err
+	if !strings.HasPrefix(call.Path, "/") {
+		return "", nil, fmt.Errorf("backend: %s path %q is not absolute", call.API, call.Path)
+	}
+	return call.Path, call.Body, nil
 }
 
 // watchFirstByte decides what a written request without a first byte becomes: re-sendable

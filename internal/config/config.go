@@ -37,6 +37,7 @@ const (
 	TypeAnthropic = "anthropic" // the Anthropic Messages API
 	TypeOncegate  = "oncegate"  // another oncegate (gateway in front of gateway)
 	TypeMock      = "mock"      // the built-in deterministic mock, for tests and demos
+	TypeGemini    = "gemini"    // Google's Gemini API (generateContent), for Chat Completions clients
 )
 
 // The built-in mock backend present in [Default].
@@ -218,7 +219,7 @@ type Admission struct {
 // Backend is an upstream LLM API.
 type Backend struct {
 	Name      string    `yaml:"name"`        // unique; routes[].backends name backends by it
-	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeMock
+	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeGemini | TypeMock
 	BaseURL   string    `yaml:"base_url"`    // the API's base URL, e.g. https://api.openai.com/v1; empty for a mock
 	APIKeyEnv string    `yaml:"api_key_env"` // name of the env var holding the key (never the key itself)
 	Models    []string  `yaml:"models"`      // CatchAll = models nobody else serves

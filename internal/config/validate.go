@@ -418,7 +418,7 @@ func (v *validator) backends(bs []Backend) {
 		}
 
 		switch b.Type {
-		case TypeOpenAI, TypeAnthropic, TypeOncegate:
+		case TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini:
 			if msg := checkHTTPURL(b.BaseURL); msg != "" {
 				v.add(p+".base_url", "%s", msg)
 			}
@@ -427,7 +427,7 @@ func (v *validator) backends(bs []Backend) {
 				v.add(p+".base_url", "must be empty for a mock backend")
 			}
 		default:
-			v.add(p+".type", "must be one of %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeMock, b.Type)
+			v.add(p+".type", "must be one of %s, %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeMock, b.Type)
 		}
 		switch {
 		case b.Responses == "":

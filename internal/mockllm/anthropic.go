@@ -1,7 +1,6 @@
 package mockllm
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,41 +53,13 @@ func (s *Server) serveMessages(w http.ResponseWriter, r *http.Request) {
 	if len(req.Mock) > 0 {
 		chat["mock"] = req.Mock
 	}
-	inner, _ := json.Marshal(chat)
-	ireq, err := http.NewRequestWithContext(r.Context(), http.MethodPost, "http://mock.internal/v1/chat/completions", bytes.NewReader(inner))
-	if err != nil {
-		writeAnthropicError(w, http.StatusInternalServerError, "api_error", err.Error())
-		return
-	}
-	for _, h := range []string{"X-Mock-TTFT-Ms", "X-Mock-Inter-Token-Ms", "X-Mock-Tokens", "X-Mock-Fault", "X-Mock-Fault-After", "X-Mock-Retry-After", "X-Mock-Fault-First-N"} {
-		if v := r.Header.Get(h); v != "" {
-			ireq.Header.Set(h, v)
-		}
-	}
-	resp, err := s.RoundTripper().RoundTrip(ireq)
-	if err != nil {
-		if r.Context().Err() == nil {
-			panic(http.ErrAbortHandler)
-		}
+	resp, ok := s.inner(w, r, chat, func(w http.ResponseWriter, status int, msg string) {
+		writeAnthropicError(w, status, anthropicErrorType(status), msg)
+	})
+	if !ok {
 		return
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		b, _ := io.ReadAll(resp.Body)
-		_ = json.Unmarshal(b, &e)
-		for _, h := range []string{"Retry-After", "Retry-After-Ms"} {
-			if v := resp.Header.Get(h); v != "" {
-				w.Header().Set(h, v)
-			}
-		}
-		writeAnthropicError(w, resp.StatusCode, anthropicErrorType(resp.StatusCode), e.Error.Message)
-		return
-	}
 	if !req.Stream {
 		var c completion
 		b, err := io.ReadAll(resp.Body)

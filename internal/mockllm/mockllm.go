@@ -22,6 +22,8 @@
 //	POST /v1/chat/completions   chat completion (JSON or SSE when "stream": true)
 //	POST /v1/messages           Anthropic Messages (anthropic.go)
 //	POST /v1/embeddings         embeddings, deterministic vectors (embeddings.go)
+//	POST /v1beta/models/{m}:generateContent, :streamGenerateContent?alt=sse
+//	                            Google Gemini (gemini.go)
 //	GET  /v1/models             OpenAI model list
 //	GET  /v1/models/{model}     one model object
 //	GET  /stats                 Stats as JSON
@@ -234,6 +236,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.serveMessages(w, r)
+	case strings.HasPrefix(path, "/v1beta/models/"):
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, http.MethodPost)
+			return
+		}
+		s.serveGemini(w, r)
 	case path == "/v1/embeddings":
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, http.MethodPost)

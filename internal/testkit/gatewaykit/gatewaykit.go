@@ -55,7 +55,14 @@ func Config(t testing.TB) *config.Config {
 }
 
 // StartGateway runs a gateway with cfg (Config(t) when nil) and stops it when the test ends.
+// No backend API key resolves (see StartGatewayEnv).
 func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
+	t.Helper()
+	return StartGatewayEnv(t, cfg, func(string) string { return "" })
+}
+
+// StartGatewayEnv is StartGateway with getenv resolving the backends' api_key_env.
+func StartGatewayEnv(t testing.TB, cfg *config.Config, getenv func(string) string) *Gateway {
 	t.Helper()
 	if cfg == nil {
 		cfg = Config(t)
@@ -69,7 +76,7 @@ func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	gw, err := gateway.Start(ctx, cfg, log, func(string) string { return "" })
+	gw, err := gateway.Start(ctx, cfg, log, getenv)
 	if err != nil {
 		t.Fatalf("gatewaykit: start: %v", err)
 	}

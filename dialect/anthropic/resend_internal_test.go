@@ -1,4 +1,4 @@
-package workers
+package anthropic
 
 import (
 	"encoding/json"
@@ -23,7 +23,7 @@ func TestDropResent(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := &relay{anthropic: true, resend: tt.resend}
+			r := &Stream{resend: tt.resend}
 			got := ""
 			for _, d := range tt.deltas {
 				data, _ := json.Marshal(map[string]any{"type": "content_block_delta", "index": 0, "delta": map[string]string{"type": "text_delta", "text": d}})
@@ -35,7 +35,7 @@ func TestDropResent(t *testing.T) {
 				if !keep {
 					continue
 				}
-				var e anEvent
+				var e event
 				if err := json.Unmarshal(out, &e); err != nil || e.Delta.Text != text {
 					t.Fatalf("rewritten event %s (err %v) does not carry %q", out, err, text)
 				}
