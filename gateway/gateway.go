@@ -251,7 +251,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		}
 	}
 	if serveAPI {
-		if err := g.startAPI(ctx, connect); err != nil {
+		if err := g.startAPI(ctx, connect, getenv); err != nil {
 			return err
 		}
 	}
@@ -473,7 +473,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	return nil
 }
 
-func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn, error)) error {
+func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn, error), getenv func(string) string) error {
 	side, err := g.openSide(ctx, connect, "oncegate-api")
 	if err != nil {
 		return err
@@ -509,7 +509,11 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
-	g.api = httpapi.New(httpapi.Deps{Keys: keys, Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
+	models, err := newModelCatalog(g.cfg, getenv, apiLog)
+	if err != nil {
+		return err
+	}
+	g.api = httpapi.New(httpapi.Deps{Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer})
 	if err := g.listenAPI(); err != nil {

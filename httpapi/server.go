@@ -17,6 +17,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,9 +68,11 @@ type Deps struct {
 	AdminKeysSHA256 []string
 	// Keys are the API keys managed at run time (apikeys.go); nil: the configured ones only.
 	Keys KeyStore
-	Idem config.Idempotency
-	HTTP config.HTTP
-	Log  zerolog.Logger
+	// Models lists the models of catch-all backends for /v1/models; nil: none.
+	Models ModelCatalog
+	Idem   config.Idempotency
+	HTTP   config.HTTP
+	Log    zerolog.Logger
 	// Tracer starts each generation request's span and carries its trace to the execution
 	// (nil: off; a client's traceparent still reaches the backend).
 	Tracer *tracing.Tracer
@@ -93,7 +96,8 @@ type Server struct {
 	tenants   []tenantKeys
 	ledger    LedgerReader
 	adminKeys [][]byte
-	keys      KeyStore // nil: no run-time keys
+	keys      KeyStore     // nil: no run-time keys
+	catalog   ModelCatalog // nil: no catch-all backend's list
 	idem      config.Idempotency
 	log       zerolog.Logger
 	tracer    *tracing.Tracer
@@ -124,7 +128,7 @@ const anonymousTenant = "anonymous"
 // New builds the app and its routes.
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
-		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, keys: d.Keys, metrics: d.Metrics, tracer: d.Tracer,
+		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, keys: d.Keys, catalog: d.Models, metrics: d.Metrics, tracer: d.Tracer,
 		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally}
 	if s.now == nil {
 		s.now = time.Now
@@ -207,14 +211,38 @@ func (s *Server) models(c *fiber.Ctx) error {
 	}
 	names := s.router.ModelNames()
 	data := make([]model, 0, len(names))
+	listed := make(map[string]bool, len(names))
 	for _, n := range names {
 		owner := "oncegate"
 		if rt, ok := s.router.Resolve(n); ok && len(rt.Backends) > 0 {
 			owner = rt.Backends[0]
 		}
 		data = append(data, model{ID: n, Object: "model", Created: 0, OwnedBy: owner})
+		listed[n] = true
+	}
+	if s.catalog != nil {
+		// A catch-all backend's own models, those a request would be routed to it with.
+		for _, m := range s.catalog.CatchAllModels(c.UserContext()) {
+			if rt, ok := s.router.Resolve(m.ID); !listed[m.ID] && ok && len(rt.Backends) > 0 && rt.Backends[0] == m.Backend {
+				data = append(data, model{ID: m.ID, Object: "model", Created: 0, OwnedBy: m.Backend})
+				listed[m.ID] = true
+			}
+		}
+		slices.SortFunc(data, func(a, b model) int { return strings.Compare(a.ID, b.ID) })
 	}
 	return c.JSON(fiber.Map{"object": "list", "data": data})
+}
+
+// ModelCatalog lists the models of the backends that serve every model nobody else does
+// (models: ["*"]), as each backend lists them itself, for /v1/models.
+type ModelCatalog interface {
+	CatchAllModels(ctx context.Context) []CatalogModel
+}
+
+// CatalogModel is one model a catch-all backend lists.
+type CatalogModel struct {
+	ID      string
+	Backend string // the backend's name
 }
 
 // statusPage is GET /v1/status: every live worker's backends (breaker state, window counts,
