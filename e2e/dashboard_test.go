@@ -261,11 +261,19 @@ func TestDashboardShowsTheLiveExecution(t *testing.T) {
 }
 
 // screenshot writes docs/dashboard.png with a second execution live (5 copies joined) after
-// the first round's counters.
+// the first round's counters and 30 s of light traffic (a new intent and a replay of it
+// every 250 ms), so that the charts have lines.
 func screenshot(t *testing.T, ctx context.Context, gw *gatewaykit.Gateway) {
 	t.Helper()
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#transcript-close"))); err != nil {
 		t.Fatal(err)
+	}
+	for i, end := 0, time.Now().Add(30*time.Second); time.Now().Before(end); i++ {
+		h := map[string]string{"Idempotency-Key": fmt.Sprintf("dash-shot-traffic-%d", i)}
+		body := mockBody(fmt.Sprintf("traffic %d", i), "", "")
+		expect(t, postChat(t, gw.URL, body, h), http.StatusOK, "created")
+		expect(t, postChat(t, gw.URL, body, h), http.StatusOK, "replayed")
+		time.Sleep(250 * time.Millisecond) // a picture's pace, not a synchronization
 	}
 	creator, copies := joinFive(t, gw.URL, slowStream("dashboard screenshot", 40), "dash-shot", nil)
 	other := startStream(t, gw.URL, slowStream("another intent", 40), nil)
