@@ -107,9 +107,10 @@ type procSeen struct {
 // snapshot, so a process that stops takes nothing away (its past stays in the history) and one
 // that starts adds only what it counts after the history began.
 //
-// Memory is fixed: historySamples (451) times 64 bytes, about 29 KB, for all tenants and for
-// each of at most MaxHistoryTenants tenants (7.4 MB at most), plus the last counters of each
-// live process per tenant. Safe for concurrent use.
+// Memory is fixed: a ring of historySamples (451) counters of 56 bytes, about 25 KB, for all
+// tenants and for each of at most MaxHistoryTenants tenants (6.5 MB at most), 451 sample
+// times (11 KB), and the last counters of each live process per tenant. Safe for concurrent
+// use.
 type history struct {
 	mu sync.Mutex
 	// start is when the first sample was taken (zero before).
