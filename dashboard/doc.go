@@ -17,6 +17,14 @@
 // processes since they started: a process that stops takes its counters with it (the rates
 // stay right; the totals drop). The durable figures stay the ledger's (the bill).
 //
+// History and rates: each Hub also samples the cluster's outcome and added-latency counters
+// every HistoryEvery, open dashboard or not, into a fixed ring of HistoryLength (history.go
+// states the bound), accounting each process's counters as increments so that a process that
+// stops takes nothing out of it. A dashboard gets that history when it opens (Hub.History);
+// every view carries the newest points and the rates over RateWindow (count delta over time
+// delta between two samples). The history is the node's own record of the cluster since the
+// node started.
+//
 // Followers: an execution's followers are the copies that joined it and still follow it,
 // summed over every API node; the request that created the execution is not counted (five
 // copies joined show five followers).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
@@ -17,11 +18,14 @@ const UpdateEvery = 500 * time.Millisecond
 
 // Hub watches the snapshot bucket and feeds every open dashboard of this process. Views are
 // built only while a dashboard is open, once per scope per tick, whatever the number of
-// dashboards sharing the scope.
+// dashboards sharing the scope. Whether a dashboard is open or not, it samples the cluster's
+// counters every HistoryEvery into its history (the last HistoryLength), which a dashboard
+// gets first when it opens (History) and whose newest points and rates every view carries.
 type Hub struct {
 	open func(context.Context) (jetstream.KeyValue, error)
 	log  zerolog.Logger
 	now  func() time.Time
+	hist *history
 
 	mu     sync.Mutex
 	latest map[string][]byte // the last snapshot of each process, raw
@@ -56,7 +60,17 @@ func (s *Sub) Close() {
 
 // NewHub reads the bucket open opens.
 func NewHub(open func(context.Context) (jetstream.KeyValue, error), log zerolog.Logger) *Hub {
-	return &Hub{open: open, log: log, now: time.Now, latest: map[string][]byte{}, subs: map[*Sub]struct{}{}}
+	return &Hub{open: open, log: log, now: time.Now, hist: newHistory(), latest: map[string][]byte{}, subs: map[*Sub]struct{}{}}
+}
+
+// History is scope's history as JSON (a History): what a dashboard shows first when it
+// opens, before its first view.
+func (h *Hub) History(scope Scope) ([]byte, error) {
+	b, err := json.Marshal(h.hist.whole(scope))
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: history: %w", err)
+	}
+	return b, nil
 }
 
 // Subscribe opens a feed for scope; ok is false once the hub is closed.
@@ -94,6 +108,8 @@ func (h *Hub) Run(ctx context.Context) {
 	}()
 	tick := time.NewTicker(UpdateEvery)
 	defer tick.Stop()
+	sample := time.NewTicker(HistoryEvery)
+	defer sample.Stop()
 	for {
 		if w == nil {
 			if kv, err := h.open(ctx); err == nil {
@@ -126,8 +142,25 @@ func (h *Hub) Run(ctx context.Context) {
 			h.mu.Unlock()
 		case <-tick.C:
 			h.send()
+		case <-sample.C:
+			h.sample()
 		}
 	}
+}
+
+// sample adds the latest snapshot of every live process to the history (a snapshot past
+// send's staleness bound is a process that died: its counters no longer move).
+func (h *Hub) sample() {
+	now := h.now()
+	h.mu.Lock()
+	procs := make(map[string]procCounts, len(h.latest))
+	for k, b := range h.latest {
+		if p, err := decodeCounts(b); err == nil && now.Sub(p.At) <= 2*SnapshotTTL {
+			procs[k] = p
+		}
+	}
+	h.mu.Unlock()
+	h.hist.sample(now, procs)
 }
 
 // send builds the view of every scope an open dashboard has and hands each its own.
@@ -160,7 +193,9 @@ func (h *Hub) send() {
 	}
 	views := map[Scope][]byte{}
 	for sc := range scopes {
-		b, err := json.Marshal(Aggregate(snaps, sc, now))
+		v := Aggregate(snaps, sc, now)
+		v.Points, v.Rates = h.hist.recent(sc)
+		b, err := json.Marshal(v)
 		if err == nil {
 			views[sc] = b
 		}

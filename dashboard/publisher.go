@@ -42,6 +42,8 @@ type Publisher struct {
 	src  Sources
 	log  zerolog.Logger
 	now  func() time.Time
+	// started is when the publisher was made, as the counters it reads began about then.
+	started time.Time
 
 	// day and base make Money's spend "today": the spend counters' values when the UTC day
 	// began (0 for a process that started today).
@@ -51,7 +53,7 @@ type Publisher struct {
 
 // NewPublisher posts src's snapshot into the bucket open opens (again after a failed post).
 func NewPublisher(open func(context.Context) (jetstream.KeyValue, error), src Sources, log zerolog.Logger) *Publisher {
-	return &Publisher{open: open, src: src, log: log, now: time.Now, base: map[[2]string]int64{}}
+	return &Publisher{open: open, src: src, log: log, now: time.Now, started: time.Now().UTC(), base: map[[2]string]int64{}}
 }
 
 // Run posts until ctx ends, then removes the process's snapshot (so it leaves the cluster's
@@ -100,7 +102,7 @@ func (p *Publisher) Run(ctx context.Context) {
 // use (the day's spend base is Run's).
 func (p *Publisher) Snapshot() Snapshot {
 	now := p.now().UTC()
-	s := Snapshot{Node: p.src.Node, Roles: p.src.Roles, At: now}
+	s := Snapshot{Node: p.src.Node, Roles: p.src.Roles, At: now, Started: p.started}
 	s.Counts = p.src.Tally.counts(p.src.Metrics.Reversals())
 	s.Money = p.money(now, p.src.Metrics.MoneyRows())
 	if p.src.Executions != nil {

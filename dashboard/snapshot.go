@@ -27,6 +27,9 @@ type Snapshot struct {
 	Node  string    `json:"node"`
 	Roles string    `json:"roles"`
 	At    time.Time `json:"at"`
+	// Started is when the process began counting (its publisher was made): a hub's history
+	// counts a process started after the history began from zero.
+	Started time.Time `json:"started"`
 	// Counts are the process's request outcomes and added latency per tenant, since it started.
 	Counts []Counts `json:"counts,omitempty"`
 	// Money is spend today (UTC) and what the avoided executions saved, per tenant and model.

@@ -23,7 +23,7 @@ type View struct {
 	// Nodes are the live processes (for an all-tenant viewer only).
 	Nodes []NodeRow `json:"nodes,omitempty"`
 	// Outcomes and the added latency's sum and count, summed over every live process since it
-	// started (the page draws rates from their deltas).
+	// started (totals: a process that stops takes its part with it).
 	Outcomes   [NumOutcomes]int64 `json:"outcomes"`
 	AddedNanos int64              `json:"added_ns"`
 	AddedCount int64              `json:"added_n"`
@@ -42,6 +42,11 @@ type View struct {
 	Avoided         int64     `json:"executions_avoided"`
 	Reversals       int64     `json:"reversals"`
 	Events          []Event   `json:"events"`
+	// Rates are the outcomes per second over about RateWindow, and Points the newest
+	// RecentPoints points of the charts, from the hub's history (the Hub sets them; nil for a
+	// tenant past MaxHistoryTenants, and until the history has two samples).
+	Rates  *Rates  `json:"rates,omitempty"`
+	Points []Point `json:"points,omitempty"`
 }
 
 // NodeRow is one live process.

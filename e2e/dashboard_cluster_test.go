@@ -32,21 +32,13 @@ func TestDashboardShowsTheWholeCluster(t *testing.T) {
 
 	startWorker(t, a.NATSURL())
 
-	resp, err := openStream(http.MethodGet, a.URL+"/dashboard/stream", "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("dashboard stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
+	views := openViews(t, a.URL)
 
 	body := slowStream("cluster dashboard", 30)
 	h := map[string]string{"Idempotency-Key": "dash-cluster"}
 	creator := startStream(t, a.URL, body, h)
 	copies := []live{startStream(t, a.URL, body, h), startStream(t, a.URL, body, h)}
 
-	views := viewsOf(t, resp.Body)
 	views.until(t, "job "+creator.job+" running on node B with 2 followers", func(v dashboard.View) bool {
 		roles := map[string]bool{}
 		for _, n := range v.Nodes {
@@ -76,25 +68,70 @@ func TestDashboardShowsTheWholeCluster(t *testing.T) {
 	})
 }
 
-// views reads a dashboard stream's views.
+// views reads a dashboard stream's events: the history it opens with, then views.
 type views struct {
 	br   *bufio.Reader
 	last dashboard.View
+	hist *dashboard.History
 }
 
-func viewsOf(t *testing.T, r io.Reader) *views { return &views{br: bufio.NewReader(r)} }
+// openViews opens the dashboard stream of the gateway at base (closed when the test ends) and
+// reads its history.
+func openViews(t *testing.T, base string) *views {
+	t.Helper()
+	resp, err := openStream(http.MethodGet, base+"/dashboard/stream", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("dashboard stream: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	vs := &views{br: bufio.NewReader(resp.Body)}
+	vs.history(t)
+	return vs
+}
+
+// next reads the next event, with its name and data.
+func (vs *views) next(t *testing.T) (event, data string) {
+	t.Helper()
+	for {
+		line, err := vs.br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the dashboard stream: %v", err)
+		}
+		line = strings.TrimSpace(line)
+		if e, ok := strings.CutPrefix(line, "event: "); ok {
+			event = e
+		}
+		if d, ok := strings.CutPrefix(line, "data: "); ok {
+			return event, d
+		}
+	}
+}
+
+// history reads the stream's first event, which must be the history.
+func (vs *views) history(t *testing.T) dashboard.History {
+	t.Helper()
+	event, data := vs.next(t)
+	if event != "history" {
+		t.Fatalf("the dashboard stream began with event %q, want history", event)
+	}
+	var h dashboard.History
+	if err := json.Unmarshal([]byte(data), &h); err != nil {
+		t.Fatalf("a history that is not JSON: %v: %s", err, data)
+	}
+	vs.hist = &h
+	return h
+}
 
 // until reads views until ok says one is what the test waits for (what), failing after 15 s.
 func (vs *views) until(t *testing.T, what string, ok func(dashboard.View) bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
-		line, err := vs.br.ReadString('\n')
-		if err != nil {
-			t.Fatalf("reading the dashboard stream: %v", err)
-		}
-		data, found := strings.CutPrefix(strings.TrimSpace(line), "data: ")
-		if !found {
+		event, data := vs.next(t)
+		if event != "view" {
 			continue
 		}
 		if err := json.Unmarshal([]byte(data), &vs.last); err != nil {
@@ -104,7 +141,7 @@ func (vs *views) until(t *testing.T, what string, ok func(dashboard.View) bool) 
 			return
 		}
 	}
-	t.Fatalf("node A's dashboard never showed %s; last view: %+v", what, vs.last)
+	t.Fatalf("the dashboard never showed %s; last view: %+v", what, vs.last)
 }
 
 // startWorker runs a worker-only gateway (a process of its own in production) connected to

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
@@ -181,7 +183,8 @@ func waitStreams(t *testing.T, ls ...live) {
 // TestDashboardShowsTheLiveExecution opens the dashboard in headless Chromium on a real
 // gateway (embedded NATS, mock backend, 127.0.0.1), drives a slow stream with 5 copies
 // joined and then one replay, and reads the rendered page: the live execution shows 5
-// followers (the joined copies; the creator is not counted), a click on it opens its live
+// followers (the joined copies; the creator is not counted) and joined is up by 5 while it
+// still runs, a click on it opens its live
 // transcript, the outcome counters move by exactly +1 created, +5 joined, +1 replayed (and
 // nothing else), executions avoided shows 6, and all of it arrived without a reload.
 func TestDashboardShowsTheLiveExecution(t *testing.T) {
@@ -216,6 +219,8 @@ func TestDashboardShowsTheLiveExecution(t *testing.T) {
 	row := fmt.Sprintf(`#executions tr[data-job=%q]`, creator.job)
 	waitJS(t, ctx, 10*time.Second, "the live execution with 5 followers",
 		fmt.Sprintf(`(r => r && r.querySelector("td.followers").textContent === "5")(document.querySelector(%q))`, row))
+	waitJS(t, ctx, 10*time.Second, "joined +5 while the execution runs", fmt.Sprintf(
+		`document.getElementById("outcome-joined").textContent === "%d" && document.querySelector(%q) !== null`, before["joined"]+5, row))
 	if got := text(t, ctx, row+" td:nth-child(3)"); got != slowModel {
 		t.Errorf("the execution's model shows %q, want %s", got, slowModel)
 	}
@@ -256,11 +261,19 @@ func TestDashboardShowsTheLiveExecution(t *testing.T) {
 }
 
 // screenshot writes docs/dashboard.png with a second execution live (5 copies joined) after
-// the first round's counters.
+// the first round's counters and 30 s of light traffic (a new intent and a replay of it
+// every 250 ms), so that the charts have lines.
 func screenshot(t *testing.T, ctx context.Context, gw *gatewaykit.Gateway) {
 	t.Helper()
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#transcript-close"))); err != nil {
 		t.Fatal(err)
+	}
+	for i, end := 0, time.Now().Add(30*time.Second); time.Now().Before(end); i++ {
+		h := map[string]string{"Idempotency-Key": fmt.Sprintf("dash-shot-traffic-%d", i)}
+		body := mockBody(fmt.Sprintf("traffic %d", i), "", "")
+		expect(t, postChat(t, gw.URL, body, h), http.StatusOK, "created")
+		expect(t, postChat(t, gw.URL, body, h), http.StatusOK, "replayed")
+		time.Sleep(250 * time.Millisecond) // a picture's pace, not a synchronization
 	}
 	creator, copies := joinFive(t, gw.URL, slowStream("dashboard screenshot", 40), "dash-shot", nil)
 	other := startStream(t, gw.URL, slowStream("another intent", 40), nil)
@@ -353,4 +366,170 @@ func TestDashboardTenantSeesItsOwnRows(t *testing.T) {
 	r = do(t, http.MethodGet, gw.URL+"/dashboard/stream", "", nil)
 	expectError(t, r, http.StatusUnauthorized, "missing_api_key")
 	waitStreams(t, acme, globex)
+}
+
+// running reports whether v shows job in flight.
+func running(v dashboard.View, job string) bool {
+	for _, e := range v.Executions {
+		if e.JobID == job {
+			return true
+		}
+	}
+	return false
+}
+
+// TestDashboardCountsAJoinWhenItAttaches: n copies of one slow stream (≈6 s) on a real
+// gateway; the dashboard's stream shows joined up by n-1 in a view that still shows the
+// execution in flight (a copy counts when it attaches, not when its answer ends), and once
+// every stream ended and two more snapshots were posted, joined is still up by n-1 and created
+// by 1: each copy counted once.
+func TestDashboardCountsAJoinWhenItAttaches(t *testing.T) {
+	gw := gatewaykit.StartGateway(t, gatewaykit.Config(t))
+	vs := openViews(t, gw.URL)
+	vs.until(t, "a first view", func(dashboard.View) bool { return true })
+	before := vs.last.Outcomes
+
+	const n = 5
+	body := slowStream("joined when it attaches", 40)
+	h := map[string]string{"Idempotency-Key": "dash-join-attach"}
+	creator := startStream(t, gw.URL, body, h)
+	copies := make([]live, n-1)
+	var wg sync.WaitGroup
+	for i := range copies {
+		wg.Go(func() { copies[i] = startStream(t, gw.URL, body, h) })
+	}
+	wg.Wait()
+	for i, c := range copies {
+		if c.outcome != "joined" || c.job != creator.job {
+			t.Fatalf("copy %d: %s of job %s, want joined to %s", i, c.outcome, c.job, creator.job)
+		}
+	}
+	const joined, created = 1, 0
+	vs.until(t, fmt.Sprintf("joined +%d while job %s runs", n-1, creator.job), func(v dashboard.View) bool {
+		return v.Outcomes[joined]-before[joined] == n-1 && running(v, creator.job)
+	})
+	for _, l := range append(copies, creator) {
+		select {
+		case <-l.done:
+			t.Fatalf("a stream of job %s ended before the dashboard showed the joins", l.job)
+		default:
+		}
+	}
+
+	waitStreams(t, append(copies, creator)...)
+	vs.until(t, "the execution gone", func(v dashboard.View) bool { return !running(v, creator.job) })
+	settle := time.Now().Add(2 * dashboard.PostEvery)
+	vs.until(t, "two more snapshots", func(v dashboard.View) bool {
+		if got := v.Outcomes[joined] - before[joined]; got != n-1 {
+			t.Fatalf("joined moved by %d after the streams ended, want %d: a copy was counted twice", got, n-1)
+		}
+		return time.Now().After(settle)
+	})
+	if got := vs.last.Outcomes[created] - before[created]; got != 1 {
+		t.Errorf("created moved by %d, want 1", got)
+	}
+}
+
+// TestDashboardHistoryAndRateTile: on a real gateway whose history already covers a rate
+// window, 30 requests sent at once. A dashboard opened after them (headless Chromium) shows,
+// from its first view, more points than any view carries (the history came first) whose
+// created rates add up to the 30 requests; the created tile reads a rate that, times the
+// window it states (about 10 s), is 30 requests; the charts have a value axis from 0/s with
+// round ticks above the burst's point and clock-time ticks; and once the burst is older than
+// the window, the tile reads 0.00/s.
+func TestDashboardHistoryAndRateTile(t *testing.T) {
+	gw := gatewaykit.StartGateway(t, gatewaykit.Config(t))
+	ctx := browser(t) // closed before the gateway stops
+
+	vs := openViews(t, gw.URL)
+	window := dashboard.RateWindow.Seconds() - dashboard.HistoryEvery.Seconds()/2
+	vs.until(t, "a history as long as the rate window", func(v dashboard.View) bool {
+		return v.Rates != nil && v.Rates.Window >= window
+	})
+
+	const burst = 30
+	var wg sync.WaitGroup
+	results := make([]result, burst)
+	for i := range results {
+		wg.Go(func() {
+			results[i] = send(http.MethodPost, gw.URL+chatPath, mockBody(fmt.Sprintf("burst %d", i), "", ""), nil)
+		})
+	}
+	wg.Wait()
+	for _, r := range results {
+		expect(t, r, http.StatusOK, "created")
+	}
+	vs.until(t, "the burst in the rate window", func(v dashboard.View) bool {
+		return v.Rates != nil && math.Abs(v.Rates.PerSecond[0]*v.Rates.Window-burst) < 0.01
+	})
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(gw.URL+"/dashboard")); err != nil {
+		t.Fatal(err)
+	}
+	waitJS(t, ctx, 10*time.Second, "a first view", `document.body.dataset.updates >= 1`)
+	first, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Number(document.body.dataset.firstPoints)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first <= dashboard.RecentPoints {
+		t.Errorf("the first view found %d points, want more than a view carries (%d): no history on open", first, dashboard.RecentPoints)
+	}
+	sum, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`(s => s.slice(1).reduce((a, p, i) => a + p.rates[0] * (p.t - s[i].t) / 1000, 0))(window.oncegateDashboard.series())`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(sum-burst) > 0.5 {
+		t.Errorf("the created points add up to %.2f requests, want %d", sum, burst)
+	}
+
+	// The tile: a rate times its window is the burst (the tile rounds to 2 decimals).
+	waitJS(t, ctx, 10*time.Second, "the created tile reading 30 requests over its window",
+		`(r => r > 0 && Math.abs(r * parseFloat(document.getElementById("rate-window").textContent) - 30) < 0.5)(parseFloat(document.getElementById("rate-created").textContent))`)
+	tile, win := text(t, ctx, "#rate-created"), text(t, ctx, "#rate-window")
+	var rate, secs float64
+	if _, err := fmt.Sscanf(tile, "%f/s", &rate); err != nil {
+		t.Fatalf("the created tile shows %q", tile)
+	}
+	if _, err := fmt.Sscanf(win, "%f s", &secs); err != nil || secs < window || secs > dashboard.RateWindow.Seconds()+1 {
+		t.Fatalf("the rate window shows %q, want about %v", win, dashboard.RateWindow)
+	}
+	t.Logf("created tile %s over %s", tile, win)
+
+	// The axes.
+	type axes struct {
+		Y   []string `json:"y"`
+		X   []string `json:"x"`
+		Lat []string `json:"lat"`
+		Max float64  `json:"max"`
+	}
+	ticks, err := chromedp.Run(ctx, chromedp.Evaluate[axes](`({
+		y: [...document.querySelectorAll("#chart-outcomes text.tick-y")].map(e => e.textContent),
+		x: [...document.querySelectorAll("#chart-outcomes text.tick-x")].map(e => e.textContent),
+		lat: [...document.querySelectorAll("#chart-latency text.tick-y")].map(e => e.textContent),
+		max: Math.max(...window.oncegateDashboard.series().map(p => p.rates[0])),
+	})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ticks.Y) < 2 || ticks.Y[0] != "0/s" {
+		t.Fatalf("value axis ticks %q, want 0/s and more", ticks.Y)
+	}
+	var top float64
+	if _, err := fmt.Sscanf(ticks.Y[len(ticks.Y)-1], "%f/s", &top); err != nil || top < ticks.Max || top > 2*ticks.Max {
+		t.Errorf("value axis %q: its top tick is not just above the highest point (%.1f/s)", ticks.Y, ticks.Max)
+	}
+	if len(ticks.X) < 4 {
+		t.Errorf("time axis ticks %q, want one every 3 minutes of the 15", ticks.X)
+	}
+	for _, x := range ticks.X {
+		if len(x) != 5 || x[2] != ':' {
+			t.Errorf("time axis tick %q, want HH:MM", x)
+		}
+	}
+	if len(ticks.Lat) < 2 || !strings.HasSuffix(ticks.Lat[0], " ms") {
+		t.Errorf("latency axis ticks %q, want labels in ms", ticks.Lat)
+	}
+
+	waitJS(t, ctx, 20*time.Second, "the created tile at 0 once the burst left the window",
+		`document.getElementById("rate-created").textContent === "0.00/s"`)
 }

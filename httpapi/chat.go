@@ -319,12 +319,16 @@ func (g *generation) setAuto(method, path string) {
 }
 
 // admit hands the request to the exactly-once core. A bypass without a key of its own echoes
-// the record key its execution got.
+// the record key its execution got. The dashboard counts the outcome here, as it is decided.
 func (s *Server) admit(ctx context.Context, g *generation) (*intent.Admission, error) {
 	adm, err := s.intents.Admit(ctx, &g.Request)
 	g.obs.admitted = time.Since(g.obs.start)
 	if err != nil {
 		return nil, err
+	}
+	if out, ok := telemetry.OutcomeOf(string(adm.Outcome)); ok {
+		s.dashTally.Request(g.obs.tenant, out)
+		g.obs.dashCounted = true
 	}
 	if g.echoKey == "" {
 		g.echoKey = intent.AutoKeyPrefix + adm.Key

@@ -88,9 +88,11 @@ func (s *Server) dashboardPage(c *fiber.Ctx) error {
 	return c.Send(dashboardPage)
 }
 
-// dashboardStream is GET /dashboard/stream: SSE of the caller's View ("event: view"), at
-// most every dashboard.UpdateEvery, with a ": ping" heartbeat while nothing else is sent. The
-// key comes in a header (the page reads the stream with fetch), never in the URL.
+// dashboardStream is GET /dashboard/stream: SSE of the caller's history first ("event:
+// history", a dashboard.History: the charts' last 15 minutes and the rates now), then its
+// View ("event: view"), at most every dashboard.UpdateEvery, with a ": ping" heartbeat while
+// nothing else is sent. The key comes in a header (the page reads the stream with fetch),
+// never in the URL.
 func (s *Server) dashboardStream(c *fiber.Ctx) error {
 	scope, err := s.dashboardScope(c)
 	if err != nil {
@@ -100,6 +102,13 @@ func (s *Server) dashboardStream(c *fiber.Ctx) error {
 	if !ok {
 		return errDashboardOff
 	}
+	// Subscribed first: a point sampled meanwhile comes again in the first view's points.
+	hist, err := s.dash.Hub.History(scope)
+	if err != nil {
+		sub.Close()
+		return err
+	}
+	first := sseFrame("history", hist)
 	out := &sseWriter{}
 	out.live(c, nil, s.writeTimeout, func() {
 		defer sub.Close()
@@ -107,7 +116,7 @@ func (s *Server) dashboardStream(c *fiber.Ctx) error {
 		defer cancel()
 		ping := time.NewTicker(heartbeatEvery)
 		defer ping.Stop()
-		if out.send(true, []byte(": ping\n\n")) != nil { // the headers go now
+		if out.send(true, first) != nil { // the headers go now
 			return
 		}
 		for {
@@ -121,8 +130,7 @@ func (s *Server) dashboardStream(c *fiber.Ctx) error {
 				if !ok {
 					return // the hub closed: the server is stopping
 				}
-				frame = make([]byte, 0, len(v)+20)
-				frame = append(append(append(frame, "event: view\ndata: "...), v...), "\n\n"...)
+				frame = sseFrame("view", v)
 				ping.Reset(heartbeatEvery)
 			}
 			if out.send(true, frame) != nil {
@@ -131,6 +139,13 @@ func (s *Server) dashboardStream(c *fiber.Ctx) error {
 		}
 	})
 	return nil
+}
+
+// sseFrame is one SSE event of name carrying data (one line of JSON).
+func sseFrame(name string, data []byte) []byte {
+	frame := make([]byte, 0, len(name)+len(data)+16)
+	frame = append(append(append(append(append(frame, "event: "...), name...), "\ndata: "...), data...), "\n\n"...)
+	return frame
 }
 
 // dashboardTranscript is GET /dashboard/jobs/{id}/events?tenant=T: the job events API for a

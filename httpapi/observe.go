@@ -42,6 +42,10 @@ type observation struct {
 	traceID string
 	// tenant and key (the record key: a hash, never the client's key) once parsed.
 	tenant, key string
+	// dashCounted: the dashboard's tally counted the admission's outcome when it was decided
+	// (admit), so that a copy shows as joined when it attaches, not when its answer ends;
+	// finish counts it there only for a request that never got an admission.
+	dashCounted bool
 }
 
 // startObservation begins a request's measurements and its span, whose context (the
@@ -76,7 +80,9 @@ type ending struct {
 func (s *Server) finish(o *observation, e ending) {
 	dur := time.Since(o.start)
 	s.metrics.Request(o.route, o.api, e.outcome, e.status, dur, e.ttft)
-	s.dashTally.Request(o.tenant, e.outcome)
+	if !o.dashCounted {
+		s.dashTally.Request(o.tenant, e.outcome)
+	}
 	o.span.SetAttributes(attribute.String("oncegate.outcome", e.outcome.String()), attribute.Int("http.response.status_code", e.status))
 	if e.adm != nil {
 		o.span.SetAttributes(attribute.String("oncegate.job_id", e.adm.JobID))
