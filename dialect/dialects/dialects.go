@@ -5,6 +5,7 @@ package dialects
 import (
 	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/dialect/anthropic"
+	"github.com/oncegate/oncegate/dialect/azure"
 	"github.com/oncegate/oncegate/dialect/gemini"
 	"github.com/oncegate/oncegate/dialect/openai"
 	"github.com/oncegate/oncegate/dialect/responses"
@@ -17,6 +18,7 @@ func All() []dialect.Dialect {
 		anthropic.New(),
 		responses.New(),
 		gemini.New(),
+		azure.New(),
 	}
 }
 

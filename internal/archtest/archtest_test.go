@@ -46,6 +46,7 @@ var floors = map[string]int{
 	// room above them.
 	"dialect":           1,
 	"dialect/anthropic": 1,
+	"dialect/azure":     1,
 	"dialect/dialects":  1,
 	"dialect/gemini":    1,
 	"dialect/openai":    1,
@@ -97,6 +98,7 @@ var keepOut = map[string][]string{
 	// floor, no room above them: workers, httpapi, intent, gateway, jobs, kv, ledger, dashboard).
 	"dialect":           dialectKeepOut,
 	"dialect/anthropic": dialectKeepOut,
+	"dialect/azure":     dialectKeepOut,
 	"dialect/dialects":  dialectKeepOut,
 	"dialect/gemini":    dialectKeepOut,
 	"dialect/openai":    dialectKeepOut,

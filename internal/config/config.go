@@ -38,7 +38,13 @@ const (
 	TypeOncegate  = "oncegate"  // another oncegate (gateway in front of gateway)
 	TypeMock      = "mock"      // the built-in deterministic mock, for tests and demos
 	TypeGemini    = "gemini"    // Google's Gemini API (generateContent), for Chat Completions clients
+	TypeAzure     = "azure"     // Azure OpenAI (deployments, api-version, api-key), for Chat Completions clients
 )
+
+// DefaultAzureAPIVersion is the api-version an Azure OpenAI backend sends when api_version
+// is unset: the GA data-plane version that followed 2024-09-01-preview, where streamed
+// usage (stream_options.include_usage, which the gateway bills from) was added.
+const DefaultAzureAPIVersion = "2024-10-21"
 
 // The built-in mock backend present in [Default].
 const (
@@ -219,7 +225,7 @@ type Admission struct {
 // Backend is an upstream LLM API.
 type Backend struct {
 	Name      string    `yaml:"name"`        // unique; routes[].backends name backends by it
-	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeGemini | TypeMock
+	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeGemini | TypeAzure | TypeMock
 	BaseURL   string    `yaml:"base_url"`    // the API's base URL, e.g. https://api.openai.com/v1; empty for a mock
 	APIKeyEnv string    `yaml:"api_key_env"` // name of the env var holding the key (never the key itself)
 	Models    []string  `yaml:"models"`      // CatchAll = models nobody else serves
@@ -253,6 +259,12 @@ type Backend struct {
 	// that serves /v1/responses itself).
 	Responses string  `yaml:"responses"`
 	Breaker   Breaker `yaml:"breaker"`
+	// Deployments maps a model to its Azure OpenAI deployment name (type azure only); a model
+	// it does not list is sent to the deployment of its own name.
+	Deployments map[string]string `yaml:"deployments"`
+	// APIVersion is the api-version query parameter of an Azure OpenAI backend (type azure):
+	// a dated version, YYYY-MM-DD or YYYY-MM-DD-preview, 2024-09-01 or later.
+	APIVersion string `yaml:"api_version"`
 	// Passthrough lists other paths this backend serves as they are.
 	Passthrough []Passthrough `yaml:"passthrough"`
 }
@@ -291,6 +303,7 @@ func BackendDefaults() Backend {
 		RetryCap:         Duration(8 * time.Second),
 		RetryBudget:      0.2,
 		AnthropicVersion: "2023-06-01",
+		APIVersion:       DefaultAzureAPIVersion,
 		Breaker: Breaker{FailureRate: 0.5, Window: Duration(30 * time.Second), MinRequests: 10,
 			OpenFor: Duration(15 * time.Second), Probes: 1},
 	}
@@ -319,6 +332,9 @@ func (b Backend) WithDefaults() Backend {
 	}
 	if b.AnthropicVersion == "" {
 		b.AnthropicVersion = d.AnthropicVersion
+	}
+	if b.APIVersion == "" {
+		b.APIVersion = d.APIVersion
 	}
 	if b.Breaker.FailureRate == 0 {
 		b.Breaker.FailureRate = d.Breaker.FailureRate

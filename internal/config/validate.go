@@ -418,7 +418,7 @@ func (v *validator) backends(bs []Backend) {
 		}
 
 		switch b.Type {
-		case TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini:
+		case TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure:
 			if msg := checkHTTPURL(b.BaseURL); msg != "" {
 				v.add(p+".base_url", "%s", msg)
 			}
@@ -427,7 +427,7 @@ func (v *validator) backends(bs []Backend) {
 				v.add(p+".base_url", "must be empty for a mock backend")
 			}
 		default:
-			v.add(p+".type", "must be one of %s, %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeMock, b.Type)
+			v.add(p+".type", "must be one of %s, %s, %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure, TypeMock, b.Type)
 		}
 		switch {
 		case b.Responses == "":
@@ -438,6 +438,7 @@ func (v *validator) backends(bs []Backend) {
 		}
 		v.resilience(p, &b)
 		v.passthrough(p, &b)
+		v.azure(p, &b)
 		if b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv) {
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")
 		}

@@ -24,6 +24,8 @@
 //	POST /v1/embeddings         embeddings, deterministic vectors (embeddings.go)
 //	POST /v1beta/models/{m}:generateContent, :streamGenerateContent?alt=sse
 //	                            Google Gemini (gemini.go)
+//	POST /openai/deployments/{d}/chat/completions?api-version=…
+//	                            Azure OpenAI (azure.go)
 //	GET  /v1/models             OpenAI model list
 //	GET  /v1/models/{model}     one model object
 //	GET  /stats                 Stats as JSON
@@ -242,6 +244,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.serveGemini(w, r)
+	case strings.HasPrefix(path, "/openai/deployments/"):
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, http.MethodPost)
+			return
+		}
+		s.serveAzure(w, r)
 	case path == "/v1/embeddings":
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, http.MethodPost)
