@@ -97,13 +97,13 @@ type Client struct {
 func New(b config.Backend, getenv func(string) string) (*Client, error) {
 	b = b.WithDefaults()
 	c := &Client{cfg: b}
-	switch b.Type {
-	case config.TypeMock:
+	switch {
+	case b.Type == config.TypeMock:
 		c.mock = mockllm.New(mockllm.Options{TTFT: b.Mock.TTFT.D(), InterToken: b.Mock.InterToken.D(), Tokens: b.Mock.Tokens, Models: b.Models})
 		c.baseURL = "http://mock.internal/v1"
 		c.http = &http.Client{Transport: c.mock.RoundTripper()}
 		c.inProcess = true
-	default: // an HTTP API: which one is the caller's dialect's business (config validates the type)
+	case config.IsHTTPType(b.Type): // which API it speaks is the caller's dialect's business
 		c.baseURL = strings.TrimRight(b.BaseURL, "/")
 		if b.APIKeyEnv != "" && getenv != nil {
 			c.apiKey = getenv(b.APIKeyEnv)
@@ -117,6 +117,8 @@ func New(b config.Backend, getenv func(string) string) (*Client, error) {
 			IdleConnTimeout:     90 * time.Second,
 			ForceAttemptHTTP2:   true,
 		}}
+	default: // config validation refuses it; a configuration that skipped it fails here
+		return nil, fmt.Errorf("backend %s: unknown type %q", b.Name, b.Type)
 	}
 	return c, nil
 }

@@ -704,6 +704,16 @@ func (c *Config) Resolve(model string) (RouteTarget, bool) {
 	return RouteTarget{}, false
 }
 
+// IsHTTPType reports whether t is a backend type served over HTTP: every known type but the
+// mock. Validation and the backend client both ask it, so a type is added in one place.
+func IsHTTPType(t string) bool {
+	switch t {
+	case TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure:
+		return true
+	}
+	return false
+}
+
 // ModelNames returns every exact (non-[CatchAll]) model name served by a
 // backend or an explicit route, sorted and deduplicated.
 func (c *Config) ModelNames() []string {

@@ -417,12 +417,12 @@ func (v *validator) backends(bs []Backend) {
 			}
 		}
 
-		switch b.Type {
-		case TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure:
+		switch {
+		case IsHTTPType(b.Type):
 			if msg := checkHTTPURL(b.BaseURL); msg != "" {
 				v.add(p+".base_url", "%s", msg)
 			}
-		case TypeMock:
+		case b.Type == TypeMock:
 			if b.BaseURL != "" {
 				v.add(p+".base_url", "must be empty for a mock backend")
 			}
