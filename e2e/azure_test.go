@@ -84,22 +84,7 @@ func TestAzureStream(t *testing.T) {
 func TestAzureStreamBreaks(t *testing.T) {
 	up := startWireUpstream(t, azureDeployment)
 	gw := startWireGateway(t, config.TypeAzure, up.URL, azureModel, azureDeployed)
-	const n, key = 3, "azure-breaks"
-	up.setFaults(map[string]string{"X-Mock-Fault": "drop_after", "X-Mock-Fault-After": "3", "X-Mock-Inter-Token-Ms": "20"})
-	body := wireChat(azureModel, "azure: a stream that breaks", true)
-	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if resp.Status != 200 {
-		t.Fatalf("status %d: %s", resp.Status, resp.Body)
-	}
-	st := chatStreamOf(t, resp.Body)
-	if got := tokenFrames(t, st.Data); got != n {
-		t.Errorf("%d token frames, want %d", got, n)
-	}
-	if st.ErrCode != "stream_interrupted" || st.Done {
-		t.Errorf("stream ends with error %q (done %v), want stream_interrupted and no [DONE]", st.ErrCode, st.Done)
-	}
-	up.setFaults(nil)
-	expectReplayedOnce(t, gw.URL, body, key, resp, up)
+	breaksAfterOutput(t, gw.URL, up, wireChat(azureModel, "azure: a stream that breaks", true), "azure-breaks")
 }
 
 // A stream that breaks after Azure's prompt-filter chunk and the role chunk, before the first

@@ -203,10 +203,17 @@ func TestGeminiStream(t *testing.T) {
 func TestGeminiStreamBreaks(t *testing.T) {
 	up := startWireUpstream(t, geminiModel)
 	gw := startWireGateway(t, config.TypeGemini, up.URL+"/v1beta", geminiModel, nil)
-	const n, key = 3, "gemini-breaks"
+	breaksAfterOutput(t, gw.URL, up, wireChat(geminiModel, "gemini: a stream that breaks", true), "gemini-breaks")
+}
+
+// breaksAfterOutput sends body (a stream) through the gateway at base to up, set to drop the
+// stream after 3 tokens: the client gets the 3 token frames and a stream_interrupted error,
+// no [DONE], and a same-key retry replays that answer after one backend execution.
+func breaksAfterOutput(t *testing.T, base string, up *wireUpstream, body, key string) {
+	t.Helper()
+	const n = 3
 	up.setFaults(map[string]string{"X-Mock-Fault": "drop_after", "X-Mock-Fault-After": "3", "X-Mock-Inter-Token-Ms": "20"})
-	body := wireChat(geminiModel, "gemini: a stream that breaks", true)
-	resp := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
+	resp := postChat(t, base, body, map[string]string{"Idempotency-Key": key})
 	if resp.Status != 200 {
 		t.Fatalf("status %d: %s", resp.Status, resp.Body)
 	}
@@ -218,13 +225,7 @@ func TestGeminiStreamBreaks(t *testing.T) {
 		t.Errorf("stream ends with error %q (done %v), want stream_interrupted and no [DONE]", st.ErrCode, st.Done)
 	}
 	up.setFaults(nil)
-	retry := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	if !bytes.Equal(retry.Body, resp.Body) || retry.Header.Get("Oncegate-Idempotency") != "replayed" {
-		t.Errorf("same-key retry (%s) differs from the broken stream", retry.Header.Get("Oncegate-Idempotency"))
-	}
-	if st := up.Mock.Stats(); st.Requests != 1 {
-		t.Errorf("backend executions %d, want 1", st.Requests)
-	}
+	expectReplayedOnce(t, base, body, key, resp, up)
 }
 
 // A Google error body reaches the client as an OpenAI one, stored and replayed.

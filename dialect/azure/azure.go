@@ -26,13 +26,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strconv"
 
 	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/dialect/openai"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/openaiwire"
 )
 
 // BackendType is the configured type of an Azure OpenAI backend.
@@ -98,7 +98,7 @@ type openAIError struct {
 // (a numeric code as its text), the type Azure gave or else the HTTP status's, innererror
 // kept. A body that is not Azure's says the status.
 func (Dialect) ErrorBody(status int, body []byte) []byte {
-	out := openAIError{Message: fmt.Sprintf("the azure backend failed with status %d", status), Type: errorType(status)}
+	out := openAIError{Message: fmt.Sprintf("the azure backend failed with status %d", status), Type: openaiwire.ErrorType(status)}
 	var e azureError
 	if json.Unmarshal(body, &e) == nil {
 		switch {
@@ -143,19 +143,6 @@ func codeText(raw json.RawMessage) string {
 		return n.String()
 	}
 	return ""
-}
-
-// errorType is the OpenAI error type of an HTTP status.
-func errorType(status int) string {
-	switch status {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
-		return "invalid_request_error"
-	case http.StatusUnauthorized, http.StatusForbidden:
-		return "authentication_error"
-	case http.StatusTooManyRequests:
-		return "rate_limit_error"
-	}
-	return "server_error"
 }
 
 // NewStream implements dialect.Dialect: an OpenAI stream, never continued (so its text is

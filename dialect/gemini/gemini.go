@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -325,20 +324,7 @@ func (Dialect) ErrorBody(status int, body []byte) []byte {
 		}
 		code = strings.ToLower(e.Error.Status)
 	}
-	return openaiwire.ErrorBody(msg, errorType(status), code, "")
-}
-
-// errorType is the OpenAI error type of an HTTP status.
-func errorType(status int) string {
-	switch status {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusUnprocessableEntity:
-		return "invalid_request_error"
-	case http.StatusUnauthorized, http.StatusForbidden:
-		return "authentication_error"
-	case http.StatusTooManyRequests:
-		return "rate_limit_error"
-	}
-	return "server_error"
+	return openaiwire.ErrorBody(msg, openaiwire.ErrorType(status), code, "")
 }
 
 // NewStream implements dialect.Dialect.

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 
 	"github.com/oncegate/oncegate/internal/jsonscan"
@@ -219,6 +220,20 @@ func keyIs(m jsonscan.Member, name string) bool {
 		return bytes.EqualFold(raw, []byte(name))
 	}
 	return strings.EqualFold(m.Name(), name)
+}
+
+// ErrorType is the OpenAI error type a backend's HTTP status reads as, for a dialect that
+// maps another provider's error into an OpenAI error body.
+func ErrorType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge, http.StatusUnprocessableEntity:
+		return "invalid_request_error"
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return "authentication_error"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	}
+	return "server_error"
 }
 
 // ErrorBody is an OpenAI error body.
