@@ -22,7 +22,7 @@ import (
 
 // resources is the JetStream setup of a gateway: every stream and bucket, with its replicas,
 // and the workers' consumer on JOBS. It runs at start, and again after any reconnect: a NATS
-// server that restarted has lost its memory streams (JOBS, CHUNKS, JOBIDX, PROGRESS, the status
+// server that restarted has lost its memory streams (JOBS, CHUNKS, the status
 // bucket) and, with them, the consumer on JOBS. Safe for concurrent use (it holds no state
 // besides its configuration).
 type resources struct {
@@ -37,7 +37,7 @@ type resources struct {
 }
 
 // streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
-var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.IndexStream, kv.ProgressStream, kv.RequestsStream,
+var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.ProgressStream, kv.RequestsStream,
 	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream}
 
 // ensure creates or updates every stream, bucket and the JOBS consumer; idempotent, and it

@@ -92,7 +92,7 @@ func readyzIs(base string, status int, want string) func() error {
 }
 
 // memoryStreams are the streams a NATS restart loses.
-var memoryStreams = []string{jobs.JobsStream, jobs.ChunksStream, "JOBIDX", "PROGRESS", "KV_STATUS"}
+var memoryStreams = []string{jobs.JobsStream, jobs.ChunksStream, "PROGRESS", "KV_STATUS"}
 
 // streamsExist is a CheckFor condition: every one of names exists.
 func streamsExist(js jetstream.JetStream, names []string) func() error {

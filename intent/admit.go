@@ -217,8 +217,8 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 		c.release(key, rec, rev)
 		return nil, fmt.Errorf("intent: %w", err)
 	}
-	if newJob {
-		if err := c.store.IndexJob(ctx, job.ID, key, req.Async || req.Retrievable); err != nil {
+	if newJob && (req.Async || req.Retrievable) { // a synchronous job is found by its progress (kv.JobKey)
+		if err := c.store.IndexJob(ctx, job.ID, key); err != nil {
 			c.log.Warn().Err(err).Str(fieldJobID, job.ID).Msg("indexing job id")
 		}
 	}
@@ -372,7 +372,7 @@ func (c *Core) archive(ctx context.Context, key string, rec *kv.Record) {
 		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("archiving a finished execution")
 		return
 	}
-	if err := c.store.IndexJob(ctx, rec.JobID, archived, true); err != nil {
+	if err := c.store.IndexJob(ctx, rec.JobID, archived); err != nil {
 		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("re-indexing an archived execution")
 	}
 }

@@ -25,7 +25,7 @@ func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api
 		body := errorBody(rec.API)
 		// An attempt already sent keeps running at the backend until the worker sees the
 		// cancel: its progress puts it in the record, counted and charged, never hidden.
-		p, err := c.store.Progress(ctx, key, rec.Epoch)
+		p, err := c.store.Progress(ctx, rec.JobID, rec.Epoch)
 		if err != nil {
 			p = nil
 		}

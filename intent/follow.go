@@ -213,7 +213,7 @@ func (c *Core) WithProgress(ctx context.Context, key string, rec *kv.Record) (*k
 	if rec.State != kv.Pending {
 		return rec, nil
 	}
-	p, err := c.store.Progress(ctx, key, rec.Epoch)
+	p, err := c.store.Progress(ctx, rec.JobID, rec.Epoch)
 	if err != nil {
 		if !errors.Is(err, kv.ErrNotFound) {
 			c.log.Debug().Err(err).Str(fieldKey, key).Msg("reading progress")

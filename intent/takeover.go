@@ -28,7 +28,7 @@ import (
 func TakeOver(ctx context.Context, js jetstream.JetStream, store *kv.Store, key string, rec *kv.Record, rev uint64, now func() time.Time, lease time.Duration) (*jobs.Job, *kv.Record, uint64, error) {
 	old := rec.Epoch
 	// The vanished owner's progress says what it sent; TakenOver counts it (nil: none read).
-	p, err := store.Progress(ctx, key, old)
+	p, err := store.Progress(ctx, rec.JobID, old)
 	if err != nil {
 		p = nil
 	}

@@ -97,22 +97,19 @@ func TestClaimRetriesUntilTheBucketIsBack(t *testing.T) {
 	}
 }
 
-// TestIndexJobRetriesUntilTheStoreIsBack: a durable job index written while its stream and
-// bucket are gone (a restart lost them and setup is recreating them) is sent again until they
+// TestIndexJobRetriesUntilTheStoreIsBack: a durable job index written while its bucket is
+// gone (a restart lost them and setup is recreating them) is sent again until they
 // are back, then JobKey finds it. Before, the first "no responders" failed the request (500).
 func TestIndexJobRetriesUntilTheStoreIsBack(t *testing.T) {
 	st, srv := open(t)
 	ctx := context.Background()
-	if err := srv.JS.DeleteStream(ctx, kv.IndexStream); err != nil {
-		t.Fatal(err)
-	}
 	if err := srv.JS.DeleteKeyValue(ctx, kv.Bucket); err != nil {
 		t.Fatal(err)
 	}
 	watch, _ := srv.Conn(t)
-	tries := testkit.Watch(t, watch, "jobidx.job-1")
+	tries := testkit.Watch(t, watch, "$KV."+kv.Bucket+".job.job-1")
 	indexed := make(chan error, 1)
-	go func() { indexed <- st.IndexJob(ctx, "job-1", "key-1", true) }()
+	go func() { indexed <- st.IndexJob(ctx, "job-1", "key-1") }()
 	waitTries(t, tries, 2)
 	testkit.Recreate(t, func() error {
 		_, err := kv.Open(ctx, srv.JS, kv.BucketConfig{TTL: time.Hour})

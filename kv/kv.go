@@ -29,22 +29,19 @@ import (
 // Bucket is the name of the idempotency bucket.
 const Bucket = "IDEM"
 
-// IndexStream maps the job ids of synchronous requests to their record keys (one message per
-// id on jobidx.<id>). It is a memory stream: those clients already hold their answer, so the
-// index is worth no fsync on the request path; it keeps the last indexMaxIDs ids of the last
-// hour, dropping the oldest first (after that, or after a NATS restart, their ids answer 404;
-// their keys still work). Jobs answered 202 are indexed in IDEM itself, synced.
-//
-// The cap counts ids, not bytes: a memory stream holds ~350 B per id (the message, and the
-// subject's entry in the stream's subject tree, which a byte cap does not count), so the old
-// 64 MiB byte cap let the index grow to ~200 MB under load.
-const IndexStream = "JOBIDX"
+// A job id leads to its record key two ways. A job answered 202 (and a retrievable one, a
+// stored response) is indexed in IDEM itself, synced: its id is the client's only handle. A
+// synchronous request's id is found through its execution's progress (ProgressStream), which
+// names the record key and is kept per job id: the request path writes nothing for it (the
+// memory stream JOBIDX that held one message per id did, until issue 36), and an id is found
+// from the first send of its execution for as long as PROGRESS keeps it (an hour, the last
+// progressMaxMsgs executions). A queued job's id, or one that ran on a bypassed request's local
+// execution, answers 404; its key still works.
 
-const (
-	indexPrefix = "jobidx."
-	indexTTL    = time.Hour
-	indexMaxIDs = 100_000
-)
+// LegacyIndexStream is the memory stream older versions indexed synchronous job ids in. It is
+// no longer read or written; it empties itself within its hour (or at its server's restart),
+// and an operator may delete it once every node runs this version.
+const LegacyIndexStream = "JOBIDX"
 
 // Sentinel errors.
 var (
@@ -88,8 +85,7 @@ const (
 
 // Store is the IDEM bucket.
 type Store struct {
-	kv  jetstream.KeyValue
-	idx jetstream.Stream
+	kv jetstream.KeyValue
 	// prog is the progress stream (see ProgressStream).
 	prog jetstream.Stream
 	// reqs holds the requests too large for their records (see RequestsStream), above
@@ -120,10 +116,6 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
-	idx, err := replicas.Ensure(ctx, js, lastValueStream(IndexStream, indexPrefix, indexTTL, indexMaxIDs, cfg.Replicas))
-	if err != nil {
-		return nil, fmt.Errorf("kv: open index %s: %w", IndexStream, err)
-	}
 	prog, err := openProgress(ctx, js, cfg.Replicas)
 	if err != nil {
 		return nil, err
@@ -136,7 +128,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if inlineMax == 0 {
 		inlineMax = DefaultInlineRequestMax
 	}
-	return &Store{kv: kvs, idx: idx, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: newPieceBufs(), js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
+	return &Store{kv: kvs, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: newPieceBufs(), js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
 }
 
 // BucketStream is the stream behind the bucket.
@@ -568,23 +560,12 @@ type Expired struct {
 // jobIndexKey is where a job id points at its record key (same bucket, same TTL).
 func jobIndexKey(jobID string) string { return "job." + jobID }
 
-// IndexJob records that job jobID belongs to record key. durable writes it to the synced
-// bucket and waits (jobs answered 202, whose id is the client's only handle); otherwise it is
-// published to the memory index without asking for an ack (fireAndForget), off the request's
-// critical path. The caller must have validated jobID (a ULID).
-func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) error {
-	if !durable {
-		if err := s.fireAndForget(indexPrefix+jobID, []byte(key)); err != nil {
-			return fmt.Errorf("kv: index job %s: %w", jobID, err)
-		}
-		return nil
-	}
-	// Both writes are idempotent (JobKey reads the subject's last message; a Put of the same
-	// value), so a try whose answer was lost is simply sent again.
+// IndexJob records that job jobID belongs to record key, in the synced bucket, and waits: for
+// the jobs whose id is the client's only handle (answered 202, or retrievable). A put of the
+// same value is idempotent, so a try whose answer was lost is simply sent again. The caller
+// must have validated jobID (a ULID).
+func (s *Store) IndexJob(ctx context.Context, jobID, key string) error {
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		if _, err := s.js.Publish(ctx, indexPrefix+jobID, []byte(key)); err != nil { // the first place JobKey looks
-			return err
-		}
 		_, err := s.kv.Put(ctx, jobIndexKey(jobID), []byte(key))
 		return err
 	})
@@ -595,28 +576,30 @@ func (s *Store) IndexJob(ctx context.Context, jobID, key string, durable bool) e
 }
 
 // fireAndForget publishes data to a stream's subject with no reply subject: the server stores
-// it and answers nothing. For writes nobody waits for and whose loss only delays a read (the
-// memory job index, progress): an async publish's ack was never looked at, and receiving and
-// matching it cost the gateway an inbound message and a pending-ack entry per write.
+// it and answers nothing. For writes nobody waits for and whose loss only delays a read
+// (progress): an async publish's ack was never looked at, and receiving and matching it cost
+// the gateway an inbound message and a pending-ack entry per write.
 func (s *Store) fireAndForget(subject string, data []byte) error {
 	return s.js.Conn().Publish(subject, data)
 }
 
-// JobKey returns the record key of job jobID; ErrNotFound if unknown.
+// JobKey returns the record key of job jobID (the synced index, else its execution's
+// progress); ErrNotFound if unknown.
 func (s *Store) JobKey(ctx context.Context, jobID string) (string, error) {
-	if m, err := s.idx.GetLastMsgForSubject(ctx, indexPrefix+jobID); err == nil {
-		return string(m.Data), nil
-	}
 	var e jetstream.KeyValueEntry
 	err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
 		e, err = s.kv.Get(ctx, jobIndexKey(jobID))
 		return err
 	})
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-			return "", fmt.Errorf("kv: job %s: %w", jobID, ErrNotFound)
-		}
+	switch {
+	case err == nil:
+		return string(e.Value()), nil
+	case !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted):
 		return "", fmt.Errorf("kv: job %s: %w", jobID, err)
 	}
-	return string(e.Value()), nil
+	p, err := s.lastProgressOf(ctx, jobID)
+	if err != nil {
+		return "", fmt.Errorf("kv: job %s: %w", jobID, err)
+	}
+	return p.Key, nil
 }

@@ -152,7 +152,7 @@ func TestGetMissing(t *testing.T) {
 func TestJobIndex(t *testing.T) {
 	st, _ := open(t)
 	ctx := context.Background()
-	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9", "abc", true); err != nil {
+	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9", "abc"); err != nil {
 		t.Fatal(err)
 	}
 	if k, err := st.JobKey(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9"); err != nil || k != "abc" {
@@ -208,7 +208,7 @@ func TestExpiredLeases(t *testing.T) {
 	if _, err := st.Update(ctx, "finished", rec, rev); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9", "gone1", true); err != nil {
+	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR9", "gone1"); err != nil {
 		t.Fatal(err)
 	}
 	got, err := st.WatchLeases().Expired(ctx, now)
@@ -232,21 +232,41 @@ func TestExpiredLeasesEmpty(t *testing.T) {
 	}
 }
 
-func TestJobIndexMemory(t *testing.T) {
+// TestJobKeyFromProgress: a synchronous job's id is not indexed; its execution's progress
+// names the record key, so JobKey finds it from the first send, at its latest epoch, and an id
+// whose job never sent anything is unknown.
+func TestJobKeyFromProgress(t *testing.T) {
 	st, _ := open(t)
 	ctx := context.Background()
-	if err := st.IndexJob(ctx, "01M8M6KBZQ869HNGDFDZKX9GR8", "def", false); err != nil {
+	const id = "01M8M6KBZQ869HNGDFDZKX9GR8"
+	if _, err := st.JobKey(ctx, id); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("JobKey before any progress: %v, want ErrNotFound", err)
+	}
+	for epoch := 1; epoch <= 2; epoch++ {
+		if err := st.PutProgress("def", &kv.Progress{JobID: id, Epoch: epoch, Attempt: 1, Backend: "b"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another job's progress does not answer for this one.
+	if err := st.PutProgress("other", &kv.Progress{JobID: "01M8M6KBZQ869HNGDFDZKX9GR7", Epoch: 1}); err != nil {
 		t.Fatal(err)
 	}
-	// The index write is asynchronous by design.
+	// Progress is written without waiting for the server.
 	testkit.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-		k, err := st.JobKey(ctx, "01M8M6KBZQ869HNGDFDZKX9GR8")
+		k, err := st.JobKey(ctx, id)
 		if err != nil {
 			return fmt.Errorf("JobKey: %w", err)
 		}
 		if k != "def" {
 			return fmt.Errorf("JobKey = %q, want %q", k, "def")
 		}
+		p, err := st.Progress(ctx, id, 2)
+		if err != nil || p.Key != "def" || p.Epoch != 2 {
+			return fmt.Errorf("epoch 2's progress = %+v %v, want key def", p, err)
+		}
 		return nil
 	})
+	if _, err := st.JobKey(ctx, "01M8M6KBZQ869HNGDFDZKX9GR6"); !errors.Is(err, kv.ErrNotFound) {
+		t.Fatalf("JobKey of an id with no progress: %v, want ErrNotFound", err)
+	}
 }

@@ -14,10 +14,11 @@ import (
 )
 
 // ProgressStream holds how far the execution of each PENDING record has got, as its worker
-// last said: the attempt sent, the backend, when, and the output tokens seen so far. One
-// message per record key and epoch on progress.<key>.<epoch>: after a takeover, the worker
-// that lost the record can still write its epoch's progress (until it notices), and that must
-// not overwrite the new epoch's.
+// last said: the attempt sent, the backend, when, and the output tokens seen so far, and the
+// record key (so a synchronous request's job id leads to its record: JobKey). One message per
+// job and epoch on progress.<job id>.<epoch>: after a takeover, the worker that lost the
+// record can still write its epoch's progress (until it notices), and that must not overwrite
+// the new epoch's.
 //
 // It is a memory stream written asynchronously, never on a request's critical path, because
 // progress is not state that must survive a crash: the record is the truth, and a PENDING
@@ -44,6 +45,8 @@ const ProgressRefresh = 2 * time.Second
 
 // Progress is the worker's account of the current epoch's execution of a record.
 type Progress struct {
+	// Key is the record key of the job (PutProgress sets it).
+	Key   string `json:"key"`
 	JobID string `json:"job_id"`
 	Epoch int    `json:"epoch"`
 	// Attempt counts the backend attempts of this epoch sent so far (1 = the first send).
@@ -109,33 +112,53 @@ func lastValueStream(name, prefix string, maxAge time.Duration, maxMsgs int64, r
 // PutProgress publishes p as the progress of key's execution without waiting for the server
 // (fireAndForget): a lost write only makes the status API a little behind.
 func (s *Store) PutProgress(key string, p *Progress) error {
+	p.Key = key
 	data, err := json.Marshal(p)
 	if err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
-	if err := s.fireAndForget(progressSubject(key, p.Epoch), data); err != nil {
+	if err := s.fireAndForget(progressSubject(p.JobID, p.Epoch), data); err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
 	return nil
 }
 
-// progressSubject is where the progress of key's execution in epoch is kept.
-func progressSubject(key string, epoch int) string {
-	return progressPrefix + key + "." + strconv.Itoa(epoch)
+// progressSubject is where the progress of job jobID's execution in epoch is kept.
+func progressSubject(jobID string, epoch int) string {
+	return progressPrefix + jobID + "." + strconv.Itoa(epoch)
 }
 
-// Progress reads the last progress of key's execution in epoch; ErrNotFound if there is none.
-func (s *Store) Progress(ctx context.Context, key string, epoch int) (*Progress, error) {
-	m, err := s.prog.GetLastMsgForSubject(ctx, progressSubject(key, epoch))
+// Progress reads the last progress of job jobID's execution in epoch; ErrNotFound if there is
+// none.
+func (s *Store) Progress(ctx context.Context, jobID string, epoch int) (*Progress, error) {
+	m, err := s.prog.GetLastMsgForSubject(ctx, progressSubject(jobID, epoch))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, fmt.Errorf("kv: progress %s: %w", key, ErrNotFound)
+		return nil, fmt.Errorf("kv: progress of %s: %w", jobID, ErrNotFound)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("kv: progress %s: %w", key, err)
+		return nil, fmt.Errorf("kv: progress of %s: %w", jobID, err)
 	}
+	return decodeProgress(jobID, m.Data)
+}
+
+// lastProgressOf reads the last progress of job jobID, of any epoch; ErrNotFound if there is
+// none. A wildcard subject cannot go in a direct get's subject, so it is a message get with a
+// body, answered by the stream's leader: for a job id lookup, never on a request's path.
+func (s *Store) lastProgressOf(ctx context.Context, jobID string) (*Progress, error) {
+	m, err := leaderLastMsg(ctx, s.js, ProgressStream, progressPrefix+jobID+".*")
+	if errors.Is(err, errGone) {
+		return nil, fmt.Errorf("kv: progress of %s: %w", jobID, ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv: progress of %s: %w", jobID, err)
+	}
+	return decodeProgress(jobID, m.Data)
+}
+
+func decodeProgress(jobID string, data []byte) (*Progress, error) {
 	var p Progress
-	if err := json.Unmarshal(m.Data, &p); err != nil {
-		return nil, fmt.Errorf("kv: progress %s: %w", key, err)
+	if err := json.Unmarshal(data, &p); err != nil {
+		return nil, fmt.Errorf("kv: progress of %s: %w", jobID, err)
 	}
 	return &p, nil
 }

@@ -32,7 +32,7 @@ func TestProgressOfAnEpochSurvivesTheOldOwner(t *testing.T) {
 	}
 	// The writes are asynchronous: poll until the old owner's landed.
 	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		old, err := st.Progress(ctx, key, 1)
+		old, err := st.Progress(ctx, "J", 1)
 		if err != nil {
 			return fmt.Errorf("the old owner's progress never landed: %w", err)
 		}
@@ -41,14 +41,14 @@ func TestProgressOfAnEpochSurvivesTheOldOwner(t *testing.T) {
 		}
 		return nil
 	})
-	got, err := st.Progress(ctx, key, 2)
+	got, err := st.Progress(ctx, "J", 2)
 	if err != nil {
 		t.Fatalf("epoch 2's progress after the old owner wrote epoch 1's: %v", err)
 	}
 	if got.Epoch != 2 || got.Backend != "b2" || got.Attempt != 1 {
 		t.Fatalf("epoch 2's progress = %+v, want the new owner's", got)
 	}
-	if _, err := st.Progress(ctx, key, 3); !errors.Is(err, kv.ErrNotFound) {
+	if _, err := st.Progress(ctx, "J", 3); !errors.Is(err, kv.ErrNotFound) {
 		t.Fatalf("progress of an epoch nobody wrote: %v, want ErrNotFound", err)
 	}
 }

@@ -156,7 +156,7 @@ func TestTakeoverCountsAndChargesTheLostAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		p, err := r.store.Progress(ctx, key, 1)
+		p, err := r.store.Progress(ctx, rec.JobID, 1)
 		if err != nil {
 			return fmt.Errorf("progress never stored: %w", err)
 		}

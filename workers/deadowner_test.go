@@ -48,7 +48,7 @@ func TestDeadOwnerIsTakenOverBeforeItsLease(t *testing.T) {
 	}
 	<-gate.entered // the attempt is sent
 	testkit.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		p, err := r.store.Progress(ctx, key, 1)
+		p, err := r.store.Progress(ctx, rec.JobID, 1)
 		if err != nil || p.Worker != "doomed" || p.Attempt != 1 {
 			return fmt.Errorf("progress of the sent attempt: %+v %v", p, err)
 		}

@@ -115,7 +115,7 @@ func TestRunLocal(t *testing.T) {
 			if _, _, err := r.store.Get(ctx, key); !errors.Is(err, kv.ErrNotFound) {
 				t.Errorf("record of a local execution: %v, want none", err)
 			}
-			if _, err := r.store.Progress(ctx, key, rec.Epoch); !errors.Is(err, kv.ErrNotFound) {
+			if _, err := r.store.Progress(ctx, rec.JobID, rec.Epoch); !errors.Is(err, kv.ErrNotFound) {
 				t.Errorf("progress of a local execution: %v, want none", err)
 			}
 			for _, name := range []string{jobs.JobsStream, jobs.ChunksStream} {

@@ -54,7 +54,7 @@ func (p *Pool) heartbeatLoop(ctx context.Context) {
 func (p *Pool) ownerGone(ctx context.Context, key string, rec *kv.Record) (owner string, gone bool) {
 	owner = rec.Worker
 	if owner == "" {
-		if pr, err := p.store.Progress(ctx, key, rec.Epoch); err == nil && pr.JobID == rec.JobID {
+		if pr, err := p.store.Progress(ctx, rec.JobID, rec.Epoch); err == nil && pr.Key == key {
 			owner = pr.Worker
 		}
 	}
