@@ -1,0 +1,167 @@
+package retention
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/kv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var (
+	keys    = flag.Int("retention.keys", 0, "completed keys to write and keep (issue 36 measures 1,000,000); 0 skips TestRetention")
+	writers = flag.Int("retention.writers", 64, "keys written at once")
+)
+
+// warmKeys are written before the first measurement, so that the bucket, its first blocks and
+// the connection's buffers are not counted as the keys' cost.
+const warmKeys = 10_000
+
+// TestRetention writes -retention.keys completed records into an IDEM bucket on an embedded
+// server (sync 1 s, as bench/oncegate-1s.yaml) after warmKeys, measures the process's memory
+// before and after (RSS, and the Go heap in use, after a collection), logs the growth per key,
+// and replays the oldest and the newest measured key: each must read back exactly as written.
+func TestRetention(t *testing.T) {
+	if *keys <= 0 {
+		t.Skip("set -retention.keys N to measure (issue 36: 1,000,000)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancel()
+	s := testkit.RunJetStream(t, time.Second)
+	st, err := kv.Open(ctx, s.JS, kv.BucketConfig{TTL: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(ctx, st, 0, warmKeys); err != nil {
+		t.Fatal(err)
+	}
+	before := measure()
+	start := time.Now()
+	if err := write(ctx, st, warmKeys, warmKeys+*keys); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	after := measure()
+	n := float64(*keys)
+	t.Logf("%d keys written in %s (%.0f/s, %d at once)", *keys, took.Round(time.Millisecond), n/took.Seconds(), *writers)
+	t.Logf("before: %s", before)
+	t.Logf("after:  %s", after)
+	t.Logf("per retained key: RSS %+.0f B, Go heap in use %+.0f B (the embedded server's indexes and the client's, in one process)",
+		float64(after.rss-before.rss)/n, float64(after.heap-before.heap)/n)
+	for _, i := range []int{warmKeys, warmKeys + *keys - 1} {
+		rec, _, err := st.Get(ctx, keyOf(i))
+		if err != nil {
+			t.Fatalf("replay of key %d: %v", i, err)
+		}
+		if rec.State != kv.Completed || rec.Result == nil || !bytes.Equal(rec.Result.Body, body(i)) {
+			t.Fatalf("replay of key %d: state %s, body %q; want the completed body written", i, rec.State, resultBody(rec))
+		}
+	}
+}
+
+// usage is the process's memory at one moment.
+type usage struct{ rss, heap int64 }
+
+func (u usage) String() string {
+	return fmt.Sprintf("RSS %.1f MiB, Go heap in use %.1f MiB", float64(u.rss)/(1<<20), float64(u.heap)/(1<<20))
+}
+
+// measure collects (twice, so that finalizers' frees are counted), returns freed pages to the
+// OS, then reads the RSS and the heap in use.
+func measure() usage {
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return usage{rss: rss(), heap: int64(ms.HeapInuse)}
+}
+
+// rss is the process's resident set from /proc (0 where there is none).
+func rss() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// write claims and completes keys [from, to), *writers at a time, as the gateway does: a
+// PENDING claim carrying the request, then the COMPLETED record carrying the answer.
+func write(ctx context.Context, st *kv.Store, from, to int) error {
+	var next atomic.Int64
+	next.Store(int64(from))
+	var first error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range *writers {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= to || ctx.Err() != nil {
+					return
+				}
+				if err := writeKey(ctx, st, i); err != nil {
+					once.Do(func() { first = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return first
+}
+
+func writeKey(ctx context.Context, st *kv.Store, i int) error {
+	now := time.Now().UTC()
+	rec := &kv.Record{State: kv.Pending, Tenant: "bench", JobID: fmt.Sprintf("01KBRETENTION%013d", i), Epoch: 1,
+		Fingerprint: strings.Repeat("f", 64), Owner: kv.NewOwner(), Created: now, EpochStarted: now,
+		LeaseUntil: now.Add(time.Minute), Model: "oncegate-mock", API: "openai", Backends: []string{"direct"},
+		Request: []byte(`{"model":"oncegate-mock","messages":[{"role":"user","content":"retained key ` + strconv.Itoa(i) + `"}]}`)}
+	rev, err := st.Claim(ctx, keyOf(i), rec)
+	if err != nil {
+		return fmt.Errorf("claim %d: %w", i, err)
+	}
+	done := rec.Completed(time.Now().UTC(), &kv.Result{Status: 200, Body: body(i), Backend: "direct"}, kv.Execution{Worker: "bench", Backend: "direct", Attempts: 1, Chunks: 1, Tokens: 16})
+	if _, err := st.Update(ctx, keyOf(i), done, rev); err != nil {
+		return fmt.Errorf("complete %d: %w", i, err)
+	}
+	return nil
+}
+
+// keyOf is the record key of key i: a SHA-256 in hex, as the gateway's keys are.
+func keyOf(i int) string { return fmt.Sprintf("%064x", i) }
+
+// body is the answer of key i: a short chat completion (16 tokens), as the mock answers.
+func body(i int) []byte {
+	return []byte(`{"id":"chatcmpl-` + strconv.Itoa(i) + `","object":"chat.completion","created":1767225600,"model":"oncegate-mock",` +
+		`"choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("mock ", 16) + `"},` +
+		`"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":16,"total_tokens":28}}`)
+}
+
+func resultBody(rec *kv.Record) []byte {
+	if rec.Result == nil {
+		return nil
+	}
+	return rec.Result.Body
+}
