@@ -487,7 +487,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}
 	led := g.newLedger(js)
-	budgets, err := newBudgets(led, g.cfg.Tenants)
+	budgets, err := ledger.NewTenantBudgets(led, budgetLimits(g.cfg.Tenants))
 	if err != nil {
 		return err
 	}
@@ -722,14 +722,6 @@ func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
 		ledger.WithSecret([]byte(g.cfg.Ledger.Secret)))
 }
 
-func prices(l config.Ledger) ledger.Prices {
-	p := ledger.Prices{}
-	for m, pr := range l.Prices {
-		p[m] = ledger.Price{InputPerMillion: pr.InputPerMillion, OutputPerMillion: pr.OutputPerMillion}
-	}
-	return p
-}
-
 // reconcileLoop reverses charges that bill one intent twice, every ledger.reconcile_every.
 func (g *Gateway) reconcileLoop(ctx context.Context, l *ledger.Ledger) {
 	t := time.NewTicker(g.cfg.Ledger.ReconcileEvery.D())
@@ -753,42 +745,6 @@ func (g *Gateway) reconcileLoop(ctx context.Context, l *ledger.Ledger) {
 	}
 }
 
-// budgets routes each tenant to the Budgets of its period; tenants without a limit pass.
-type budgets map[string]*ledger.Budgets
-
-func newBudgets(l *ledger.Ledger, tenants []config.Tenant) (budgets, error) {
-	limits := map[ledger.Period]map[string]int64{}
-	for _, t := range tenants {
-		if t.Budget == nil {
-			continue
-		}
-		p := ledger.Period(t.Budget.Period)
-		if limits[p] == nil {
-			limits[p] = map[string]int64{}
-		}
-		limits[p][t.ID] = t.Budget.Limit
-	}
-	out := budgets{}
-	for p, lim := range limits {
-		b, err := ledger.NewBudgets(l, p, lim)
-		if err != nil {
-			return nil, err
-		}
-		for tenant := range lim {
-			out[tenant] = b
-		}
-	}
-	return out, nil
-}
-
-// ReserveJob admits estimateMicros for job jobID against the tenant's budget, if it has one.
-func (b budgets) ReserveJob(ctx context.Context, tenant, jobID string, estimateMicros int64) (func(int64), error) {
-	if bb, ok := b[tenant]; ok {
-		return bb.ReserveJob(ctx, tenant, jobID, estimateMicros)
-	}
-	return func(int64) {}, nil
-}
-
 // serverTLS is the HTTP API's TLS configuration: the certificate chain and key of certFile and
 // keyFile, TLS 1.2 or later, HTTP/1.1 (the server speaks no HTTP/2).
 func serverTLS(certFile, keyFile string) (*tls.Config, error) {
@@ -797,15 +753,4 @@ func serverTLS(certFile, keyFile string) (*tls.Config, error) {
 		return nil, fmt.Errorf("TLS certificate %s with key %s: %w", certFile, keyFile, err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
-}
-
-// tenantLimits is this node's share of every tenant's caps (config.Limits.Share).
-func tenantLimits(cfg *config.Config) map[string]intent.Limits {
-	m := map[string]intent.Limits{}
-	for _, t := range cfg.Tenants {
-		l := t.Limits.Share(cfg.Admission.APINodes)
-		m[t.ID] = intent.Limits{Executions: l.Executions, Streams: l.Streams, FollowersPerJob: l.FollowersPerJob,
-			RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, TokensPerMinute: l.TokensPerMinute}
-	}
-	return m
 }
