@@ -25,6 +25,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/dashboard"
+	"github.com/oncegate/oncegate/dialect"
+	"github.com/oncegate/oncegate/dialect/dialects"
 	"github.com/oncegate/oncegate/httpapi"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
@@ -81,6 +83,9 @@ type Gateway struct {
 	backends map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
+	// dialects is the one table of the APIs each backend type speaks: the API admits a request
+	// to the backends the workers can send it to.
+	dialects *dialect.Registry
 
 	// res is the JetStream setup; kick asks resLoop to run it again (a connection reconnected,
 	// or /readyz found a stream missing).
@@ -131,7 +136,8 @@ func (e *StartError) Unwrap() error { return e.Err }
 // The HTTP port is bound first, so a taken port fails before the store is opened, and the
 // embedded server takes the data directory's lock (natsrv.LockFile) before it reads the store.
 func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (*Gateway, error) {
-	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1), metrics: newMetrics(cfg)}
+	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1), metrics: newMetrics(cfg),
+		dialects: dialects.Registry()}
 	if err := g.start(ctx, getenv); err != nil {
 		if serr := g.Stop(context.Background()); serr != nil {
 			log.Warn().Err(serr).Msg("stopping after a failed start")
@@ -445,7 +451,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
-		Ledger: led, Metrics: g.metrics, Tracer: g.tracer,
+		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects,
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	g.pool = pool
@@ -515,7 +521,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	}
 	g.api = httpapi.New(httpapi.Deps{Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
-		Metrics: g.metrics, Tracer: g.tracer})
+		Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects})
 	if err := g.listenAPI(); err != nil {
 		return err
 	}
