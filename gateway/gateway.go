@@ -25,6 +25,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/dashboard"
+	"github.com/oncegate/oncegate/dialect"
+	"github.com/oncegate/oncegate/dialect/dialects"
 	"github.com/oncegate/oncegate/httpapi"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
@@ -81,6 +83,9 @@ type Gateway struct {
 	backends map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
+	// dialects is the one table of the APIs each backend type speaks: the API admits a request
+	// to the backends the workers can send it to.
+	dialects *dialect.Registry
 
 	// res is the JetStream setup; kick asks resLoop to run it again (a connection reconnected,
 	// or /readyz found a stream missing).
@@ -131,7 +136,8 @@ func (e *StartError) Unwrap() error { return e.Err }
 // The HTTP port is bound first, so a taken port fails before the store is opened, and the
 // embedded server takes the data directory's lock (natsrv.LockFile) before it reads the store.
 func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (*Gateway, error) {
-	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1), metrics: newMetrics(cfg)}
+	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1), metrics: newMetrics(cfg),
+		dialects: dialects.Registry()}
 	if err := g.start(ctx, getenv); err != nil {
 		if serr := g.Stop(context.Background()); serr != nil {
 			log.Warn().Err(serr).Msg("stopping after a failed start")
@@ -445,7 +451,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
-		Ledger: led, Metrics: g.metrics, Tracer: g.tracer,
+		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects,
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	g.pool = pool
@@ -487,7 +493,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}
 	led := g.newLedger(js)
-	budgets, err := newBudgets(led, g.cfg.Tenants)
+	budgets, err := ledger.NewTenantBudgets(led, budgetLimits(g.cfg.Tenants))
 	if err != nil {
 		return err
 	}
@@ -515,7 +521,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	}
 	g.api = httpapi.New(httpapi.Deps{Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
-		Metrics: g.metrics, Tracer: g.tracer})
+		Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects})
 	if err := g.listenAPI(); err != nil {
 		return err
 	}
@@ -722,14 +728,6 @@ func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
 		ledger.WithSecret([]byte(g.cfg.Ledger.Secret)))
 }
 
-func prices(l config.Ledger) ledger.Prices {
-	p := ledger.Prices{}
-	for m, pr := range l.Prices {
-		p[m] = ledger.Price{InputPerMillion: pr.InputPerMillion, OutputPerMillion: pr.OutputPerMillion}
-	}
-	return p
-}
-
 // reconcileLoop reverses charges that bill one intent twice, every ledger.reconcile_every.
 func (g *Gateway) reconcileLoop(ctx context.Context, l *ledger.Ledger) {
 	t := time.NewTicker(g.cfg.Ledger.ReconcileEvery.D())
@@ -753,42 +751,6 @@ func (g *Gateway) reconcileLoop(ctx context.Context, l *ledger.Ledger) {
 	}
 }
 
-// budgets routes each tenant to the Budgets of its period; tenants without a limit pass.
-type budgets map[string]*ledger.Budgets
-
-func newBudgets(l *ledger.Ledger, tenants []config.Tenant) (budgets, error) {
-	limits := map[ledger.Period]map[string]int64{}
-	for _, t := range tenants {
-		if t.Budget == nil {
-			continue
-		}
-		p := ledger.Period(t.Budget.Period)
-		if limits[p] == nil {
-			limits[p] = map[string]int64{}
-		}
-		limits[p][t.ID] = t.Budget.Limit
-	}
-	out := budgets{}
-	for p, lim := range limits {
-		b, err := ledger.NewBudgets(l, p, lim)
-		if err != nil {
-			return nil, err
-		}
-		for tenant := range lim {
-			out[tenant] = b
-		}
-	}
-	return out, nil
-}
-
-// ReserveJob admits estimateMicros for job jobID against the tenant's budget, if it has one.
-func (b budgets) ReserveJob(ctx context.Context, tenant, jobID string, estimateMicros int64) (func(int64), error) {
-	if bb, ok := b[tenant]; ok {
-		return bb.ReserveJob(ctx, tenant, jobID, estimateMicros)
-	}
-	return func(int64) {}, nil
-}
-
 // serverTLS is the HTTP API's TLS configuration: the certificate chain and key of certFile and
 // keyFile, TLS 1.2 or later, HTTP/1.1 (the server speaks no HTTP/2).
 func serverTLS(certFile, keyFile string) (*tls.Config, error) {
@@ -797,15 +759,4 @@ func serverTLS(certFile, keyFile string) (*tls.Config, error) {
 		return nil, fmt.Errorf("TLS certificate %s with key %s: %w", certFile, keyFile, err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"http/1.1"}}, nil
-}
-
-// tenantLimits is this node's share of every tenant's caps (config.Limits.Share).
-func tenantLimits(cfg *config.Config) map[string]intent.Limits {
-	m := map[string]intent.Limits{}
-	for _, t := range cfg.Tenants {
-		l := t.Limits.Share(cfg.Admission.APINodes)
-		m[t.ID] = intent.Limits{Executions: l.Executions, Streams: l.Streams, FollowersPerJob: l.FollowersPerJob,
-			RequestsPerSecond: l.RequestsPerSecond, Burst: l.Burst, TokensPerMinute: l.TokensPerMinute}
-	}
-	return m
 }

@@ -199,13 +199,20 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 
 // compatible keeps the backends of a route that speak api: Anthropic backends serve only
 // /v1/messages, OpenAI-compatible ones only /v1/chat/completions; another oncegate and the
-// mock serve both; the Responses API as it is only backends configured responses: native.
+// mock serve both; the Responses API as it is only backends configured responses: native;
+// and no backend whose type no dialect serves api on (Registry.For: Gemini and Azure speak
+// Chat Completions only).
 func (s *Server) compatible(names []string, api string) []string {
 	out := make([]string, 0, len(names))
 	for _, n := range names {
 		b, ok := s.router.Backend(n)
 		if !ok {
 			continue
+		}
+		if s.dialects != nil {
+			if _, err := s.dialects.For(b.Type, api); err != nil {
+				continue
+			}
 		}
 		switch {
 		case api == apiResponses:

@@ -28,6 +28,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/dashboard"
+	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/telemetry"
@@ -82,6 +83,9 @@ type Deps struct {
 	Now func() time.Time
 	// Dashboard serves /dashboard (dashboard.go); zero: no dashboard.
 	Dashboard DashboardDeps
+	// Dialects admits a request only to the backends a dialect serves its API on (the
+	// workers' table, dialects.Registry); nil: no backend is left out for its type's dialects.
+	Dialects *dialect.Registry
 }
 
 // Server holds the Fiber app.
@@ -98,6 +102,7 @@ type Server struct {
 	adminKeys [][]byte
 	keys      KeyStore     // nil: no run-time keys
 	catalog   ModelCatalog // nil: no catch-all backend's list
+	dialects  *dialect.Registry
 	idem      config.Idempotency
 	log       zerolog.Logger
 	tracer    *tracing.Tracer
@@ -129,7 +134,7 @@ const anonymousTenant = "anonymous"
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
 		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, keys: d.Keys, catalog: d.Models, metrics: d.Metrics, tracer: d.Tracer,
-		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally}
+		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally, dialects: d.Dialects}
 	if s.now == nil {
 		s.now = time.Now
 	}
