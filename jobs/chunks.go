@@ -180,6 +180,8 @@ type Publisher struct {
 	// subject is purged or the stream's MaxAge); expiring says it did, as the subject's only chunk.
 	finalTTL time.Duration
 	expiring bool
+	// notice: a terminal chunk that is the execution's first is a notice (SetNotice).
+	notice bool
 }
 
 // minTTL is the shortest per-message TTL: the server counts them in whole seconds.
@@ -199,6 +201,14 @@ func (p *Publisher) SetFinalTTL(d time.Duration) {
 // ExpiresAlone reports whether the terminal chunk was written with a TTL as the subject's only
 // chunk: nothing is left on the subject once it expires, so no purge is needed.
 func (p *Publisher) ExpiresAlone() bool { return p.expiring }
+
+// SetNotice makes a terminal chunk that is the execution's first (a non-stream execution's
+// outcome) a notice: a plain message on NoticeSubject, which its followers subscribe to
+// (Job.Notice), instead of a stored chunk: nothing is stored, acknowledged or expired for it.
+// The outcome must be stored before (the record is the truth for whoever missed it), and a
+// notice cannot be fenced: it is sent only after the record write that a takeover would have
+// refused.
+func (p *Publisher) SetNotice() { p.notice = true }
 
 // SetMeta sets what the first and the terminal chunk will say about the answer.
 func (p *Publisher) SetMeta(m Meta) { p.meta = m }
@@ -221,6 +231,14 @@ func (p *Publisher) Publish(ctx context.Context, kind Kind, status int, payload 
 // PublishRetry is Publish with a Retry-After (seconds) for a terminal error.
 func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, payload []byte, retryAfter int) error {
 	c := newChunk(p.Next(), kind, status, payload, p.meta, retryAfter)
+	if p.notice && c.Terminal() && c.Idx == 0 {
+		if err := p.js.Conn().PublishMsg(c.msg(NoticeSubject(p.subject))); err != nil {
+			return fmt.Errorf("jobs: notice on %s: %w", p.subject, err)
+		}
+		p.expiring = true // nothing is left on the subject to discard
+		p.next.Add(1)
+		return nil
+	}
 	// An election's errors are retried with the same expected last sequence, so a retry can
 	// never append a chunk twice. A try whose answer was lost may have landed all the same:
 	// its retry is then refused as out of sequence, and the subject's last chunk tells
@@ -335,7 +353,8 @@ func Terminate(ctx context.Context, js jetstream.JetStream, key, jobID string, e
 
 // terminate writes c as a terminal chunk from outside the epoch's owner (index -1). It is
 // retried through an election: a terminal chunk written twice is harmless (followers stop at
-// the first), one never written leaves the epoch's followers waiting.
+// the first), one never written leaves the epoch's followers waiting. It is sent as a notice
+// as well, for the followers of a non-stream execution, which listen there.
 func terminate(ctx context.Context, js jetstream.JetStream, subject string, c Chunk) error {
 	c.Idx = -1
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
@@ -344,6 +363,9 @@ func terminate(ctx context.Context, js jetstream.JetStream, subject string, c Ch
 	})
 	if err != nil {
 		return fmt.Errorf("jobs: terminate %s: %w", subject, err)
+	}
+	if err := js.Conn().PublishMsg(c.msg(NoticeSubject(subject))); err != nil {
+		return fmt.Errorf("jobs: terminate %s: notice: %w", subject, err)
 	}
 	return nil
 }

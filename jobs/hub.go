@@ -37,6 +37,7 @@ type Hub struct {
 	js       jetstream.JetStream
 	nc       *nats.Conn
 	coreFast bool
+	notices  bool
 	inactive time.Duration // the ordered consumers' InactiveThreshold
 	log      zerolog.Logger
 
@@ -84,6 +85,11 @@ type HubOptions struct {
 	// (embedded mode); with an external cluster, interest propagates asynchronously, so Open
 	// uses an ordered consumer instead.
 	CoreFastPath bool
+	// Notices lets OpenNonStream follow a non-stream execution by its notices alone (one core
+	// subscription on NoticeSubject; the job says so, Job.Notice, and its outcome is never
+	// stored in CHUNKS). Safe where CoreFastPath is: a notice reaches the subscriptions its
+	// server has when it is published, and on one server the follower's precedes the job.
+	Notices bool
 	// InactiveThreshold is how long the server keeps an ordered consumer nothing reads
 	// (0: orderedInactive).
 	InactiveThreshold time.Duration
@@ -96,20 +102,54 @@ func NewHub(nc *nats.Conn, js jetstream.JetStream, log zerolog.Logger, opts HubO
 	if inactive <= 0 {
 		inactive = orderedInactive
 	}
-	return &Hub{nc: nc, js: js, coreFast: opts.CoreFastPath, inactive: inactive, log: log, feeds: make(map[string]*feed), quit: make(chan struct{})}
+	return &Hub{nc: nc, js: js, coreFast: opts.CoreFastPath, notices: opts.Notices, inactive: inactive, log: log, feeds: make(map[string]*feed), quit: make(chan struct{})}
 }
+
+// source is where a feed reads an execution's chunks.
+type source int
+
+const (
+	fromCore          source = iota // a core subscription on the chunk subject
+	fromHistory                     // an ordered consumer: the subject's history, then live
+	fromNotice                      // a core subscription on the notice subject only
+	fromHistoryNotice               // fromHistory, and a core subscription on the notice subject
+)
 
 // Open registers interest in a new execution before its job is published.
 func (h *Hub) Open(ctx context.Context, subject string) (*Follower, error) {
-	return h.attach(ctx, subject, h.coreFast)
+	if h.coreFast {
+		return h.attach(ctx, subject, fromCore)
+	}
+	return h.attach(ctx, subject, fromHistory)
 }
+
+// OpenNonStream is Open for a new non-stream execution. With HubOptions.Notices it follows
+// the execution's notices alone, and its job must say so (Job.Notice): the outcome, a fence or
+// a cancellation arrive there, unstored. Without, it is Open.
+func (h *Hub) OpenNonStream(ctx context.Context, subject string) (*Follower, error) {
+	if h.notices {
+		return h.attach(ctx, subject, fromNotice)
+	}
+	return h.Open(ctx, subject)
+}
+
+// Notices reports whether OpenNonStream follows notices (HubOptions.Notices): the jobs it
+// follows must then say so (Job.Notice).
+func (h *Hub) Notices() bool { return h.notices }
 
 // Join follows an execution that may already have output: history from index 0, then live.
 func (h *Hub) Join(ctx context.Context, subject string) (*Follower, error) {
-	return h.attach(ctx, subject, false)
+	return h.attach(ctx, subject, fromHistory)
 }
 
-func (h *Hub) attach(ctx context.Context, subject string, core bool) (*Follower, error) {
+// JoinNonStream is Join for a non-stream execution, which also listens on its notice subject:
+// its outcome may be announced there and never stored. An outcome announced before the
+// subscription is not seen, so the caller reads the record once after this returns.
+func (h *Hub) JoinNonStream(ctx context.Context, subject string) (*Follower, error) {
+	return h.attach(ctx, subject, fromHistoryNotice)
+}
+
+func (h *Hub) attach(ctx context.Context, subject string, src source) (*Follower, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -135,9 +175,16 @@ func (h *Hub) attach(ctx context.Context, subject string, core bool) (*Follower,
 		// The source starts outside the hub lock (it is a round trip); followers that attach
 		// meanwhile simply wait for chunks.
 		var err error
-		if core {
-			err = f.startCore()
-		} else {
+		switch src {
+		case fromCore:
+			err = f.startCore(f.subject, &f.sub)
+		case fromNotice:
+			err = f.startCore(NoticeSubject(f.subject), &f.notice)
+		case fromHistoryNotice:
+			if err = f.startCore(NoticeSubject(f.subject), &f.notice); err == nil {
+				err = f.startConsumer(ctx)
+			}
+		default:
 			err = f.startConsumer(ctx)
 		}
 		if err != nil {
@@ -266,15 +313,16 @@ type feed struct {
 	done      bool
 	err       error // set with done when the feed ended without a terminal chunk
 	followers map[*Follower]struct{}
-	sub       *nats.Subscription
+	sub       *nats.Subscription // the chunk subject's (fromCore)
+	notice    *nats.Subscription // the notice subject's (fromNotice, fromHistoryNotice)
 	ordered   *orderedSource
 }
 
-// startCore subscribes on the core subject.
-func (f *feed) startCore() error {
-	sub, err := f.hub.nc.Subscribe(f.subject, func(m *nats.Msg) { f.deliver(m.Header, m.Data) })
+// startCore subscribes on subject, a core subscription kept in *held (f.sub or f.notice).
+func (f *feed) startCore(subject string, held **nats.Subscription) error {
+	sub, err := f.hub.nc.Subscribe(subject, func(m *nats.Msg) { f.deliver(m.Header, m.Data) })
 	if err != nil {
-		return fmt.Errorf("jobs: subscribe %s: %w", f.subject, err)
+		return fmt.Errorf("jobs: subscribe %s: %w", subject, err)
 	}
 	_ = sub.SetPendingLimits(-1, -1) // a slow reader must not make the client drop chunks
 	f.mu.Lock()
@@ -283,7 +331,7 @@ func (f *feed) startCore() error {
 		_ = sub.Unsubscribe()
 		return nil
 	}
-	f.sub = sub
+	*held = sub
 	f.mu.Unlock()
 	return nil
 }
@@ -505,8 +553,8 @@ func (f *feed) finish(err error) {
 		return
 	}
 	f.done, f.err = true, err
-	sub, src := f.sub, f.ordered
-	f.sub, f.ordered = nil, nil
+	sub, notice, src := f.sub, f.notice, f.ordered
+	f.sub, f.notice, f.ordered = nil, nil, nil
 	f.wakeLocked()
 	f.mu.Unlock()
 	if h.feeds[f.subject] == f {
@@ -518,6 +566,9 @@ func (f *feed) finish(err error) {
 	h.mu.Unlock()
 	if sub != nil {
 		_ = sub.Unsubscribe()
+	}
+	if notice != nil {
+		_ = notice.Unsubscribe()
 	}
 	if src != nil {
 		go h.release(f.subject, *src)

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,6 +34,8 @@ const (
 	jobsPrefix   = "jobs.run."
 	ChunksStream = "CHUNKS"
 	chunksPrefix = "chunks."
+	// noticePrefix starts the notice subjects (NoticeSubject), which no stream captures.
+	noticePrefix = "og.end."
 	// WireVersion is the version of the job wire format (Og-Job-V): the body is the record.
 	WireVersion = 2
 	// wireRequestBody is the version whose body is the request alone and whose record is the
@@ -54,6 +57,7 @@ const (
 	hdrJobEpoch   = "Og-Epoch"
 	hdrJobRev     = "Og-Rev"
 	hdrJobRecord  = "Og-Record"
+	hdrJobNotice  = "Og-Notice"
 )
 
 // ErrInvalidJob is returned when a job message cannot be decoded.
@@ -80,6 +84,11 @@ type Job struct {
 	RequestStored bool
 	// Request is the request a version-3 job (an older node's) carried beside its record.
 	Request []byte
+	// Notice says that the follower which submitted a non-stream job listens for its outcome
+	// on the notice subject (Hub.OpenNonStream with HubOptions.Notices): its worker announces
+	// the outcome there, and stores no chunk (Publisher.SetNotice). A worker that predates it
+	// stores the terminal chunk, and the follower answers from the record after its idle check.
+	Notice bool
 
 	Tenant string
 	Model  string
@@ -109,6 +118,13 @@ func (j *Job) Subject() string { return ChunkSubject(j.Key, j.ID, j.Epoch) }
 // chunks, which CHUNKS keeps for its retention.
 func ChunkSubject(key, jobID string, epoch int) string {
 	return chunksPrefix + key + "." + jobID + "." + strconv.Itoa(epoch)
+}
+
+// NoticeSubject is the subject of the notices of the execution whose chunks are on subject (a
+// ChunkSubject): its outcome, a fence or a cancellation, each a terminal chunk sent as a plain
+// message to whoever subscribes at that moment and never stored. No stream captures it.
+func NoticeSubject(subject string) string {
+	return noticePrefix + strings.TrimPrefix(subject, chunksPrefix)
 }
 
 // NewID returns a job id: a ULID with crypto-random entropy (job ids grant access).
@@ -192,6 +208,9 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	if job.RequestStored {
 		m.Header.Set(hdrJobVersion, strconv.Itoa(wireRequestStored))
 	}
+	if job.Notice {
+		m.Header.Set(hdrJobNotice, "1")
+	}
 	// The job id is in the message id: a key reused after its record expired starts again at
 	// epoch 1, and JetStream would drop that claim's job as a copy of the last one's.
 	m.Header.Set(jetstream.MsgIDHeader, job.Key+"."+strconv.Itoa(job.Epoch)+"."+job.ID)
@@ -211,7 +230,7 @@ func Decode(h nats.Header, data []byte) (*Job, error) {
 	v, _ := strconv.Atoi(h.Get(hdrJobVersion))
 	epoch, _ := strconv.Atoi(h.Get(hdrJobEpoch))
 	rev, _ := strconv.ParseUint(h.Get(hdrJobRev), 10, 64)
-	j := &Job{ID: h.Get(hdrJobID), Key: h.Get(hdrJobKey), Epoch: epoch, Rev: rev, Record: data}
+	j := &Job{ID: h.Get(hdrJobID), Key: h.Get(hdrJobKey), Epoch: epoch, Rev: rev, Record: data, Notice: h.Get(hdrJobNotice) == "1"}
 	switch v {
 	case wireRequestBody:
 		j.Record, j.Request = []byte(h.Get(hdrJobRecord)), data

@@ -444,7 +444,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		log.Warn().Int("previous_epoch", wire.Epoch).AnErr("owner_unheard", unheard).Str("server", p.js.Conn().ConnectedServerName()).
 			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry or its owner's death")
 	}
-	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job), rec: rec, rev: rev, log: log})
+	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job, wire.Notice), rec: rec, rev: rev, log: log})
 }
 
 // deliveredAgain reports whether another pool runs the epoch of rec, which a first delivery of
@@ -488,10 +488,14 @@ func (p *Pool) storedRequest(ctx context.Context, key string, rec *kv.Record, re
 }
 
 // publisher writes job's chunks to CHUNKS; a lone terminal chunk expires after the discard
-// grace.
-func (p *Pool) publisher(job *jobs.Job) *jobs.Publisher {
+// grace. A non-stream job whose follower listens on its notice subject (notice: Job.Notice)
+// has its outcome sent there instead, unstored.
+func (p *Pool) publisher(job *jobs.Job, notice bool) *jobs.Publisher {
 	pub := jobs.NewPublisher(p.js, job)
 	pub.SetFinalTTL(p.opts.DiscardChunksAfter)
+	if notice && !job.Stream {
+		pub.SetNotice() // its followers listen for the outcome on the notice subject
+	}
 	return pub
 }
 

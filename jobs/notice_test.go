@@ -1,0 +1,153 @@
+package jobs_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/jobs"
+)
+
+// chunksStored is how many chunks CHUNKS holds on subject.
+func chunksStored(t *testing.T, srv *testkit.JetStream, subject string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := srv.JS.Stream(ctx, jobs.ChunksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects[subject]
+}
+
+// TestNoticeOutcome: with notices, a non-stream execution's outcome reaches the follower that
+// opened it and a follower that joined it, and nothing is stored on its chunk subject; a
+// takeover's fence, stored, reaches both as a notice too.
+func TestNoticeOutcome(t *testing.T) {
+	srv := testkit.RunJetStream(t, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	hub := jobs.NewHub(srv.NC, srv.JS, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true, Notices: true})
+	t.Cleanup(hub.Close)
+	other := jobs.NewHub(srv.NC, srv.JS, zerolog.Nop(), jobs.HubOptions{}) // another API node's, in a cluster
+	t.Cleanup(other.Close)
+	if !hub.Notices() || other.Notices() {
+		t.Fatalf("Notices() = %v, %v; want true, false", hub.Notices(), other.Notices())
+	}
+
+	t.Run("outcome", func(t *testing.T) {
+		job := newJob("notice-outcome")
+		opened, err := hub.OpenNonStream(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer opened.Close()
+		joined, err := other.JoinNonStream(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer joined.Close()
+		pub := jobs.NewPublisher(srv.JS, job)
+		pub.SetNotice()
+		pub.SetMeta(jobs.Meta{Backend: "b1", Attempts: 1})
+		if err := pub.Publish(ctx, jobs.KindResult, http.StatusOK, []byte(`{"answer":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		for name, fl := range map[string]*jobs.Follower{"opened": opened, "joined": joined} {
+			got := readAll(t, fl)
+			if len(got) != 1 || got[0].Kind != jobs.KindResult || got[0].Status != http.StatusOK ||
+				string(got[0].Payload) != `{"answer":1}` || got[0].Meta.Backend != "b1" {
+				t.Fatalf("%s follower got %+v, want the one result", name, got)
+			}
+		}
+		if n := chunksStored(t, srv, job.Subject()); n != 0 {
+			t.Fatalf("%d chunks stored for a notice, want none", n)
+		}
+		if !pub.ExpiresAlone() {
+			t.Fatal("ExpiresAlone() = false after a notice: the subject would be purged for nothing")
+		}
+	})
+
+	t.Run("fence", func(t *testing.T) {
+		job := newJob("notice-fence")
+		opened, err := hub.OpenNonStream(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer opened.Close()
+		if err := jobs.Fence(ctx, srv.JS, job.Key, job.ID, job.Epoch); err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(t, opened); len(got) != 1 || got[0].Kind != jobs.KindFence {
+			t.Fatalf("opened follower got %+v, want the fence", got)
+		}
+		// A joiner after the fence finds it in the history.
+		joined, err := other.JoinNonStream(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer joined.Close()
+		if got := readAll(t, joined); len(got) != 1 || got[0].Kind != jobs.KindFence {
+			t.Fatalf("joined follower got %+v, want the fence", got)
+		}
+	})
+
+	t.Run("without notices it is Open", func(t *testing.T) {
+		job := newJob("notice-off")
+		fl, err := other.OpenNonStream(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fl.Close()
+		pub := jobs.NewPublisher(srv.JS, job) // a job without Notice: stored as ever
+		if err := pub.Publish(ctx, jobs.KindResult, http.StatusOK, []byte(`{"answer":2}`)); err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(t, fl); len(got) != 1 || string(got[0].Payload) != `{"answer":2}` {
+			t.Fatalf("follower got %+v, want the stored result", got)
+		}
+		if n := chunksStored(t, srv, job.Subject()); n != 1 {
+			t.Fatalf("%d chunks stored, want the terminal one", n)
+		}
+	})
+}
+
+// TestJobNoticeOnTheWire: Job.Notice survives Submit and Decode.
+func TestJobNoticeOnTheWire(t *testing.T) {
+	for _, notice := range []bool{false, true} {
+		srv := testkit.RunJetStream(t, time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
+			t.Fatal(err)
+		}
+		job := &jobs.Job{ID: jobs.NewID(), Key: "wire", Epoch: 1, Rev: 1, Record: []byte(`{}`), Notice: notice}
+		if err := jobs.Submit(ctx, srv.JS, job); err != nil {
+			t.Fatal(err)
+		}
+		st, err := srv.JS.Stream(ctx, jobs.JobsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.GetLastMsgForSubject(ctx, "jobs.run.wire")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := jobs.Decode(m.Header, m.Data)
+		cancel()
+		if err != nil || got.Notice != notice {
+			t.Fatalf("decoded %+v %v, want Notice %v", got, err, notice)
+		}
+	}
+}
