@@ -633,6 +633,12 @@ func (fl *Follower) Ready() bool {
 	return fl.pos < len(fl.f.chunks)
 }
 
+// EndStored ends the feed fl follows with ErrStored, as a KindStored chunk would: its caller
+// read the record after JoinNonStream and found the execution ended (or moved to another
+// epoch), whose notice may have gone before the subscription. Chunks already received stay
+// readable; every follower of the feed then reads the record.
+func (fl *Follower) EndStored() { fl.f.finish(ErrStored) }
+
 // Close detaches the follower; the last follower of an unfinished feed stops its source.
 func (fl *Follower) Close() {
 	f := fl.f

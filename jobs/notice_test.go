@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -149,5 +150,23 @@ func TestJobNoticeOnTheWire(t *testing.T) {
 		if err != nil || got.Notice != notice {
 			t.Fatalf("decoded %+v %v, want Notice %v", got, err, notice)
 		}
+	}
+}
+
+// TestEndStored: a joiner that found the outcome in the record after it joined ends its feed
+// with ErrStored (an ErrEnded), as a KindStored chunk would end it.
+func TestEndStored(t *testing.T) {
+	_, hub := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	job := newJob("end-stored")
+	fl, err := hub.JoinNonStream(ctx, job.Subject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	fl.EndStored()
+	if _, err := fl.Next(ctx); !errors.Is(err, jobs.ErrStored) || !errors.Is(err, jobs.ErrEnded) {
+		t.Fatalf("Next after EndStored: %v, want ErrStored", err)
 	}
 }
