@@ -11,87 +11,22 @@ import (
 	"github.com/oncegate/oncegate/kv"
 )
 
-// recordCheckEvery is how long Next waits without a chunk before it reads the record: the
-// terminal chunk or the fence of an execution can be missing (its writer died between the
-// record and the chunk, or the follower's consumer lost it in a NATS failure), and the record
-// is the truth. A non-stream execution sends nothing until its end, so its copies read the
-// record this often while it runs (one KV read each, from any replica).
-const recordCheckEvery = 5 * time.Second
-
-// Next returns the next chunk of the execution a follower holds, following a takeover to the
-// new epoch when the caller has received nothing of the old one (the chunk stream restarts at
-// index 0). ErrFinished means: answer from a.Rec, which now holds the finished record.
+// Next returns the next chunk of the execution a follower holds (its Delivery), following a
+// takeover to the new epoch (the chunk stream restarts at index 0). ErrFinished means: answer
+// from a.Rec, which now holds the finished record.
 func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
-	if a.local { // nothing to read or follow but the feed, which always ends with a terminal chunk
-		ch, err := a.fl.Next(ctx)
-		if errors.Is(err, jobs.ErrEnded) {
-			err = ErrInterrupted
-		}
-		return ch, err
-	}
-	// One timer per admission, not per chunk: a non-stream copy of a streamed execution calls
-	// Next for every chunk.
-	if a.check == nil {
-		a.check = time.NewTimer(recordCheckEvery)
-	} else {
-		a.check.Reset(recordCheckEvery)
-	}
+	d := a.Delivery()
 	for {
-		ch, ok, err := a.fl.NextOr(ctx, a.check.C)
-		if !ok && err == nil { // silence: what does the record say?
-			a.check.Reset(recordCheckEvery)
-			rec, _, gerr := a.core.store.Get(ctx, a.Key)
-			switch {
-			case gerr != nil: // unreadable now: keep waiting for the chunk
-			case rec.State != kv.Pending:
-				a.Rec = rec
-				return ch, ErrFinished
-			case a.Rec != nil && rec.Epoch != a.Rec.Epoch: // taken over; the fence never came
-				if err := a.follow(ctx, rec); err != nil {
-					return ch, err
-				}
-			}
-			continue
-		}
-		if errors.Is(err, jobs.ErrHistoryLost) {
-			rec, _, gerr := a.core.store.Get(ctx, a.Key)
-			if gerr == nil && rec.State != kv.Pending {
-				a.Rec = rec
-				return ch, ErrFinished
-			}
-			return ch, ErrHistoryLost
-		}
-		if err != nil && !errors.Is(err, jobs.ErrEnded) {
-			return ch, err
-		}
-		if err == nil && ch.Kind != jobs.KindFence {
-			return ch, nil
-		}
-		// Fenced (taken over) or the feed ended: see what the record says now.
-		rec, _, gerr := a.core.store.Get(ctx, a.Key)
-		if gerr != nil {
-			return ch, ErrInterrupted
-		}
-		a.Rec = rec
-		if rec.State != kv.Pending {
-			return ch, ErrFinished
-		}
-		if err := a.follow(ctx, rec); err != nil {
-			return ch, err
+		ev, err := d.Next(ctx)
+		switch {
+		case err != nil:
+			return jobs.Chunk{}, err
+		case ev.Kind == Finished:
+			return jobs.Chunk{}, ErrFinished
+		case ev.Kind != Idle:
+			return ev.chunk, nil
 		}
 	}
-}
-
-// follow switches to the chunks of rec's epoch (the execution was taken over).
-func (a *Admission) follow(ctx context.Context, rec *kv.Record) error {
-	a.Rec = rec
-	a.fl.Close()
-	fl, err := a.core.hub.Join(ctx, jobs.ChunkSubject(a.Key, rec.JobID, rec.Epoch))
-	if err != nil {
-		return ErrInterrupted
-	}
-	a.fl = fl
-	return nil
 }
 
 // Record reads the record of key as stored now.

@@ -265,7 +265,7 @@ type Admission struct {
 	// local: a bypass run on this node with no record (Core.runLocal): its feed is all there is
 	local bool
 	leave func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
-	check *time.Timer // Next's record check after a silence; stopped by Close
+	d     *Delivery // the delivery of fl (Delivery); ended by Close
 	// withdraw ends the offer of the job's record to this node's workers (Close).
 	withdraw func()
 }
@@ -285,8 +285,8 @@ func (a *Admission) Close() {
 	if a.withdraw != nil {
 		a.withdraw()
 	}
-	if a.check != nil {
-		a.check.Stop()
+	if a.d != nil {
+		a.d.stop()
 	}
 }
 
