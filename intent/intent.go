@@ -264,7 +264,7 @@ type Admission struct {
 	redriven bool
 	// local: a bypass run on this node with no record (Core.runLocal): its feed is all there is
 	local bool
-	leave func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
+	leave func()    // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
 	d     *Delivery // the delivery of fl (Delivery); ended by Close
 	// withdraw ends the offer of the job's record to this node's workers (Close).
 	withdraw func()
