@@ -136,6 +136,7 @@ type Delivery struct {
 	epoch int
 	fl    *jobs.Follower
 	local bool // a local execution: its feed is all there is (no record to read)
+	idle  time.Duration
 	timer *time.Timer
 	check bool // the last Next was Idle: read the record before waiting again
 	sent  sent
@@ -148,9 +149,15 @@ func (a *Admission) Delivery() *Delivery {
 		return nil
 	}
 	if a.d == nil {
-		a.d = &Delivery{core: a.core, adm: a, key: a.Key, epoch: a.Rec.Epoch, fl: a.fl, local: a.local}
+		a.d = &Delivery{core: a.core, adm: a, key: a.Key, epoch: a.Rec.Epoch, fl: a.fl, local: a.local, idle: idleEvery}
 	}
 	return a.d
+}
+
+// FeedOf is the delivery of a bare feed with no record behind it (as a local execution's):
+// its chunks until a terminal one, an Idle event after each silence of idle.
+func FeedOf(fl *jobs.Follower, idle time.Duration) *Delivery {
+	return &Delivery{fl: fl, local: true, idle: idle}
 }
 
 // FollowJob is the delivery of job j (still running) to an event stream a client of its
@@ -161,7 +168,7 @@ func (c *Core) FollowJob(ctx context.Context, j *View) (d *Delivery, release fun
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Delivery{core: c, key: j.key, epoch: j.Epoch, fl: fl}, release, nil
+	return &Delivery{core: c, key: j.key, epoch: j.Epoch, fl: fl, idle: idleEvery}, release, nil
 }
 
 // Ready reports whether the next chunk is already here (a writer flushes only when not).
@@ -242,7 +249,7 @@ func (d *Delivery) Next(ctx context.Context) (Event, error) {
 	}
 }
 
-// wait waits for the next chunk, at most idleEvery (ok false, no error: silence).
+// wait waits for the next chunk, at most d.idle (ok false, no error: silence).
 func (d *Delivery) wait(ctx context.Context) (jobs.Chunk, bool, error) {
 	if d.fl.Ready() {
 		ch, err := d.fl.Next(ctx)
@@ -250,9 +257,9 @@ func (d *Delivery) wait(ctx context.Context) (jobs.Chunk, bool, error) {
 	}
 	// One timer per delivery, not per chunk.
 	if d.timer == nil {
-		d.timer = time.NewTimer(idleEvery)
+		d.timer = time.NewTimer(d.idle)
 	} else {
-		d.timer.Reset(idleEvery)
+		d.timer.Reset(d.idle)
 	}
 	return d.fl.NextOr(ctx, d.timer.C)
 }

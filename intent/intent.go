@@ -222,7 +222,7 @@ type Request struct {
 	API      string // the wire format: "openai", "anthropic", "embeddings" or "passthrough"
 	Path     string // a passthrough request's path below the backend's base URL
 	Backends []string
-	Degraded *kv.Degraded
+	Degraded *Degraded
 	Header   map[string][]string // passed through to the backend
 	Deadline time.Time           // the client's overall deadline (zero: none)
 	TraceID  string              // the request's W3C trace id, kept in a new record
@@ -243,6 +243,21 @@ func (req *Request) arrival(now time.Time) time.Time {
 		return now
 	}
 	return req.Arrived
+}
+
+// Degraded is the answer a route gives when none of its backends is healthy: a message, or
+// a 503 that says when to retry.
+type Degraded struct {
+	Message    string
+	RetryAfter int // seconds
+}
+
+// record is d as a record keeps it (nil: none).
+func (d *Degraded) record() *kv.Degraded {
+	if d == nil {
+		return nil
+	}
+	return &kv.Degraded{Message: d.Message, RetryAfter: d.RetryAfter}
 }
 
 // Admission is the decision for one request: what it is attached to, and for a created,

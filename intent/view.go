@@ -140,8 +140,40 @@ func viewOf(key string, rec *kv.Record) *View {
 	return j
 }
 
-// View is the record the admission was decided on (or, after Next, the one it moved to).
-func (a *Admission) View() *View { return viewOf(a.Key, a.Rec) }
+// View is the record the admission was decided on (or, after its delivery, the one it moved
+// to); nil when it has none.
+func (a *Admission) View() *View {
+	if a.Rec == nil {
+		return nil
+	}
+	return viewOf(a.Key, a.Rec)
+}
+
+// Finished is when the outcome the admission was decided on was stored (zero: none yet).
+func (a *Admission) Finished() time.Time {
+	if a.Rec == nil || a.Rec.Result == nil {
+		return time.Time{}
+	}
+	return a.Rec.Result.Finished
+}
+
+// Reread is the admission's record as stored now.
+func (a *Admission) Reread(ctx context.Context) (*View, error) {
+	rec, err := a.core.Record(ctx, a.Key)
+	if err != nil {
+		return nil, err
+	}
+	return viewOf(a.Key, rec), nil
+}
+
+// Reread is the record of the delivery's execution as stored now.
+func (d *Delivery) Reread(ctx context.Context) (*View, error) {
+	rec, err := d.core.Record(ctx, d.key)
+	if err != nil {
+		return nil, err
+	}
+	return viewOf(d.key, rec), nil
+}
 
 // Epoch is the epoch of the execution the admission follows (0 when it has no record).
 func (a *Admission) Epoch() int {
