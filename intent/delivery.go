@@ -148,8 +148,12 @@ func (a *Admission) Delivery() *Delivery {
 	if a.fl == nil {
 		return nil
 	}
-	if a.d == nil {
-		a.d = &Delivery{core: a.core, adm: a, key: a.Key, epoch: a.Rec.Epoch, fl: a.fl, local: a.local, idle: idleEvery}
+	switch {
+	case a.d != nil:
+	case a.local:
+		a.d = FeedOf(a.fl, idleEvery)
+	default:
+		a.d = &Delivery{core: a.core, adm: a, key: a.Key, epoch: a.Rec.Epoch, fl: a.fl, idle: idleEvery}
 	}
 	return a.d
 }
