@@ -20,9 +20,8 @@ import (
 // events and the Responses API, live (after the handler returned, following an execution; see
 // run) or in one piece (from a record). It sets the headers, numbers the events of a job
 // stream, and for a live stream batches writes while the feed has more ready, sends a
-// heartbeat while it is idle, and extends the connection's
-// write deadline on each send, so a stalled client is dropped after timeout while a long
-// stream that keeps moving is never cut (fasthttp's WriteTimeout would otherwise bound the
+// heartbeat while it is idle, and extends the connection's write deadline on each send, so a
+// stalled client is dropped after timeout while a long stream that keeps moving is never cut (fasthttp's WriteTimeout would otherwise bound the
 // whole response). Not safe for concurrent use: one per response.
 type sseWriter struct {
 	// ids: every event gets "id: N" (its index in the stream) and ids up to after are skipped,

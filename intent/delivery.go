@@ -99,11 +99,6 @@ func (e Event) Meta() Meta {
 	return Meta{Backend: m.Backend, Attempts: m.Attempts, Degraded: m.Degraded, RetryAfter: m.RetryAfter, ContentType: m.ContentType}
 }
 
-// FromChunk reports whether the event is a chunk of the execution (output or a terminal chunk).
-func (e Event) FromChunk() bool {
-	return e.Kind == Data || e.Kind == Usage || e.Kind == Done || e.Kind == Result || e.Kind == Error
-}
-
 // Shared returns derive(Payload), computed once per chunk for all the followers of a feed:
 // derive must be pure and the same for every caller; the result must not be modified.
 func (e Event) Shared(derive func([]byte) []byte) []byte { return e.chunk.Shared(derive) }
@@ -132,7 +127,7 @@ type Delivery struct {
 	core *Core
 	adm  *Admission // whose feed and record follow the takeovers; nil for a job's event stream
 	key  string
-	// epoch is the epoch followed, rec its record as last read.
+	// epoch is the epoch followed.
 	epoch int
 	fl    *jobs.Follower
 	local bool // a local execution: its feed is all there is (no record to read)
