@@ -65,6 +65,16 @@ type Meta struct {
 	ContentType string
 }
 
+var eventNames = [...]string{Data: "data", Usage: "usage", Idle: "idle", Done: "done", Result: "result", Error: "error",
+	Finished: "finished", Restarted: "restarted"}
+
+func (k EventKind) String() string {
+	if k > 0 && int(k) < len(eventNames) {
+		return eventNames[k]
+	}
+	return "unknown"
+}
+
 // Event is one step of a delivery.
 type Event struct {
 	Kind EventKind

@@ -11,24 +11,6 @@ import (
 	"github.com/oncegate/oncegate/kv"
 )
 
-// Next returns the next chunk of the execution a follower holds (its Delivery), following a
-// takeover to the new epoch (the chunk stream restarts at index 0). ErrFinished means: answer
-// from a.Rec, which now holds the finished record.
-func (a *Admission) Next(ctx context.Context) (jobs.Chunk, error) {
-	d := a.Delivery()
-	for {
-		ev, err := d.Next(ctx)
-		switch {
-		case err != nil:
-			return jobs.Chunk{}, err
-		case ev.Kind == Finished:
-			return jobs.Chunk{}, ErrFinished
-		case ev.Kind != Idle:
-			return ev.chunk, nil
-		}
-	}
-}
-
 // Record reads the record of key as stored now.
 func (c *Core) Record(ctx context.Context, key string) (*kv.Record, error) {
 	rec, _, err := c.store.Get(ctx, key)

@@ -42,10 +42,6 @@ var (
 	// ErrInterrupted: the execution was fenced or its feed ended, and its record could not be
 	// read or followed again.
 	ErrInterrupted = errors.New("intent: the execution was interrupted; retry")
-	// ErrFinished is not a failure: Next returns it when the execution ended in a way the
-	// feed does not carry to this follower (taken over and finished, history lost after the
-	// end); answer from Admission.Rec, which now holds the finished record.
-	ErrFinished = errors.New("intent: the execution finished; answer from its record")
 	// ErrNoJob: no job of this tenant has this id (malformed, unknown, expired or foreign:
 	// the same answer, so an id says nothing about other tenants).
 	ErrNoJob = errors.New("intent: no such job")
@@ -265,8 +261,8 @@ func (d *Degraded) record() *kv.Degraded {
 type Admission struct {
 	Outcome Outcome
 	Key     string
-	// Rec is the record the decision was made on; Next replaces it when the execution moves
-	// (a takeover) or ends.
+	// Rec is the record the decision was made on; its Delivery replaces it when the
+	// execution moves (a takeover) or ends.
 	Rec   *kv.Record
 	JobID string
 	// Dedup says why a joined or replayed request was deduplicated; nil otherwise.
