@@ -13,7 +13,6 @@ import (
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/internal/tracing"
-	"github.com/oncegate/oncegate/kv"
 )
 
 // generation is an owned copy of everything a generation request needs after the handler's
@@ -163,7 +162,7 @@ func (s *Server) readJSONRequestWith(c *fiber.Ctx, transport func(string) bool) 
 // this method and path), the retry headers and Prefer: respond-async.
 func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) error {
 	if d := rt.Degraded; d != nil {
-		g.Degraded = &kv.Degraded{Message: d.Message, RetryAfter: int((d.RetryAfter.D() + time.Second - 1) / time.Second)}
+		g.Degraded = &intent.Degraded{Message: d.Message, RetryAfter: int((d.RetryAfter.D() + time.Second - 1) / time.Second)}
 	}
 	if err := s.readDeadline(c, g); err != nil {
 		return err

@@ -8,7 +8,6 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/oncegate/oncegate/intent"
-	"github.com/oncegate/oncegate/kv"
 )
 
 // dedupReasonHeader is the opt-in "why was this request deduplicated?" header (issue 37). A
@@ -59,16 +58,15 @@ type dedupView struct {
 	WindowUntil string        `json:"auto_window_until,omitempty"`
 }
 
-// dedupOf is the status API's dedup member of rec.
-func (s *Server) dedupOf(rec *kv.Record) *dedupView {
-	arrived := rec.FirstArrived()
-	v := &dedupView{JobID: rec.JobID, Arrived: arrived.UTC().Format(time.RFC3339Nano)}
+// dedupOf is the status API's dedup member of job.
+func (s *Server) dedupOf(job *intent.View) *dedupView {
+	v := &dedupView{JobID: job.ID, Arrived: job.Arrived.UTC().Format(time.RFC3339Nano)}
 	switch {
-	case rec.Bypassed:
+	case job.Bypassed:
 		v.Rules = []intent.Rule{intent.RuleSDKRetry, intent.RuleRetryHeader}
-	case rec.Auto:
+	case job.Auto:
 		v.Rules = []intent.Rule{intent.RuleAutoWindow, intent.RuleSDKRetry, intent.RuleRetryHeader}
-		v.WindowUntil = rec.Created.Add(s.idem.AutoWindow.D()).UTC().Format(time.RFC3339Nano)
+		v.WindowUntil = job.Created.Add(s.idem.AutoWindow.D()).UTC().Format(time.RFC3339Nano)
 	default:
 		v.Rules = []intent.Rule{intent.RuleIdempotencyKey}
 	}

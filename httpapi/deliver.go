@@ -11,12 +11,11 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/oncegate/oncegate/intent"
-	"github.com/oncegate/oncegate/jobs"
-	"github.com/oncegate/oncegate/kv"
 )
 
 const (
-	// heartbeatEvery is how often an idle SSE stream gets a comment, so a gone client is noticed.
+	// heartbeatEvery is how often an idle dashboard stream gets a comment, so a gone client is
+	// noticed (a live answer's heartbeat comes with its delivery's Idle events).
 	heartbeatEvery = 5 * time.Second
 	// maxGeneration bounds how long one request follows an execution.
 	maxGeneration = 15 * time.Minute
@@ -29,8 +28,8 @@ func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *intent.A
 	c.Set("Oncegate-Idempotency", string(adm.Outcome))
 	c.Set("Oncegate-Job-Id", adm.JobID)
 	expires := s.now()
-	if adm.Rec != nil && adm.Rec.Result != nil && !adm.Rec.Result.Finished.IsZero() {
-		expires = adm.Rec.Result.Finished
+	if f := adm.Finished(); !f.IsZero() {
+		expires = f
 	}
 	c.Set("Idempotency-Expires", expires.Add(s.idem.TTL.D()).UTC().Format(http.TimeFormat))
 	if adm.Outcome == intent.Replayed {
@@ -38,6 +37,75 @@ func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *intent.A
 	}
 	if adm.Dedup != nil && wantsDedupReason(c) {
 		c.Set(dedupReasonHeader, dedupReason(adm.Dedup))
+	}
+}
+
+// awaited is how a copy's wait in the handler ended: ev is the output event a stream starts
+// with, an event that ends the execution (a terminal chunk, or Finished: answer from its
+// record); frames, usage and seen are a non-stream copy's output of the epoch, collected as
+// it passed.
+type awaited struct {
+	ev            intent.Event
+	frames, usage []byte
+	seen          int
+}
+
+// await waits in the handler for what decides the status line: a stream's first output, or
+// the end of the execution (a non-stream copy collects the frames as they pass, so it can
+// assemble the answer itself when the execution ends, instead of every copy reading the
+// record). The admission is closed unless ev is a stream's first output.
+func (s *Server) await(c *fiber.Ctx, g *generation, adm *intent.Admission, stream bool) (awaited, error) {
+	wait := maxGeneration
+	if adm.Outcome == intent.Joined && !stream {
+		wait = s.idem.MaxWait.D()
+	}
+	// The client's own deadline (Oncegate-Timeout) bounds the wait too: for a non-stream copy
+	// the whole answer, for a stream its first chunk (a stream that started is never cut).
+	if !g.Deadline.IsZero() {
+		wait = min(wait, g.Deadline.Sub(s.now()))
+	}
+	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
+	defer cancel()
+	d := adm.Delivery()
+	var aw awaited
+	for {
+		ev, err := d.Next(ctx)
+		if err != nil {
+			return aw, s.waitEnded(g, adm, err)
+		}
+		switch ev.Kind {
+		case intent.Idle:
+			continue
+		case intent.Finished:
+			adm.Close()
+			aw.ev = ev
+			return aw, nil
+		}
+		if g.obs.firstChunk.IsZero() {
+			g.obs.firstChunk = time.Now()
+		}
+		output := ev.Kind == intent.Data || ev.Kind == intent.Usage
+		if ev.Index() == 0 || !output {
+			setMetaHeaders(c, ev.Meta())
+		}
+		if ev.Index() == 0 { // a new epoch after a takeover starts over
+			aw.frames, aw.usage, aw.seen = nil, nil, 0
+		}
+		if stream && output {
+			aw.ev = ev
+			return aw, nil
+		}
+		if !output {
+			adm.Close()
+			aw.ev = ev
+			return aw, nil
+		}
+		if ev.Kind == intent.Usage {
+			aw.usage = ev.Payload()
+		} else {
+			aw.frames = append(aw.frames, ev.Payload()...)
+		}
+		aw.seen++
 	}
 }
 
@@ -50,102 +118,57 @@ func (s *Server) deliver(c *fiber.Ctx, g *generation, adm *intent.Admission) err
 		}
 	}()
 	s.setGenerationHeaders(c, g, adm)
-	if adm.Follower() == nil {
-		return s.replay(c, g, adm.Rec)
+	if adm.Delivery() == nil {
+		return s.replay(c, g, adm.View())
 	}
-	// Wait for the first chunk in the handler: its kind decides the status line. A
-	// non-stream copy waits for the terminal chunk.
-	wait := maxGeneration
-	if adm.Outcome == intent.Joined && !g.Stream {
-		wait = s.idem.MaxWait.D()
+	aw, err := s.await(c, g, adm, g.Stream)
+	if err != nil {
+		return err
 	}
-	// The client's own deadline (Oncegate-Timeout) bounds the wait too: for a non-stream copy
-	// the whole answer, for a stream its first chunk (a stream that started is never cut).
-	if !g.Deadline.IsZero() {
-		wait = min(wait, g.Deadline.Sub(s.now()))
-	}
-	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
-	defer cancel()
-	var first jobs.Chunk
-	// A non-stream copy of a streamed execution collects the frames as they pass, so it can
-	// assemble the answer itself when the execution ends (the terminal chunk comes only after
-	// the record is durable), instead of every copy reading the record.
-	var frames, usage []byte
-	seen := 0 // chunks of the current epoch collected
-	for {
-		ch, err := adm.Next(ctx)
-		if err != nil {
-			if err = s.waitEnded(g, adm, err); errors.Is(err, intent.ErrFinished) {
-				return s.replay(c, g, adm.Rec)
-			}
-			return err
-		}
-		if g.obs.firstChunk.IsZero() {
-			g.obs.firstChunk = time.Now()
-		}
-		if ch.Idx == 0 || ch.Terminal() {
-			setMetaHeaders(c, ch.Meta)
-		}
-		if ch.Idx == 0 { // a new epoch after a takeover starts over
-			frames, usage, seen = nil, nil, 0
-		}
-		if g.Stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
-			streaming, g.live = true, true // the stream writer settles (and counts) when the stream ends
-			s.streamLive(c, g, adm, ch)
-			return nil
-		}
-		if ch.Terminal() {
-			first = ch
-			break
-		}
-		switch ch.Kind {
-		case jobs.KindData:
-			frames = append(frames, ch.Payload...)
-		case jobs.KindUsage:
-			usage = ch.Payload
-		}
-		seen++
-	}
-	adm.Close()
-	switch first.Kind {
-	case jobs.KindResult:
-		if first.Status == http.StatusOK && g.Stream { // a stream copy of a non-stream execution (or a degraded message)
-			return s.sendSynthesized(c, g, first.Payload)
+	switch ev := aw.ev; ev.Kind {
+	case intent.Finished:
+		return s.replay(c, g, ev.View)
+	case intent.Data, intent.Usage: // the stream writer settles (and counts) when the stream ends
+		streaming, g.live = true, true
+		s.streamChat(c, g, adm, ev)
+		return nil
+	case intent.Result:
+		if ev.Status() == http.StatusOK && g.Stream { // a stream copy of a non-stream execution (or a degraded message)
+			return s.sendSynthesized(c, g, ev.Payload())
 		}
 		// The answer, or the backend's refusal: sending it again gets the same.
-		return sendStored(c, first.Status, first.Meta.ContentType, first.Payload)
-	case jobs.KindError:
-		if first.Status != http.StatusOK { // failed after dispatch before output (released), or cancelled
+		return sendStored(c, ev.Status(), ev.Meta().ContentType, ev.Payload())
+	case intent.Error:
+		if ev.Status() != http.StatusOK { // failed after dispatch before output (released), or cancelled
 			// The gateway decided: an SDK must not re-send on its own, except where nothing ran
 			// (the backends refused, or none was available), which says when to come back.
-			ra := first.Meta.RetryAfter
-			return forwardError(c, first.Status, first.Payload, retryIf(ra > 0), ra)
+			ra := ev.Meta().RetryAfter
+			return forwardError(c, ev.Status(), ev.Payload(), retryIf(ra > 0), ra)
 		}
-	}
-	if first.Kind == jobs.KindDone && !g.Stream && first.Idx > 0 && first.Idx == seen {
-		body, err := wireOf(g.API).assemble(frames, usage)
-		if err == nil {
-			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-			return c.Status(http.StatusOK).Send(body)
+	case intent.Done:
+		if !g.Stream && ev.Index() > 0 && ev.Index() == aw.seen {
+			body, err := wireOf(g.API).assemble(aw.frames, aw.usage)
+			if err == nil {
+				c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+				return c.Status(http.StatusOK).Send(body)
+			}
 		}
 	}
 	// Anything else is rendered from the stored record (a finished stream for a non-stream
 	// copy whose frames were not all seen, an error after output…).
-	rec, err := s.intents.Record(c.UserContext(), adm.Key)
+	v, err := adm.Reread(c.UserContext())
 	if err != nil {
 		return errRecordUnreadable
 	}
-	return s.replay(c, g, rec)
+	return s.replay(c, g, v)
 }
 
-// waitEnded closes the admission whose Next failed before this copy's answer began, and says
-// what the client gets: intent.ErrFinished as it is (the caller answers from adm.Rec), its own
-// deadline passed, a joined copy's wait over (the key is in use), or err.
+// waitEnded closes the admission whose delivery failed before this copy's answer began, and
+// says what the client gets: its own deadline passed, a joined copy's wait over (the key is in
+// use), or err.
 func (s *Server) waitEnded(g *generation, adm *intent.Admission, err error) error {
 	adm.Close()
 	switch {
-	case errors.Is(err, intent.ErrFinished):
-		return err
 	case errors.Is(err, context.DeadlineExceeded) && !g.Deadline.IsZero() && !s.now().Before(g.Deadline):
 		return errDeadlinePassed
 	case errors.Is(err, context.DeadlineExceeded) && adm.Outcome == intent.Joined:
@@ -163,7 +186,7 @@ const (
 )
 
 // setMetaHeaders says how the answer was obtained.
-func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
+func setMetaHeaders(c *fiber.Ctx, m intent.Meta) {
 	if m.Backend != "" {
 		c.Set(headerBackend, m.Backend)
 	}
@@ -172,6 +195,14 @@ func setMetaHeaders(c *fiber.Ctx, m jobs.Meta) {
 	}
 	if m.Degraded {
 		c.Set(headerDegraded, "true")
+	}
+}
+
+// answerHeaders says how a stored answer was obtained: every epoch's attempts, as the record
+// counts them.
+func answerHeaders(c *fiber.Ctx, v *intent.View) {
+	if a := v.Answer; a != nil {
+		setMetaHeaders(c, intent.Meta{Backend: a.Backend, Attempts: v.Attempts, Degraded: a.Degraded})
 	}
 }
 
@@ -202,128 +233,60 @@ func sendStream(c *fiber.Ctx, w wire, events, usage []byte, includeUsage bool, f
 	return (&sseWriter{}).whole(c, out)
 }
 
-// streamLive writes an SSE stream that follows the execution live. It runs after the handler
-// returned, so it captures only owned values. A stream whose terminal chunk never comes ends
-// from the record (recordend.go).
-func (s *Server) streamLive(c *fiber.Ctx, g *generation, adm *intent.Admission, first jobs.Chunk) {
-	out := &sseWriter{}
-	includeUsage, log, jobID, w := g.includeUsage, s.log, adm.JobID, wireOf(g.API)
-	intents, key, epoch := s.intents, adm.Key, adm.Rec.Epoch
+// streamChat writes a chat (or Anthropic) stream that follows the execution live from first,
+// its first output.
+func (s *Server) streamChat(c *fiber.Ctx, g *generation, adm *intent.Admission, first intent.Event) {
+	r := &chatRender{w: wireOf(g.API), includeUsage: g.includeUsage, log: s.log, jobID: adm.JobID}
 	obs := g.obs
-	h := &c.Response().Header
-	se := streamEnd{backend: string(h.Peek(headerBackend)), attempts: string(h.Peek(headerAttempts))}
-	out.live(c, adm.Follower(), s.writeTimeout, func() {
-		defer adm.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
-		defer cancel()
-		defer func() {
-			se.bytes = out.written
-			s.countStream(ctx, &obs, adm, se)
-		}()
-		var sent liveSent
-		var idle func() error // a local execution has no record to check
-		if !adm.Local() {
-			idle = recordCheck(ctx, intents, key, epoch)
-		}
-		for ch := first; ; {
-			var err error
-			switch ch.Kind {
-			case jobs.KindData:
-				sent.data(ch.Payload)
-				err = out.write(w.chunkEvents(ch, includeUsage))
-				if se.firstWrite.IsZero() {
-					se.firstWrite = time.Now()
-					se.ttft = se.firstWrite.Sub(obs.start)
-				}
-			case jobs.KindUsage:
-				sent.usage = true
-				if includeUsage {
-					err = out.write(ch.Payload)
-				}
-			case jobs.KindDone:
-				_ = out.end(w.doneFrame())
-				return
-			case jobs.KindError:
-				_ = out.end(w.errorFrame(ch.Payload))
-				return
-			default: // fence (or a stray result): the execution restarted after this client got output
-				_ = out.end(w.errorFrame(w.restarted()))
-				return
-			}
-			if err != nil {
-				return // client gone; the execution goes on for its other copies
-			}
-			if ch, err = out.nextChunk(ctx, idle); err != nil {
-				if errors.Is(err, errClientGone) {
-					return
-				}
-				rec, ended := endedRecord(err)
-				if !ended && !errors.Is(err, context.DeadlineExceeded) { // the feed ended: the record may say how
-					rec, _ = intents.Record(ctx, key)
-				}
-				if rec != nil {
-					if tail, ok := w.tail(rec, epoch, &sent, includeUsage); ok {
-						log.Info().Str(fieldJobID, jobID).Str("state", string(rec.State)).Msg("stream follower ended from the record: its terminal chunk never came")
-						_ = out.end(tail)
-						return
-					}
-				}
-				// Never a silent end: taken over after this client got output, or cut.
-				log.Warn().Err(err).Str(fieldJobID, jobID).Msg("stream follower ended without a terminal chunk")
-				frame := w.interrupted()
-				if rec != nil && rec.Epoch != epoch {
-					frame = w.restarted()
-				}
-				_ = out.end(w.errorFrame(frame))
-				return
-			}
-		}
+	s.streamLive(c, &sseWriter{}, adm.Delivery(), r, &first, obs.start, func(ctx context.Context, se streamEnd) {
+		s.countStream(ctx, &obs, adm, se)
+		adm.Done()
 	})
 }
 
 // replay answers from a stored record: the original status and body for non-stream (byte for
 // byte), the stored frames then [DONE] for a stream.
-func (s *Server) replay(c *fiber.Ctx, g *generation, rec *kv.Record) error {
-	res := rec.Result
-	if res == nil {
+func (s *Server) replay(c *fiber.Ctx, g *generation, v *intent.View) error {
+	a := v.Answer
+	if a == nil {
 		return errNoResult
 	}
-	setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: rec.Attempts, Degraded: res.Degraded}) // every epoch's, as the record counts them
-	w := wireOf(rec.API)
-	if rec.State == kv.Completed && res.Status != http.StatusOK {
-		return sendStored(c, res.Status, res.ContentType, res.Body)
+	answerHeaders(c, v)
+	w := wireOf(v.API)
+	if !a.Failed && a.Status != http.StatusOK {
+		return sendStored(c, a.Status, a.ContentType, a.Body)
 	}
-	if rec.State == kv.Failed && (!res.Partial || !g.Stream) {
-		status := res.Status
+	if a.Failed && (!a.Partial || !g.Stream) {
+		status := a.Status
 		if status == http.StatusOK {
 			status = http.StatusBadGateway
 		}
-		body := res.Body
+		body := a.Body
 		if len(body) == 0 {
 			body = w.errorBody(errExecutionFailed)
 		}
 		return forwardError(c, status, body, retryNo, 0)
 	}
 	if !g.Stream {
-		body := res.Body
-		if rec.Stream {
+		body := a.Body
+		if v.Stream {
 			var err error
-			if body, err = w.assemble(res.Events, res.UsageEvent); err != nil {
+			if body, err = w.assemble(a.Events, a.UsageEvent); err != nil {
 				return err
 			}
 		}
-		return sendStored(c, http.StatusOK, res.ContentType, body)
+		return sendStored(c, http.StatusOK, a.ContentType, body)
 	}
-	events, usage := res.Events, res.UsageEvent
-	if !rec.Stream {
+	events, usage := a.Events, a.UsageEvent
+	if !v.Stream {
 		var err error
-		if events, usage, err = w.synthesize(res.Body); err != nil {
+		if events, usage, err = w.synthesize(a.Body); err != nil {
 			return err
 		}
 	}
 	var failure []byte
-	if rec.State == kv.Failed {
-		failure = failureBody(w, res)
+	if a.Failed {
+		failure = failureBody(w, a)
 	}
 	return sendStream(c, w, events, usage, g.includeUsage, failure)
 }
@@ -334,7 +297,7 @@ func (s *Server) respondAccepted(c *fiber.Ctx, g *generation, adm *intent.Admiss
 	adm.Done() // nobody follows an async job here: its cost counts through the budget's settle hold, then the ledger
 	s.setGenerationHeaders(c, g, adm)
 	c.Set(fiber.HeaderLocation, "/v1/jobs/"+adm.JobID)
-	status := jobStatus(adm.Rec)
+	status := adm.View().Status()
 	return c.Status(http.StatusAccepted).JSON(fiber.Map{"id": adm.JobID, "object": "job", "status": status})
 }
 

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/telemetry"
-	"github.com/oncegate/oncegate/jobs"
-	"github.com/oncegate/oncegate/kv"
 )
 
 func (s *Server) routesJobs(r fiber.Router) {
@@ -55,34 +55,28 @@ func jobAPI(c *fiber.Ctx) (api, path string) {
 }
 
 // loadJob finds a job of the caller's tenant. A malformed, unknown or foreign id is the same 404.
-func (s *Server) loadJob(c *fiber.Ctx) (key string, rec *kv.Record, err error) {
+func (s *Server) loadJob(c *fiber.Ctx) (*intent.View, error) {
 	tenant, err := s.authenticate(c)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
-	return s.loadTenantJob(c, tenant)
-}
-
-// loadTenantJob finds a job of tenant (already authenticated).
-func (s *Server) loadTenantJob(c *fiber.Ctx, tenant string) (key string, rec *kv.Record, err error) {
-	key, rec, _, err = s.intents.FindJob(c.UserContext(), tenant, c.Params("id"))
-	return key, rec, err
+	return s.intents.JobView(c.UserContext(), tenant, c.Params("id"))
 }
 
 // jobView is the JSON of GET /v1/jobs/{id}.
 type jobView struct {
-	ID        string          `json:"id"`
-	Object    string          `json:"object"`
-	Status    string          `json:"status"`
-	Model     string          `json:"model"`
-	CreatedAt int64           `json:"created_at"`
-	Epoch     int             `json:"epoch"`
-	Attempts  int             `json:"attempts"`
-	Progress  string          `json:"progress,omitempty"`
-	Tokens    int             `json:"tokens_so_far"`
-	Usage     *kv.Usage       `json:"usage,omitempty"`
-	Result    json.RawMessage `json:"result,omitempty"`
-	Error     json.RawMessage `json:"error,omitempty"`
+	ID        string             `json:"id"`
+	Object    string             `json:"object"`
+	Status    string             `json:"status"`
+	Model     string             `json:"model"`
+	CreatedAt int64              `json:"created_at"`
+	Epoch     int                `json:"epoch"`
+	Attempts  int                `json:"attempts"`
+	Progress  string             `json:"progress,omitempty"`
+	Tokens    int                `json:"tokens_so_far"`
+	Usage     *intent.TokenUsage `json:"usage,omitempty"`
+	Result    json.RawMessage    `json:"result,omitempty"`
+	Error     json.RawMessage    `json:"error,omitempty"`
 	// TraceID is the trace the execution continues: the creating request's.
 	TraceID string `json:"trace_id,omitempty"`
 	// Dedup: which execution copies of this job's key attach to, and by which rules.
@@ -90,20 +84,20 @@ type jobView struct {
 }
 
 func (s *Server) getJob(c *fiber.Ctx) error {
-	key, rec, err := s.loadJob(c)
+	job, err := s.loadJob(c)
 	if err != nil {
 		return err
 	}
-	rec, _ = s.intents.WithProgress(c.UserContext(), key, rec)
-	v := jobView{ID: rec.JobID, Object: "job", Status: jobStatus(rec), Model: rec.Model, CreatedAt: rec.Created.Unix(),
-		Epoch: rec.Epoch, Attempts: rec.Attempts, Progress: rec.Progress, Tokens: tokensOut(rec), TraceID: rec.TraceID, Dedup: s.dedupOf(rec)}
-	if res := rec.Result; res != nil {
+	job = s.intents.Progressed(c.UserContext(), job)
+	v := jobView{ID: job.ID, Object: "job", Status: job.Status(), Model: job.Model, CreatedAt: job.Created.Unix(),
+		Epoch: job.Epoch, Attempts: job.Attempts, Progress: job.Progress, Tokens: tokensOut(job), TraceID: job.TraceID, Dedup: s.dedupOf(job)}
+	if res := job.Answer; res != nil {
 		v.Usage = res.Usage
 		switch {
-		case rec.State == kv.Completed && res.Status == http.StatusOK:
+		case res.OK():
 			body := res.Body
-			if rec.Stream {
-				if body, err = wireOf(rec.API).assemble(res.Events, res.UsageEvent); err != nil {
+			if job.Stream {
+				if body, err = wireOf(job.API).assemble(res.Events, res.UsageEvent); err != nil {
 					return err
 				}
 			}
@@ -117,13 +111,13 @@ func (s *Server) getJob(c *fiber.Ctx) error {
 	return c.JSON(v)
 }
 
-// tokensOut is the output tokens of a record: the backend's usage once there is one (a
+// tokensOut is the output tokens of a job: the backend's usage once there is one (a
 // non-stream execution counts no events), else the events seen so far.
-func tokensOut(rec *kv.Record) int {
-	if res := rec.Result; res != nil && res.Usage != nil && res.Usage.CompletionTokens > 0 {
+func tokensOut(v *intent.View) int {
+	if res := v.Answer; res != nil && res.Usage != nil && res.Usage.CompletionTokens > 0 {
 		return res.Usage.CompletionTokens
 	}
-	return rec.Tokens
+	return v.Tokens
 }
 
 // errorObject extracts {"message",...} from an OpenAI error body (or wraps a foreign one).
@@ -146,13 +140,11 @@ func (s *Server) cancelJob(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	rec, err := s.intents.Cancel(c.UserContext(), tenant, c.Params("id"), func(api string) []byte {
-		return wireOf(api).errorBody(errJobCancelled)
-	})
+	v, err := s.intents.CancelJob(c.UserContext(), tenant, c.Params("id"), cancelledBody)
 	if err != nil {
 		return err
 	}
-	return c.JSON(fiber.Map{"id": rec.JobID, "object": "job", "status": jobStatus(rec)})
+	return c.JSON(fiber.Map{"id": v.ID, "object": "job", "status": v.Status()})
 }
 
 // getIdempotency is GET /v1/idempotency/{key}: where the work of a key stands.
@@ -169,37 +161,36 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	if err != nil {
 		return keyPathInvalid(err)
 	}
-	recKey, rec, err := s.intents.Lookup(c.UserContext(), tenant, key)
+	v, err := s.intents.KeyStatus(c.UserContext(), tenant, key)
 	if err != nil {
 		return err
 	}
-	rec, prog := s.intents.WithProgress(c.UserContext(), recKey, rec)
-	out := fiber.Map{"key": key, "state": rec.State, "job_id": rec.JobID, "epoch": rec.Epoch,
-		"created": rec.Created.UTC().Format(time.RFC3339Nano), "started": rec.EpochStarted.UTC().Format(time.RFC3339Nano),
-		"attempts": rec.Attempts, "takeovers": rec.Takeovers, "progress": rec.Progress, "job_status": jobStatus(rec),
-		"tokens_so_far": tokensOut(rec), "stream": rec.Stream, "model": rec.Model, "backend": rec.Backend}
-	if rec.State == kv.Pending {
-		out["lease_until"] = rec.LeaseUntil.UTC().Format(time.RFC3339Nano)
+	out := fiber.Map{"key": key, "state": v.State, "job_id": v.ID, "epoch": v.Epoch,
+		"created": v.Created.UTC().Format(time.RFC3339Nano), "started": v.EpochStarted.UTC().Format(time.RFC3339Nano),
+		"attempts": v.Attempts, "takeovers": v.Takeovers, "progress": v.Progress, "job_status": v.Status(),
+		"tokens_so_far": tokensOut(v), "stream": v.Stream, "model": v.Model, "backend": v.Backend}
+	if v.Running() {
+		out["lease_until"] = v.LeaseUntil.UTC().Format(time.RFC3339Nano)
 	}
-	if prog != nil {
-		out["sent"] = prog.Sent.UTC().Format(time.RFC3339Nano) // when the current attempt was sent
+	if !v.Sent.IsZero() {
+		out["sent"] = v.Sent.UTC().Format(time.RFC3339Nano) // when the current attempt was sent
 	}
-	if res := rec.Result; res != nil {
+	if res := v.Answer; res != nil {
 		out["status"] = res.Status
-		if rec.State == kv.Failed && res.Partial {
+		if res.Failed && res.Partial {
 			// The clients got 200 and part of the stream, then an error event: the outcome
 			// is the backend's broken stream, not a success.
 			out["status"], out["partial"] = http.StatusBadGateway, true
 		}
-		if rec.State == kv.Failed && len(res.Body) > 0 {
+		if res.Failed && len(res.Body) > 0 {
 			out["error"] = errorObject(res.Body)
 		}
 		out["finished"] = res.Finished.UTC().Format(time.RFC3339Nano)
 	}
-	if rec.Cancelled {
+	if v.Cancelled {
 		out["cancelled"] = true
 	}
-	out["dedup"] = s.dedupOf(rec)
+	out["dedup"] = s.dedupOf(v)
 	return c.JSON(out)
 }
 
@@ -217,11 +208,11 @@ func (s *Server) jobEvents(c *fiber.Ctx) error {
 // tenantJobEvents is GET /v1/jobs/{id}/events for tenant (already authenticated; the
 // dashboard's transcript too).
 func (s *Server) tenantJobEvents(c *fiber.Ctx, tenant string) error {
-	key, rec, err := s.loadTenantJob(c, tenant)
+	job, err := s.intents.JobView(c.UserContext(), tenant, c.Params("id"))
 	if err != nil {
 		return err
 	}
-	if rec.API == apiEmbeddings || rec.API == apiPassthrough {
+	if job.API == apiEmbeddings || job.API == apiPassthrough {
 		return errNoEvents
 	}
 	after := -1
@@ -234,8 +225,8 @@ func (s *Server) tenantJobEvents(c *fiber.Ctx, tenant string) error {
 			return errBadStartingAfter
 		}
 	}
-	if rec.State != kv.Pending {
-		events, err := finishedEvents(rec)
+	if !job.Running() {
+		events, err := finishedEvents(job)
 		if err != nil {
 			return err
 		}
@@ -244,81 +235,63 @@ func (s *Server) tenantJobEvents(c *fiber.Ctx, tenant string) error {
 		}
 		return eventStream(after).whole(c, events)
 	}
-	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.JobID, rec.Epoch)
+	d, release, err := s.intents.FollowJob(c.UserContext(), job)
 	if err != nil {
 		return err
 	}
 	out := eventStream(after)
-	core, log, w, epoch := s.intents, s.log, wireOf(rec.API), rec.Epoch
-	out.live(c, fl, s.writeTimeout, func() {
-		defer release()
-		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
-		defer cancel()
-		// A terminal chunk that never comes: the record says how the epoch ended (recordend.go).
-		idle := func() error { return recordCheck(ctx, core, key, epoch)() }
-		for {
-			ch, err := out.nextChunk(ctx, idle)
-			rec, ended := endedRecord(err)
-			if err != nil && !ended && !errors.Is(err, jobs.ErrEnded) && !errors.Is(err, jobs.ErrHubClosed) {
-				return // client gone or out of time
-			}
-			if err != nil || ch.Kind == jobs.KindFence {
-				// Taken over, the feed ended, or the record says the execution ended: follow
-				// the new epoch if this client got nothing of this one, end from the record if
-				// it finished this epoch (or this client got nothing yet); anything else ends
-				// the stream with an error event.
-				if !ended {
-					rec, _ = core.Record(ctx, key)
-				}
-				switch {
-				case rec == nil:
-				case rec.State == kv.Pending && out.next == 0:
-					out.follow(nil)
-					var fl *jobs.Follower
-					if fl, err = core.Follow(ctx, key, rec.JobID, rec.Epoch); err == nil {
-						out.follow(fl)
-						epoch = rec.Epoch
-						continue
-					}
-				case rec.State != kv.Pending && (out.next == 0 || rec.Epoch == epoch):
-					if events, ferr := finishedEvents(rec); ferr == nil {
-						// The events sent so far are the record's first ones: skip them.
-						out.after, out.next = max(out.after, out.next-1), 0
-						_ = out.end(events)
-						return
-					}
-				}
-				log.Warn().Err(err).Str(fieldKey, key).Msg("job events: execution interrupted")
-				_ = out.end(w.errorFrame(w.restarted()))
-				return
-			}
-			var events []byte
-			switch ch.Kind {
-			case jobs.KindData, jobs.KindUsage:
-				events = ch.Payload
-			case jobs.KindDone:
-				events = w.doneFrame()
-			case jobs.KindResult:
-				if ch.Status == http.StatusOK {
-					if synth, err := synthesizedEvents(w, ch.Payload); err == nil {
-						events = synth
-						break
-					}
-				}
-				events = w.errorFrame(ch.Payload)
-			case jobs.KindError:
-				events = w.errorFrame(ch.Payload)
-			}
-			if ch.Terminal() {
-				_ = out.end(events)
-				return
-			}
-			if out.write(events) != nil {
-				return
+	r := &eventsRender{w: wireOf(job.API), out: out, log: s.log, jobID: job.ID}
+	s.streamLive(c, out, d, r, nil, time.Time{}, func(context.Context, streamEnd) { release() })
+	return nil
+}
+
+// eventsRender writes a job's events: every chunk's frames as they are, numbered by out.
+type eventsRender struct {
+	w     wire
+	out   *sseWriter
+	log   zerolog.Logger
+	jobID string
+}
+
+func (r *eventsRender) start() []byte { return nil }
+
+func (r *eventsRender) output(ev intent.Event) []byte { return ev.Payload() }
+
+func (r *eventsRender) end(_ context.Context, ev intent.Event) []byte {
+	w := r.w
+	switch ev.Kind {
+	case intent.Done:
+		return w.doneFrame()
+	case intent.Result:
+		if ev.Status() == http.StatusOK {
+			if synth, err := synthesizedEvents(w, ev.Payload()); err == nil {
+				return synth
 			}
 		}
-	})
-	return nil
+		return w.errorFrame(ev.Payload())
+	case intent.Error:
+		return w.errorFrame(ev.Payload())
+	case intent.Finished:
+		// The record says how the execution ended: this client's stream ends from it if it
+		// finished the epoch this client followed (or this client got nothing yet).
+		if !ev.Sent || ev.SameEpoch {
+			if events, err := finishedEvents(ev.View); err == nil {
+				// The events sent so far are the record's first ones: skip them.
+				r.out.after, r.out.next = max(r.out.after, r.out.next-1), 0
+				return events
+			}
+		}
+	}
+	r.log.Warn().Str(fieldJobID, r.jobID).Msg("job events: execution interrupted")
+	return w.errorFrame(w.restarted())
+}
+
+func (r *eventsRender) failed(err error) ([]byte, bool) {
+	if !errors.Is(err, intent.ErrInterrupted) {
+		return nil, false // out of time, or early output lost: the client resumes by id
+	}
+	r.log.Warn().Err(err).Str(fieldJobID, r.jobID).Msg("job events: execution interrupted")
+	return r.w.errorFrame(r.w.restarted()), true
 }
 
 // synthesizedEvents are the events of a complete body, usage and end included.
@@ -331,38 +304,24 @@ func synthesizedEvents(w wire, body []byte) ([]byte, error) {
 }
 
 // finishedEvents are every event of a finished job, in order.
-func finishedEvents(rec *kv.Record) ([]byte, error) {
-	res := rec.Result
+func finishedEvents(v *intent.View) ([]byte, error) {
+	res := v.Answer
 	if res == nil {
-		return nil, fmt.Errorf("httpapi: record of %s has no result", rec.JobID)
+		return nil, fmt.Errorf("httpapi: record of %s has no result", v.ID)
 	}
-	w := wireOf(rec.API)
-	if (rec.State == kv.Failed && !res.Partial) || (rec.State == kv.Completed && res.Status != http.StatusOK) {
+	w := wireOf(v.API)
+	if (res.Failed && !res.Partial) || (!res.Failed && res.Status != http.StatusOK) {
 		return w.errorFrame(res.Body), nil
 	}
-	if !rec.Stream {
+	if !v.Stream {
 		return synthesizedEvents(w, res.Body)
 	}
 	all := append(append([]byte{}, res.Events...), res.UsageEvent...)
-	if rec.State == kv.Failed {
+	if res.Failed {
 		return append(all, w.errorFrame(res.Body)...), nil
 	}
 	return append(all, w.doneFrame()...), nil
 }
 
-// jobStatus maps a record to the jobs API status.
-func jobStatus(rec *kv.Record) string {
-	switch {
-	case rec == nil:
-		return "queued"
-	case rec.Cancelled:
-		return "cancelled"
-	case rec.State == kv.Completed:
-		return "completed"
-	case rec.State == kv.Failed:
-		return "failed"
-	case rec.Progress == kv.ProgressQueued:
-		return "queued"
-	}
-	return "running"
-}
+// cancelledBody is the error body a cancelled job's followers get, in its API's format.
+func cancelledBody(api string) []byte { return wireOf(api).errorBody(errJobCancelled) }

@@ -123,8 +123,8 @@ func (s *Server) accessLog(o *observation, e ending, dur time.Duration) {
 	}
 	if e.adm != nil {
 		ev = ev.Str(fieldJobID, e.adm.JobID)
-		if e.adm.Rec != nil {
-			ev = ev.Int("epoch", e.adm.Rec.Epoch)
+		if epoch := e.adm.Epoch(); epoch > 0 {
+			ev = ev.Int("epoch", epoch)
 		}
 	}
 	if e.backend != "" {

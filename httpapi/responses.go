@@ -11,14 +11,13 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/internal/responseswire"
 	"github.com/oncegate/oncegate/internal/telemetry"
-	"github.com/oncegate/oncegate/jobs"
-	"github.com/oncegate/oncegate/kv"
 )
 
 // The OpenAI Responses API (POST /v1/responses, GET /v1/responses/{id}, POST
@@ -175,10 +174,10 @@ func responsesInvalid(err error) error {
 // native continuation must continue a native response.
 func (s *Server) previousConversation(ctx context.Context, tenant, id, api string) (history []json.RawMessage, upstream string, err error) {
 	job := responseswire.JobOf(id)
-	if !jobs.ParseID(job) {
+	if !intent.ParseJobID(job) {
 		return nil, "", errPreviousResponse
 	}
-	_, rec, _, err := s.intents.FindJob(ctx, tenant, job)
+	rec, err := s.intents.JobView(ctx, tenant, job)
 	if errors.Is(err, intent.ErrNoJob) {
 		return nil, "", errPreviousResponse
 	}
@@ -186,11 +185,11 @@ func (s *Server) previousConversation(ctx context.Context, tenant, id, api strin
 		return nil, "", err
 	}
 	meta, echo, ok := responseMeta(rec)
-	if !ok || rec.State != kv.Completed || (rec.API == apiResponses) != (api == apiResponses) {
+	if !ok || rec.State != intent.Completed || (rec.API == apiResponses) != (api == apiResponses) {
 		return nil, "", errPreviousResponse
 	}
 	if api == apiResponses {
-		if upstream = responseswire.UpstreamID(rec.Result.Events); upstream == "" {
+		if upstream = responseswire.UpstreamID(rec.Answer.Events); upstream == "" {
 			return nil, "", errPreviousResponse
 		}
 		return nil, upstream, nil
@@ -203,7 +202,7 @@ func (s *Server) previousConversation(ctx context.Context, tenant, id, api strin
 }
 
 // responseMeta is what a Responses record renders with; ok is false for a record of another API.
-func responseMeta(rec *kv.Record) (responseswire.Meta, *responseswire.Echo, bool) {
+func responseMeta(rec *intent.View) (responseswire.Meta, *responseswire.Echo, bool) {
 	if len(rec.Echo) == 0 {
 		return responseswire.Meta{}, nil, false
 	}
@@ -211,7 +210,7 @@ func responseMeta(rec *kv.Record) (responseswire.Meta, *responseswire.Echo, bool
 	if err != nil {
 		return responseswire.Meta{}, nil, false
 	}
-	return responseswire.Meta{ID: responseswire.IDOf(rec.JobID), CreatedAt: rec.Created.Unix(), Model: rec.Model, Params: echo.Params,
+	return responseswire.Meta{ID: responseswire.IDOf(rec.ID), CreatedAt: rec.Created.Unix(), Model: rec.Model, Params: echo.Params,
 		Native: rec.API == apiResponses}, echo, true
 }
 
@@ -228,9 +227,9 @@ type rendered struct {
 }
 
 // renderRecord renders a finished record from its first event, skipping events up to after.
-func renderRecord(rec *kv.Record, meta responseswire.Meta, after ...int) (*rendered, error) {
-	res := rec.Result
-	if res == nil || rec.State == kv.Pending {
+func renderRecord(rec *intent.View, meta responseswire.Meta, after ...int) (*rendered, error) {
+	res := rec.Answer
+	if res == nil || rec.Running() {
 		return nil, errNoResult
 	}
 	st := responseswire.NewStream(meta)
@@ -240,7 +239,7 @@ func renderRecord(rec *kv.Record, meta responseswire.Meta, after ...int) (*rende
 	r := &rendered{stream: st}
 	r.events = append(r.events, st.Start()...)
 	switch {
-	case rec.State == kv.Completed && res.Status == http.StatusOK:
+	case res.OK():
 		frames, usage := res.Events, res.UsageEvent
 		if !rec.Stream {
 			var err error
@@ -256,7 +255,7 @@ func renderRecord(rec *kv.Record, meta responseswire.Meta, after ...int) (*rende
 		r.object = st.Response(responseswire.StatusCompleted)
 		r.status = statusOf(r.object)
 		return r, nil
-	case rec.State == kv.Completed:
+	case !res.Failed:
 		r.backendStatus, r.body = res.Status, res.Body
 	case res.Partial:
 		ev, err := st.Frames(append(append([]byte{}, res.Events...), res.UsageEvent...))
@@ -318,19 +317,19 @@ func (s *Server) respondBackground(c *fiber.Ctx, g *generation, adm *intent.Admi
 	adm.Close()
 	adm.Done() // nobody follows a background response here (as for a job answered 202)
 	s.setGenerationHeaders(c, g, adm)
-	return s.sendResponseObject(c, adm.Rec)
+	return s.sendResponseObject(c, adm.View())
 }
 
 // sendResponseObject answers with the response object of rec as it stands.
-func (s *Server) sendResponseObject(c *fiber.Ctx, rec *kv.Record) error {
+func (s *Server) sendResponseObject(c *fiber.Ctx, rec *intent.View) error {
 	meta, _, ok := responseMeta(rec)
 	if !ok {
 		return errNoResponse
 	}
 	var obj []byte
-	if rec.State == kv.Pending {
+	if rec.Running() {
 		status := responseswire.StatusInProgress
-		if rec.Progress == kv.ProgressQueued {
+		if rec.Status() == intent.JobQueued {
 			status = responseswire.StatusQueued
 		}
 		obj = responseswire.NewStream(meta).Response(status)
@@ -354,78 +353,53 @@ func (s *Server) deliverResponse(c *fiber.Ctx, g *generation, adm *intent.Admiss
 		}
 	}()
 	s.setGenerationHeaders(c, g, adm)
-	meta, _, ok := responseMeta(adm.Rec)
+	v := adm.View()
+	meta, _, ok := responseMeta(v)
 	if !ok { // a record of another API under this key (an Idempotency-Key used on chat)
 		adm.Close()
 		return intent.ErrKeyReused
 	}
-	if adm.Follower() == nil {
-		return s.replayResponse(c, adm.Rec, meta, stream)
+	if adm.Delivery() == nil {
+		return s.replayResponse(c, v, meta, stream)
 	}
-	wait := maxGeneration
-	if adm.Outcome == intent.Joined && !stream {
-		wait = s.idem.MaxWait.D()
+	aw, err := s.await(c, g, adm, stream)
+	if err != nil {
+		return err
 	}
-	if !g.Deadline.IsZero() {
-		wait = min(wait, g.Deadline.Sub(s.now()))
-	}
-	ctx, cancel := context.WithTimeout(c.UserContext(), wait)
-	defer cancel()
-	var frames []byte
-	seen := 0
-	var last jobs.Chunk
-	for {
-		ch, err := adm.Next(ctx)
-		if err != nil {
-			if err = s.waitEnded(g, adm, err); errors.Is(err, intent.ErrFinished) {
-				return s.replayResponse(c, adm.Rec, meta, stream)
-			}
-			return err
+	api := v.API
+	switch ev := aw.ev; ev.Kind {
+	case intent.Finished:
+		return s.replayResponse(c, ev.View, meta, stream)
+	case intent.Data, intent.Usage:
+		streaming, g.live = true, true
+		obs := g.obs
+		r := s.responsesRender(adm.Delivery(), api, responseswire.NewStream(meta))
+		s.streamLive(c, &sseWriter{}, adm.Delivery(), r, &ev, obs.start, func(ctx context.Context, se streamEnd) {
+			s.countStream(ctx, &obs, adm, se)
+			adm.Done()
+		})
+		return nil
+	case intent.Result:
+		if ev.Status() != http.StatusOK {
+			return forwardError(c, ev.Status(), responsesError(api, ev.Payload()), retryNo, 0)
 		}
-		if g.obs.firstChunk.IsZero() {
-			g.obs.firstChunk = time.Now()
+	case intent.Error:
+		if ev.Status() != http.StatusOK {
+			ra := ev.Meta().RetryAfter
+			return forwardError(c, ev.Status(), responsesError(api, ev.Payload()), retryIf(ra > 0), ra)
 		}
-		if ch.Idx == 0 || ch.Terminal() {
-			setMetaHeaders(c, ch.Meta)
-		}
-		if ch.Idx == 0 {
-			frames, seen = nil, 0
-		}
-		if stream && (ch.Kind == jobs.KindData || ch.Kind == jobs.KindUsage) {
-			streaming, g.live = true, true
-			s.streamResponse(c, adm.Follower(), adm.Key, adm.Rec.Epoch, adm.Rec.API, responseswire.NewStream(meta), &ch, g.obs, adm)
-			return nil
-		}
-		if ch.Terminal() {
-			last = ch
-			break
-		}
-		frames = append(frames, ch.Payload...)
-		seen++
-	}
-	adm.Close()
-	switch last.Kind {
-	case jobs.KindResult:
-		if last.Status != http.StatusOK {
-			return forwardError(c, last.Status, responsesError(adm.Rec.API, last.Payload), retryNo, 0)
-		}
-	case jobs.KindError:
-		if last.Status != http.StatusOK {
-			ra := last.Meta.RetryAfter
-			return forwardError(c, last.Status, responsesError(adm.Rec.API, last.Payload), retryIf(ra > 0), ra)
-		}
-	case jobs.KindDone:
-		if last.Idx == seen {
+	case intent.Done:
+		if ev.Index() == aw.seen {
 			st := responseswire.NewStream(meta)
 			events := st.Start()
-			ev, err := st.Frames(frames)
+			ev, err := st.Frames(append(aw.frames, aw.usage...))
 			if err == nil {
 				events = append(append(events, ev...), st.Complete()...)
 				return sendRendered(c, stream, events, st.Response(responseswire.StatusCompleted))
 			}
 		}
 	}
-	rec, err := s.intents.Record(c.UserContext(), adm.Key)
+	rec, err := adm.Reread(c.UserContext())
 	if err != nil {
 		return errRecordUnreadable
 	}
@@ -433,10 +407,8 @@ func (s *Server) deliverResponse(c *fiber.Ctx, g *generation, adm *intent.Admiss
 }
 
 // replayResponse answers from a finished record.
-func (s *Server) replayResponse(c *fiber.Ctx, rec *kv.Record, meta responseswire.Meta, stream bool) error {
-	if res := rec.Result; res != nil {
-		setMetaHeaders(c, jobs.Meta{Backend: res.Backend, Attempts: rec.Attempts, Degraded: res.Degraded})
-	}
+func (s *Server) replayResponse(c *fiber.Ctx, rec *intent.View, meta responseswire.Meta, stream bool) error {
+	answerHeaders(c, rec)
 	r, err := renderRecord(rec, meta)
 	if err != nil {
 		return err
@@ -445,7 +417,7 @@ func (s *Server) replayResponse(c *fiber.Ctx, rec *kv.Record, meta responseswire
 		return forwardError(c, r.backendStatus, responsesError(rec.API, r.body), retryNo, 0)
 	}
 	if r.status == responseswire.StatusFailed && !stream {
-		res := rec.Result
+		res := rec.Answer
 		status := res.Status
 		if status == http.StatusOK {
 			status = http.StatusBadGateway
@@ -468,194 +440,125 @@ func sendRendered(c *fiber.Ctx, stream bool, events, object []byte) error {
 	return c.Status(http.StatusOK).Send(object)
 }
 
-// doner is what a live stream settles when it ends (an admission), or nil.
-type doner interface{ Done() }
+// responsesRenderer writes a live Responses stream: the chat frames rendered by st, ended by
+// response.completed, or by response.failed when the execution failed or cannot be continued
+// on this connection.
+type responsesRenderer struct {
+	d   *intent.Delivery
+	w   wire
+	st  *responseswire.Stream
+	log zerolog.Logger
+}
 
-// doneFunc is a func as a doner.
-type doneFunc func()
+func (s *Server) responsesRender(d *intent.Delivery, api string, st *responseswire.Stream) *responsesRenderer {
+	return &responsesRenderer{d: d, w: wireOf(api), st: st, log: s.log}
+}
 
-func (f doneFunc) Done() { f() }
+func (r *responsesRenderer) start() []byte { return r.st.Start() }
 
-// streamResponse writes a live Responses stream following fl at epoch, starting with first
-// (nil: the follower's next chunk). It runs after the handler returned and captures only
-// owned values. A stream whose terminal chunk never comes ends from the record, when the
-// record continues what was sent (recordend.go); anything else ends with response.failed.
-func (s *Server) streamResponse(c *fiber.Ctx, fl *jobs.Follower, key string, epoch int, api string, st *responseswire.Stream, first *jobs.Chunk, obs observation, adm doner) {
-	out := &sseWriter{}
-	intents, log, w := s.intents, s.log, wireOf(api)
-	h := &c.Response().Header
-	se := streamEnd{backend: string(h.Peek(headerBackend)), attempts: string(h.Peek(headerAttempts))}
-	var pending *jobs.Chunk
-	if first != nil {
-		ch := *first
-		pending = &ch
+func (r *responsesRenderer) output(ev intent.Event) []byte {
+	b, err := r.st.Frames(ev.Payload())
+	if err != nil {
+		r.log.Warn().Err(err).Msg("responses stream: a chat frame could not be rendered")
 	}
-	out.live(c, fl, s.writeTimeout, func() {
-		if adm != nil {
-			defer adm.Done()
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), maxGeneration)
-		defer cancel()
-		if ia, ok := adm.(*intent.Admission); ok {
-			defer func() {
-				se.bytes = out.written
-				s.countStream(ctx, &obs, ia, se)
-			}()
-		}
-		var sent liveSent
-		write := func(b []byte) error {
-			if len(b) == 0 {
-				return nil
-			}
-			return out.write(b)
-		}
-		if write(st.Start()) != nil {
-			return
-		}
-		idle := recordCheck(ctx, intents, key, epoch)
-		for {
-			var ch jobs.Chunk
-			if pending != nil {
-				ch, pending = *pending, nil
-			} else {
-				var err error
-				if ch, err = out.nextChunk(ctx, idle); err != nil {
-					if errors.Is(err, errClientGone) {
-						return
-					}
-					rec, ended := endedRecord(err)
-					if !ended && !errors.Is(err, context.DeadlineExceeded) {
-						rec, _ = intents.Record(ctx, key)
-					}
-					if rec != nil && rec.State == kv.Pending && rec.Epoch != epoch && sent.n == 0 && !sent.usage {
-						// Taken over before any output reached this client: follow the new epoch.
-						if nfl, ferr := intents.Follow(ctx, key, rec.JobID, rec.Epoch); ferr == nil {
-							out.follow(nfl)
-							epoch = rec.Epoch
-							idle = recordCheck(ctx, intents, key, epoch)
-							continue
-						}
-					}
-					if rec != nil && rec.State != kv.Pending && rec.Epoch == epoch && rec.Result != nil &&
-						rec.Stream && sent.continues(rec.Result.Events) {
-						res := rec.Result
-						log.Info().Str(fieldJobID, rec.JobID).Str("state", string(rec.State)).Msg("responses stream ended from the record: its terminal chunk never came")
-						rest := res.Events[sent.n:]
-						if !sent.usage {
-							rest = append(append([]byte{}, rest...), res.UsageEvent...)
-						}
-						ev, _ := st.Frames(rest)
-						_ = write(ev)
-						if rec.State == kv.Completed && res.Status == http.StatusOK {
-							_ = out.end(st.Complete())
-						} else {
-							code, msg := errorFields(res.Body, errExecutionFailed)
-							status := responseswire.StatusFailed
-							if rec.Cancelled {
-								status = responseswire.StatusCancelled
-							}
-							_ = out.end(st.Fail(status, code, msg))
-						}
-						return
-					}
-					log.Warn().Err(err).Str(fieldKey, key).Msg("responses stream ended without a terminal chunk")
-					cause := errStreamCut
-					if rec != nil && rec.Epoch != epoch {
-						cause = errRestarted
-					}
-					ae := answer(cause)
-					_ = out.end(st.Fail(responseswire.StatusFailed, ae.Code, ae.Message))
-					return
-				}
-			}
-			var err error
-			switch ch.Kind {
-			case jobs.KindData, jobs.KindUsage:
-				if ch.Kind == jobs.KindData {
-					sent.data(ch.Payload)
-					if se.firstWrite.IsZero() {
-						se.firstWrite = time.Now()
-						se.ttft = se.firstWrite.Sub(obs.start)
-					}
-				} else {
-					sent.usage = true
-				}
-				ev, ferr := st.Frames(ch.Payload)
-				err = write(ev)
-				if ferr != nil {
-					log.Warn().Err(ferr).Str(fieldKey, key).Msg("responses stream: a chat frame could not be rendered")
-				}
-			case jobs.KindDone:
-				_ = out.end(st.Complete())
-				return
-			case jobs.KindResult:
-				if ch.Status == http.StatusOK {
-					if frames, usage, serr := w.synthesize(ch.Payload); serr == nil {
-						ev, _ := st.Frames(append(append([]byte{}, frames...), usage...))
-						_ = write(ev)
-						_ = out.end(st.Complete())
-						return
-					}
-				}
-				code, msg := errorFields(ch.Payload, errExecutionFailed)
-				_ = out.end(st.Fail(responseswire.StatusFailed, code, msg))
-				return
-			case jobs.KindError:
-				code, msg := errorFields(ch.Payload, errExecutionFailed)
-				status := responseswire.StatusFailed
-				if rec, err := intents.Record(ctx, key); err == nil && rec.Cancelled {
-					status = responseswire.StatusCancelled
-				}
-				_ = out.end(st.Fail(status, code, msg))
-				return
-			default: // a fence: the execution restarted after this client got output
-				ae := answer(errRestarted)
-				_ = out.end(st.Fail(responseswire.StatusFailed, ae.Code, ae.Message))
-				return
-			}
-			if err != nil {
-				return // client gone; the execution goes on for its other copies
+	return b
+}
+
+// fail is response.failed (or cancelled) with cause's code and message.
+func (r *responsesRenderer) fail(status string, cause error) []byte {
+	ae := answer(cause)
+	return r.st.Fail(status, ae.Code, ae.Message)
+}
+
+func (r *responsesRenderer) end(ctx context.Context, ev intent.Event) []byte {
+	st := r.st
+	switch ev.Kind {
+	case intent.Done:
+		return st.Complete()
+	case intent.Result:
+		if ev.Status() == http.StatusOK {
+			if frames, usage, err := r.w.synthesize(ev.Payload()); err == nil {
+				out, _ := st.Frames(append(append([]byte{}, frames...), usage...))
+				return append(out, st.Complete()...)
 			}
 		}
-	})
+		code, msg := errorFields(ev.Payload(), errExecutionFailed)
+		return st.Fail(responseswire.StatusFailed, code, msg)
+	case intent.Error:
+		code, msg := errorFields(ev.Payload(), errExecutionFailed)
+		status := responseswire.StatusFailed
+		if v, err := r.d.Reread(ctx); err == nil && v.Cancelled {
+			status = responseswire.StatusCancelled
+		}
+		return st.Fail(status, code, msg)
+	case intent.Finished:
+		if ev.Continues {
+			v, res := ev.View, ev.View.Answer
+			r.log.Info().Str(fieldJobID, v.ID).Str("state", string(v.State)).Msg("responses stream ended from the record: its terminal chunk never came")
+			rest := ev.Rest
+			if !ev.UsageSent {
+				rest = append(append([]byte{}, rest...), res.UsageEvent...)
+			}
+			out, _ := st.Frames(rest)
+			if res.OK() {
+				return append(out, st.Complete()...)
+			}
+			code, msg := errorFields(res.Body, errExecutionFailed)
+			status := responseswire.StatusFailed
+			if v.Cancelled {
+				status = responseswire.StatusCancelled
+			}
+			return append(out, st.Fail(status, code, msg)...)
+		}
+		r.log.Warn().Msg("responses stream ended without a terminal chunk")
+		if ev.SameEpoch {
+			return r.fail(responseswire.StatusFailed, errStreamCut)
+		}
+	}
+	// A fence: the execution restarted after this client got output.
+	return r.fail(responseswire.StatusFailed, errRestarted)
+}
+
+func (r *responsesRenderer) failed(err error) ([]byte, bool) {
+	r.log.Warn().Err(err).Msg("responses stream ended without a terminal chunk")
+	return r.fail(responseswire.StatusFailed, errStreamCut), true
 }
 
 // loadResponse finds a response of the caller's tenant by its id.
-func (s *Server) loadResponse(c *fiber.Ctx) (string, *kv.Record, responseswire.Meta, error) {
+func (s *Server) loadResponse(c *fiber.Ctx) (*intent.View, responseswire.Meta, error) {
 	tenant, err := s.authenticate(c)
 	if err != nil {
-		return "", nil, responseswire.Meta{}, err
+		return nil, responseswire.Meta{}, err
 	}
 	job := responseswire.JobOf(c.Params("id"))
-	if !jobs.ParseID(job) {
-		return "", nil, responseswire.Meta{}, errNoResponse
+	if !intent.ParseJobID(job) {
+		return nil, responseswire.Meta{}, errNoResponse
 	}
-	key, rec, _, err := s.intents.FindJob(c.UserContext(), tenant, job)
+	rec, err := s.intents.JobView(c.UserContext(), tenant, job)
 	if errors.Is(err, intent.ErrNoJob) {
-		return "", nil, responseswire.Meta{}, errNoResponse
+		return nil, responseswire.Meta{}, errNoResponse
 	}
 	if err != nil {
-		return "", nil, responseswire.Meta{}, err
+		return nil, responseswire.Meta{}, err
 	}
 	meta, _, ok := responseMeta(rec)
 	if !ok {
-		return "", nil, responseswire.Meta{}, errNoResponse
+		return nil, responseswire.Meta{}, errNoResponse
 	}
-	return key, rec, meta, nil
+	return rec, meta, nil
 }
 
 // getResponse is GET /v1/responses/{id}: the response object, or with stream=true its events
 // from the start, or right after starting_after, live while it runs.
 func (s *Server) getResponse(c *fiber.Ctx) error {
-	key, rec, meta, err := s.loadResponse(c)
+	rec, meta, err := s.loadResponse(c)
 	if err != nil {
 		return err
 	}
 	if !wantsStream(c) {
 		// Running from its backend call on, as its worker's progress says (the record says so
 		// only from its first lease renewal).
-		rec, _ = s.intents.WithProgress(c.UserContext(), key, rec)
-		return s.sendResponseObject(c, rec)
+		return s.sendResponseObject(c, s.intents.Progressed(c.UserContext(), rec))
 	}
 	after := -1
 	if v := c.Query("starting_after"); v != "" {
@@ -663,20 +566,20 @@ func (s *Server) getResponse(c *fiber.Ctx) error {
 			return errBadStartingAfter
 		}
 	}
-	if rec.State != kv.Pending {
+	if !rec.Running() {
 		r, err := renderRecord(rec, meta, after)
 		if err != nil {
 			return err
 		}
 		return (&sseWriter{}).whole(c, r.events)
 	}
-	fl, release, err := s.intents.FollowStream(c.UserContext(), rec.Tenant, key, rec.JobID, rec.Epoch)
+	d, release, err := s.intents.FollowJob(c.UserContext(), rec)
 	if err != nil {
 		return err
 	}
 	st := responseswire.NewStream(meta)
 	st.After = after
-	s.streamResponse(c, fl, key, rec.Epoch, rec.API, st, nil, observation{}, doneFunc(release))
+	s.streamLive(c, &sseWriter{}, d, s.responsesRender(d, rec.API, st), nil, time.Time{}, func(context.Context, streamEnd) { release() })
 	return nil
 }
 
@@ -695,14 +598,12 @@ func wantsStream(c *fiber.Ctx) bool {
 // cancelResponse is POST /v1/responses/{id}/cancel: a running response is cancelled (as DELETE
 // /v1/jobs/{id} cancels a job); a finished one is answered as it is.
 func (s *Server) cancelResponse(c *fiber.Ctx) error {
-	_, rec, _, err := s.loadResponse(c)
+	rec, _, err := s.loadResponse(c)
 	if err != nil {
 		return err
 	}
 	tenant, _ := s.authenticate(c)
-	if rec, err = s.intents.Cancel(c.UserContext(), tenant, rec.JobID, func(api string) []byte {
-		return wireOf(api).errorBody(errJobCancelled)
-	}); err != nil {
+	if rec, err = s.intents.CancelJob(c.UserContext(), tenant, rec.ID, cancelledBody); err != nil {
 		return err
 	}
 	return s.sendResponseObject(c, rec)

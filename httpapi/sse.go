@@ -3,7 +3,6 @@ package httpapi
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,15 +13,15 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/intent"
 )
 
-// sseWriter is the one writer of SSE answers: the chat stream and the job events, live (after
-// the handler returned, following an execution) or in one piece (from a record). It sets the
-// headers, numbers the events of a job stream, and for a live stream batches writes while the
-// follower has more ready, sends a heartbeat while it waits, and extends the connection's
-// write deadline on each send, so a stalled client is dropped after timeout while a long
-// stream that keeps moving is never cut (fasthttp's WriteTimeout would otherwise bound the
+// sseWriter is the one writer of SSE answers: chat completions, Anthropic messages, the job
+// events and the Responses API, live (after the handler returned, following an execution; see
+// run) or in one piece (from a record). It sets the headers, numbers the events of a job
+// stream, and for a live stream batches writes while the feed has more ready, sends a
+// heartbeat while it is idle, and extends the connection's write deadline on each send, so a
+// stalled client is dropped after timeout while a long stream that keeps moving is never cut (fasthttp's WriteTimeout would otherwise bound the
 // whole response). Not safe for concurrent use: one per response.
 type sseWriter struct {
 	// ids: every event gets "id: N" (its index in the stream) and ids up to after are skipped,
@@ -32,13 +31,11 @@ type sseWriter struct {
 	next  int // id of the next event
 
 	// A live stream only.
-	written   int            // bytes written so far (the access log's)
-	fl        *jobs.Follower // batching follows it; closed by stop
-	w         *bufio.Writer
-	conn      net.Conn
-	timeout   time.Duration
-	heartbeat *time.Timer   // reused for every wait (created on the first)
-	pingEvery time.Duration // heartbeatEvery when 0 (tests set it shorter)
+	written int  // bytes written so far (the access log's)
+	feed    feed // batching follows it; closed by stop
+	w       *bufio.Writer
+	conn    net.Conn
+	timeout time.Duration
 	// deadlineSet is when the write deadline was last moved; it moves at most every
 	// timeout/8 (a syscall per chunk per client otherwise), so a stalled client is still
 	// dropped between 7/8 and 1 timeout after its last successful write.
@@ -61,13 +58,20 @@ func (o *sseWriter) whole(c *fiber.Ctx, b []byte) error {
 	return c.Status(http.StatusOK).Send(o.frame(b))
 }
 
-// live answers with a stream that run writes after the handler returned, following fl; run
+// feed is what a live stream follows (an *intent.Delivery): its events, Idle while it waits.
+type feed interface {
+	Next(ctx context.Context) (intent.Event, error)
+	Ready() bool
+	Close()
+}
+
+// live answers with a stream that run writes after the handler returned, following f; run
 // captures only owned values (Fiber reuses the handler's memory) and ends the stream by
 // returning. writeTimeout bounds each flush.
-func (o *sseWriter) live(c *fiber.Ctx, fl *jobs.Follower, writeTimeout time.Duration, run func()) {
+func (o *sseWriter) live(c *fiber.Ctx, f feed, writeTimeout time.Duration, run func()) {
 	setSSEHeaders(c)
 	c.Status(http.StatusOK)
-	o.fl, o.conn, o.timeout = fl, c.Context().Conn(), writeTimeout
+	o.feed, o.conn, o.timeout = f, c.Context().Conn(), writeTimeout
 	c.Context().SetBodyStreamWriter(func(bw *bufio.Writer) {
 		o.w = bw
 		defer o.stop()
@@ -86,11 +90,11 @@ func (o *sseWriter) frame(b []byte) []byte {
 	return out
 }
 
-// write sends b, flushing only when the follower has no further chunk ready: a follower that
+// write sends b, flushing only when the feed has no further chunk ready: a follower that
 // fell behind, or that replays history, catches up in one write instead of one per chunk, and
 // a follower that keeps up still flushes every chunk. An error means the client is gone.
 func (o *sseWriter) write(b []byte) error {
-	return o.send(o.fl == nil || !o.fl.Ready(), o.frame(b))
+	return o.send(o.feed == nil || !o.feed.Ready(), o.frame(b))
 }
 
 // end sends the stream's last events and flushes.
@@ -119,50 +123,24 @@ var pingFrame = []byte(": ping\n\n")
 // errClientGone: a write to the client failed; it disconnected.
 var errClientGone = errors.New("httpapi: client gone")
 
-// nextChunk waits for the follower's next chunk, sending a comment heartbeat while it waits so
-// a disconnected client is noticed. After each heartbeat idle, when set, is asked whether to
-// go on waiting: its error ends the wait (a record that says the execution ended, although
-// its terminal chunk never came).
-func (o *sseWriter) nextChunk(ctx context.Context, idle func() error) (jobs.Chunk, error) {
+// nextEvent waits for the feed's next event, sending a comment heartbeat each time it is idle
+// so a disconnected client is noticed.
+func (o *sseWriter) nextEvent(ctx context.Context) (intent.Event, error) {
 	for {
-		if o.fl.Ready() {
-			return o.fl.Next(ctx)
-		}
-		every := cmp.Or(o.pingEvery, heartbeatEvery)
-		if o.heartbeat == nil {
-			o.heartbeat = time.NewTimer(every)
-		} else {
-			o.heartbeat.Reset(every)
-		}
-		ch, ok, err := o.fl.NextOr(ctx, o.heartbeat.C)
-		if ok || err != nil {
-			return ch, err
+		ev, err := o.feed.Next(ctx)
+		if err != nil || ev.Kind != intent.Idle {
+			return ev, err
 		}
 		if err := o.send(true, pingFrame); err != nil {
-			return ch, fmt.Errorf("%w: %w", errClientGone, err)
-		}
-		if idle != nil {
-			if err := idle(); err != nil {
-				return ch, err
-			}
+			return ev, fmt.Errorf("%w: %w", errClientGone, err)
 		}
 	}
 }
 
-// follow makes fl the stream's follower, closing the one before; nil leaves none (every
-// write flushes).
-func (o *sseWriter) follow(fl *jobs.Follower) {
-	if o.fl != nil {
-		o.fl.Close()
-	}
-	o.fl = fl
-}
-
-// stop closes the follower and releases the heartbeat timer.
+// stop closes the feed.
 func (o *sseWriter) stop() {
-	o.follow(nil)
-	if o.heartbeat != nil {
-		o.heartbeat.Stop()
+	if o.feed != nil {
+		o.feed.Close()
 	}
 }
 

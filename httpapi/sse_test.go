@@ -16,6 +16,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 )
@@ -49,21 +50,20 @@ func newSSERig(t *testing.T) *sseRig {
 		if err != nil {
 			return err
 		}
-		out.pingEvery = 10 * time.Millisecond
-		out.live(c, fl, 5*time.Second, func() {
+		out.live(c, intent.FeedOf(fl, 10*time.Millisecond), 5*time.Second, func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			for {
-				ch, err := out.nextChunk(ctx, nil)
+				ev, err := out.nextEvent(ctx)
 				if err != nil {
 					r.ended <- err
 					return
 				}
-				if ch.Terminal() {
-					r.ended <- out.end(ch.Payload)
+				if ev.Kind != intent.Data && ev.Kind != intent.Usage {
+					r.ended <- out.end(ev.Payload())
 					return
 				}
-				if err := out.write(ch.Payload); err != nil {
+				if err := out.write(ev.Payload()); err != nil {
 					r.ended <- err
 					return
 				}

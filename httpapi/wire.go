@@ -1,9 +1,9 @@
 package httpapi
 
 import (
+	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/openaiwire"
-	"github.com/oncegate/oncegate/jobs"
 )
 
 // wire renders answers in the format of the API a request came in on (OpenAI Chat
@@ -41,13 +41,13 @@ func (w wire) events(frames []byte, includeUsage bool) []byte {
 	return openaiwire.WithoutNullUsage(frames)
 }
 
-// chunkEvents is events of a live chunk; the rewrite is done once per chunk for all of its
-// followers.
-func (w wire) chunkEvents(ch jobs.Chunk, includeUsage bool) []byte {
+// chunkEvents is events of a live Data event; the rewrite is done once per chunk for all of
+// its followers.
+func (w wire) chunkEvents(ev intent.Event, includeUsage bool) []byte {
 	if w.anthropic || includeUsage {
-		return ch.Payload
+		return ev.Payload()
 	}
-	return ch.Shared(openaiwire.WithoutNullUsage)
+	return ev.Shared(openaiwire.WithoutNullUsage)
 }
 
 // synthesize is the stream of a complete body: its events and (OpenAI) the usage frame.

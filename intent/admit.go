@@ -79,7 +79,7 @@ func (c *Core) newRecord(req *Request, jobID string, epoch int) *kv.Record {
 	rec := &kv.Record{State: kv.Pending, Tenant: req.Tenant, JobID: jobID, Epoch: epoch, Fingerprint: req.Fingerprint,
 		Owner: kv.NewOwner(), Auto: req.Auto, Bypassed: req.Bypass, Created: now, Arrived: req.arrival(now), EpochStarted: now,
 		LeaseUntil: now.Add(c.opts.Lease), Progress: kv.ProgressQueued, Model: req.Model, API: req.API, Path: req.Path,
-		Backends: req.Backends, Degraded: req.Degraded, Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID,
+		Backends: req.Backends, Degraded: req.Degraded.record(), Stream: req.Stream, Request: req.Body, Header: req.Header, Deadline: req.Deadline, TraceID: req.TraceID,
 		Echo: req.Echo}
 	return rec
 }

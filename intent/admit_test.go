@@ -87,8 +87,8 @@ func TestAdmitStates(t *testing.T) {
 			if err := e.publisher(t, adm.Key).Publish(context.Background(), jobs.KindData, 0, []byte("first")); err != nil {
 				t.Fatal(err)
 			}
-			if c := next(t, adm); c.Idx != 0 || string(c.Payload) != "first" {
-				t.Fatalf("follower read chunk %d %q", c.Idx, c.Payload)
+			if c := next(t, adm); c.Index() != 0 || string(c.Payload()) != "first" {
+				t.Fatalf("follower read chunk %d %q", c.Index(), c.Payload())
 			}
 		})
 	}
@@ -306,8 +306,8 @@ func TestLiveJoin(t *testing.T) {
 			if err := e.publisher(t, req.Key).Publish(context.Background(), jobs.KindData, 0, []byte("tok")); err != nil {
 				t.Fatal(err)
 			}
-			if c := next(t, adm); string(c.Payload) != "tok" {
-				t.Fatalf("joined follower read %q", c.Payload)
+			if c := next(t, adm); string(c.Payload()) != "tok" {
+				t.Fatalf("joined follower read %q", c.Payload())
 			}
 		})
 	}
@@ -384,9 +384,10 @@ func TestNextReadsTheRecordWhenTheChunkNeverComes(t *testing.T) {
 	e.finishRecord(t, adm.Key, kv.Completed, kv.Result{Status: http.StatusOK, Body: []byte(`{"id":"x"}`)})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := adm.Next(ctx)
-	if !errors.Is(err, intent.ErrFinished) || adm.Rec.State != kv.Completed || string(adm.Rec.Result.Body) != `{"id":"x"}` {
-		t.Fatalf("next: %v, record %+v; want ErrFinished with the COMPLETED record", err, adm.Rec)
+	ev, err := nextEvent(ctx, adm)
+	if err != nil || ev.Kind != intent.Finished || adm.Rec.State != kv.Completed || string(adm.Rec.Result.Body) != `{"id":"x"}` ||
+		string(ev.View.Answer.Body) != `{"id":"x"}` {
+		t.Fatalf("next: %v %v, record %+v; want Finished with the COMPLETED record", ev.Kind, err, adm.Rec)
 	}
 }
 

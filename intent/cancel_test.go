@@ -66,8 +66,8 @@ func TestCancel(t *testing.T) {
 					t.Fatalf("record after cancel: %s cancelled=%v result %+v", rec.State, rec.Cancelled, rec.Result)
 				}
 			}
-			if c := next(t, adm); c.Kind != jobs.KindError || c.Status != http.StatusConflict || string(c.Payload) != want {
-				t.Fatalf("follower read %s %d %q, want the cancellation error", c.Kind, c.Status, c.Payload)
+			if c := next(t, adm); c.Kind != intent.Error || c.Status() != http.StatusConflict || string(c.Payload()) != want {
+				t.Fatalf("follower read %s %d %q, want the cancellation error", c.Kind, c.Status(), c.Payload())
 			}
 			if err := pub.Publish(ctx, jobs.KindData, 0, []byte("late")); !errors.Is(err, jobs.ErrFenced) {
 				t.Fatalf("the cancelled job's worker published: %v, want ErrFenced", err)

@@ -11,3 +11,12 @@ import (
 func (c *Core) AttachHeld(ctx context.Context, req *Request, rec *kv.Record, rev uint64) (*Admission, error) {
 	return c.attach(ctx, req, &kv.ExistsError{Record: rec, Rev: rev}, false)
 }
+
+// FinishedFor is the Finished event of rec, a finished record, for a delivery that followed
+// epoch and sent sentData (and the usage frame when usageSent).
+func FinishedFor(rec *kv.Record, epoch int, sentData []byte, usageSent bool) Event {
+	d := &Delivery{key: "k", epoch: epoch}
+	d.sent.data(sentData)
+	d.sent.usage, d.sent.any = usageSent, len(sentData) > 0 || usageSent
+	return d.finished(rec)
+}

@@ -200,16 +200,26 @@ func (e *env) publisher(t *testing.T, key string) *jobs.Publisher {
 	return jobs.NewPublisher(e.srv.JS, intent.JobOf(key, rec))
 }
 
-// next reads adm's next chunk.
-func next(t *testing.T, adm *intent.Admission) jobs.Chunk {
+// next reads the next event of adm's delivery (a chunk, or how it ended), past its silences.
+func next(t *testing.T, adm *intent.Admission) intent.Event {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := adm.Next(ctx)
+	ev, err := nextEvent(ctx, adm)
 	if err != nil {
 		t.Fatalf("next chunk: %v", err)
 	}
-	return c
+	return ev
+}
+
+// nextEvent is the next event of adm's delivery that is not Idle.
+func nextEvent(ctx context.Context, adm *intent.Admission) (intent.Event, error) {
+	for {
+		ev, err := adm.Delivery().Next(ctx)
+		if err != nil || ev.Kind != intent.Idle {
+			return ev, err
+		}
+	}
 }
 
 // spy sees every message published on a subject, by anyone: a core subscription gets a copy

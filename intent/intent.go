@@ -42,10 +42,6 @@ var (
 	// ErrInterrupted: the execution was fenced or its feed ended, and its record could not be
 	// read or followed again.
 	ErrInterrupted = errors.New("intent: the execution was interrupted; retry")
-	// ErrFinished is not a failure: Next returns it when the execution ended in a way the
-	// feed does not carry to this follower (taken over and finished, history lost after the
-	// end); answer from Admission.Rec, which now holds the finished record.
-	ErrFinished = errors.New("intent: the execution finished; answer from its record")
 	// ErrNoJob: no job of this tenant has this id (malformed, unknown, expired or foreign:
 	// the same answer, so an id says nothing about other tenants).
 	ErrNoJob = errors.New("intent: no such job")
@@ -222,7 +218,7 @@ type Request struct {
 	API      string // the wire format: "openai", "anthropic", "embeddings" or "passthrough"
 	Path     string // a passthrough request's path below the backend's base URL
 	Backends []string
-	Degraded *kv.Degraded
+	Degraded *Degraded
 	Header   map[string][]string // passed through to the backend
 	Deadline time.Time           // the client's overall deadline (zero: none)
 	TraceID  string              // the request's W3C trace id, kept in a new record
@@ -245,13 +241,28 @@ func (req *Request) arrival(now time.Time) time.Time {
 	return req.Arrived
 }
 
+// Degraded is the answer a route gives when none of its backends is healthy: a message, or
+// a 503 that says when to retry.
+type Degraded struct {
+	Message    string
+	RetryAfter int // seconds
+}
+
+// record is d as a record keeps it (nil: none).
+func (d *Degraded) record() *kv.Degraded {
+	if d == nil {
+		return nil
+	}
+	return &kv.Degraded{Message: d.Message, RetryAfter: d.RetryAfter}
+}
+
 // Admission is the decision for one request: what it is attached to, and for a created,
 // joined or bypassed one, the live feed of that execution's chunks.
 type Admission struct {
 	Outcome Outcome
 	Key     string
-	// Rec is the record the decision was made on; Next replaces it when the execution moves
-	// (a takeover) or ends.
+	// Rec is the record the decision was made on; its Delivery replaces it when the
+	// execution moves (a takeover) or ends.
 	Rec   *kv.Record
 	JobID string
 	// Dedup says why a joined or replayed request was deduplicated; nil otherwise.
@@ -264,8 +275,8 @@ type Admission struct {
 	redriven bool
 	// local: a bypass run on this node with no record (Core.runLocal): its feed is all there is
 	local bool
-	leave func()      // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
-	check *time.Timer // Next's record check after a silence; stopped by Close
+	leave func()    // leaves the execution's follower count and the tenant's streams (Done); nil when not counted
+	d     *Delivery // the delivery of fl (Delivery); ended by Close
 	// withdraw ends the offer of the job's record to this node's workers (Close).
 	withdraw func()
 }
@@ -285,8 +296,8 @@ func (a *Admission) Close() {
 	if a.withdraw != nil {
 		a.withdraw()
 	}
-	if a.check != nil {
-		a.check.Stop()
+	if a.d != nil {
+		a.d.stop()
 	}
 }
 

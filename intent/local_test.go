@@ -72,10 +72,10 @@ func TestBypassRunsLocally(t *testing.T) {
 				string(runner.runs[0].Body) != string(req.Body) || runner.runs[0].Epoch != 1 {
 				t.Fatalf("local runs %+v, want one of job %s under key %s with the request", runner.runs, adm.JobID, adm.Key)
 			}
-			if c := next(t, adm); c.Kind != jobs.KindResult || string(c.Payload) != `{"answer":"`+adm.JobID+`"}` {
-				t.Fatalf("first chunk %s %q, want the runner's result", c.Kind, c.Payload)
+			if c := next(t, adm); c.Kind != intent.Result || string(c.Payload()) != `{"answer":"`+adm.JobID+`"}` {
+				t.Fatalf("first chunk %s %q, want the runner's result", c.Kind, c.Payload())
 			}
-			if _, err := adm.Next(context.Background()); !errors.Is(err, intent.ErrInterrupted) {
+			if _, err := nextEvent(context.Background(), adm); !errors.Is(err, intent.ErrInterrupted) {
 				t.Fatalf("Next after the terminal chunk: %v, want ErrInterrupted (no record to read)", err)
 			}
 		})

@@ -140,8 +140,8 @@ func TestTakeOverRace(t *testing.T) {
 				}
 			}
 			for i, adm := range clients {
-				if c := next(t, adm); c.Idx != 0 || string(c.Payload) != "epoch 2" || adm.Rec.Epoch != 2 {
-					t.Fatalf("client %d read chunk %d %q at epoch %d", i, c.Idx, c.Payload, adm.Rec.Epoch)
+				if c := next(t, adm); c.Index() != 0 || string(c.Payload()) != "epoch 2" || adm.Rec.Epoch != 2 {
+					t.Fatalf("client %d read chunk %d %q at epoch %d", i, c.Index(), c.Payload(), adm.Rec.Epoch)
 				}
 			}
 		})

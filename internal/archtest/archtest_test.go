@@ -215,3 +215,53 @@ func TestRulesCanFail(t *testing.T) {
 		})
 	}
 }
+
+// directKeepOut lists the rooms a package must not import directly although it may depend on
+// them through a room between (the deps rule above sees through that room): httpapi answers
+// from intent's views of a record and follows an execution with intent's Delivery, so the
+// record's states and the chunk kinds are read in one place.
+var directKeepOut = map[string][]string{
+	"httpapi": {module + "/kv", module + "/jobs"},
+}
+
+func TestDirectImports(t *testing.T) {
+	for path, bad := range directKeepOut {
+		t.Run(path, func(t *testing.T) {
+			out, err := exec.Command("go", "list", "-f", `{{join .Imports " "}}`, module+"/"+path).CombinedOutput()
+			if err != nil {
+				t.Fatalf("go list: %v\n%s", err, out)
+			}
+			if msg := importsAny(path, strings.Fields(string(out)), bad); msg != "" {
+				t.Error(msg)
+			}
+		})
+	}
+}
+
+// importsAny says which of bad imports (a package's direct imports) holds ("" when none).
+func importsAny(path string, imports, bad []string) string {
+	var found []string
+	for _, b := range bad {
+		if slices.Contains(imports, b) {
+			found = append(found, b)
+		}
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s imports %s directly: ask intent instead", path, strings.Join(found, ", "))
+}
+
+// TestDirectRuleCanFail shows the direct-import check catches an import and lets others pass.
+func TestDirectRuleCanFail(t *testing.T) {
+	bad := directKeepOut["httpapi"]
+	if importsAny("httpapi", []string{module + "/intent", module + "/kv"}, bad) == "" {
+		t.Error("an httpapi importing kv passed")
+	}
+	if importsAny("httpapi", []string{module + "/intent", module + "/jobs"}, bad) == "" {
+		t.Error("an httpapi importing jobs passed")
+	}
+	if msg := importsAny("httpapi", []string{module + "/intent", module + "/ledger"}, bad); msg != "" {
+		t.Errorf("an httpapi importing intent and ledger failed: %s", msg)
+	}
+}
