@@ -18,10 +18,12 @@ import (
 // storedCeiling is how many JetStream messages one new non-stream intent stores today, all
 // streams together, once what follows its answer (its charge) has landed: 7 on 2026-12-05
 // (KV_IDEM 2, JOBS, JOBIDX, PROGRESS, CHUNKS, LEDGER 1 each), 6 since a synchronous job id is
-// found through its progress instead of a JOBIDX entry. Issue 36's target is 4; this ceiling
+// found through its progress instead of a JOBIDX entry, 5 since a non-stream execution's
+// outcome reaches its followers on one server as a notice, not a stored chunk (jobs.
+// NoticeSubject; in a cluster it is still stored). Issue 36's target is 4; this ceiling
 // keeps the count from growing while that work is open, and is lowered with each message the
 // work removes.
-const storedCeiling = 6
+const storedCeiling = 5
 
 // TestStoredMessagesPerNewIntent counts the messages one new non-stream intent stores, by
 // stream, as sequence deltas around it on a single node (a warm-up intent first, so the

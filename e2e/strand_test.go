@@ -75,8 +75,12 @@ func endFromRecord(t *testing.T, state kv.State) {
 		t.Fatal(err)
 	}
 	b := followStream(gw.URL+chatPath, http.MethodPost, body, hdr)
-	// The job id is indexed right after its job is published; a client learns it from the
-	// answer's header, after that, but this test took it from JOBS.
+	// A synchronous job id is found through its execution's progress, which the worker (this
+	// test plays it) writes as it sends the attempt; a client learns the id from the answer's
+	// header, after that, but this test took it from JOBS.
+	if err := store.PutProgress(wire.Key, &kv.Progress{JobID: rec.JobID, Epoch: rec.Epoch, Attempt: 1, Backend: "mock", Sent: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
 	testkit.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if r := send(http.MethodGet, gw.URL+"/v1/jobs/"+rec.JobID, "", nil); r.Err != nil || r.Status != http.StatusOK {
 			return fmt.Errorf("job %s not found yet: %d %v", rec.JobID, r.Status, r.Err)

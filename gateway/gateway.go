@@ -488,7 +488,10 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
 	// The core fast path needs the chunks published on this process's server; in a cluster a
 	// worker on another node publishes them, and interest crosses the routes asynchronously.
-	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: g.ns != nil && !g.cfg.NATS.Cluster.Enabled()})
+	// One server: a subscription made before the job is published sees all of its output, so
+	// a non-stream execution's outcome needs no stored chunk (jobs.HubOptions.Notices).
+	single := g.ns != nil && !g.cfg.NATS.Cluster.Enabled()
+	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: single, Notices: single})
 	if len(g.cfg.Tenants) == 0 {
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}

@@ -202,7 +202,12 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 		}
 	}
 	job := JobEncoded(key, rec, rev, data)
-	fl, err := c.hub.Open(ctx, job.Subject())
+	open := c.hub.Open
+	if !rec.Stream {
+		// Its outcome comes as a notice when the hub follows notices; the job says so.
+		open, job.Notice = c.hub.OpenNonStream, c.hub.Notices()
+	}
+	fl, err := open(ctx, job.Subject())
 	if err != nil {
 		c.release(key, rec, rev)
 		return nil, fmt.Errorf("intent: follow %s: %w", job.ID, err)
@@ -345,7 +350,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 		}
 		// The feed first, the places after: a place given back is observed as a follower
 		// that left (oncegate_followers_per_execution), so none is taken for a join that fails.
-		fl, err := c.hub.Join(ctx, jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch))
+		fl, err := c.joinExecution(ctx, req.Key, rec.JobID, rec.Epoch, rec.Stream)
 		if err != nil {
 			return nil, fmt.Errorf("intent: join: %w", err)
 		}

@@ -173,7 +173,7 @@ func FeedOf(fl *jobs.Follower, idle time.Duration) *Delivery {
 // tenant opened: it takes one of the tenant's streams first (a *LimitError at the cap,
 // limits.go); release gives it back once the stream has ended. Close the delivery.
 func (c *Core) FollowJob(ctx context.Context, j *View) (d *Delivery, release func(), err error) {
-	fl, release, err := c.FollowStream(ctx, j.Tenant, j.key, j.ID, j.Epoch)
+	fl, release, err := c.FollowStream(ctx, j.Tenant, j.key, j.ID, j.Epoch, j.Stream)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -308,7 +308,7 @@ func (d *Delivery) follow(ctx context.Context, rec *kv.Record) error {
 		d.adm.Rec = rec
 	}
 	d.fl.Close()
-	fl, err := d.core.hub.Join(ctx, jobs.ChunkSubject(d.key, rec.JobID, rec.Epoch))
+	fl, err := d.core.joinExecution(ctx, d.key, rec.JobID, rec.Epoch, rec.Stream)
 	if err != nil {
 		return ErrInterrupted
 	}

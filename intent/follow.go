@@ -20,11 +20,32 @@ func (c *Core) Record(ctx context.Context, key string) (*kv.Record, error) {
 	return rec, nil
 }
 
-// Follow joins the live chunks of key's execution of job jobID at epoch (replayed from the start).
-func (c *Core) Follow(ctx context.Context, key, jobID string, epoch int) (*jobs.Follower, error) {
-	fl, err := c.hub.Join(ctx, jobs.ChunkSubject(key, jobID, epoch))
+// Follow joins the live chunks of key's execution of job jobID at epoch (replayed from the
+// start); stream says whether the execution streams.
+func (c *Core) Follow(ctx context.Context, key, jobID string, epoch int, stream bool) (*jobs.Follower, error) {
+	fl, err := c.joinExecution(ctx, key, jobID, epoch, stream)
 	if err != nil {
 		return nil, fmt.Errorf("intent: follow %s: %w", key, err)
+	}
+	return fl, nil
+}
+
+// joinExecution follows key's execution of job jobID at epoch from its first chunk. A
+// non-stream execution's outcome may come as a notice (jobs.NoticeSubject: never stored), and
+// one sent before the subscription is not seen: its record is read once after joining, and
+// the feed ends from it (EndStored) when the record says this epoch ended. (An epoch taken
+// over ends with its fence, which is stored: the history has it.)
+func (c *Core) joinExecution(ctx context.Context, key, jobID string, epoch int, stream bool) (*jobs.Follower, error) {
+	subject := jobs.ChunkSubject(key, jobID, epoch)
+	if stream {
+		return c.hub.Join(ctx, subject)
+	}
+	fl, err := c.hub.JoinNonStream(ctx, subject)
+	if err != nil {
+		return nil, err
+	}
+	if rec, _, err := c.store.Get(ctx, key); err == nil && rec.State != kv.Pending && rec.Epoch == epoch && rec.JobID == jobID {
+		fl.EndStored()
 	}
 	return fl, nil
 }
@@ -32,12 +53,12 @@ func (c *Core) Follow(ctx context.Context, key, jobID string, epoch int) (*jobs.
 // FollowStream is Follow for an event stream a client of tenant opened on a live job (its
 // events, a stored response's): it takes one of the tenant's streams first (a *LimitError at
 // the cap, limits.go); release gives it back once the stream has ended.
-func (c *Core) FollowStream(ctx context.Context, tenant, key, jobID string, epoch int) (fl *jobs.Follower, release func(), err error) {
+func (c *Core) FollowStream(ctx context.Context, tenant, key, jobID string, epoch int, stream bool) (fl *jobs.Follower, release func(), err error) {
 	release, err = c.limitsOf(tenant).stream()
 	if err != nil {
 		return nil, nil, err
 	}
-	if fl, err = c.Follow(ctx, key, jobID, epoch); err != nil {
+	if fl, err = c.Follow(ctx, key, jobID, epoch, stream); err != nil {
 		release()
 		return nil, nil, err
 	}

@@ -120,7 +120,7 @@ func TestTakeOverRace(t *testing.T) {
 			if err := oldPub.Publish(ctx, jobs.KindData, 0, []byte("zombie")); !errors.Is(err, jobs.ErrFenced) {
 				t.Fatalf("old epoch's publisher: %v, want ErrFenced", err)
 			}
-			old, err := e.core.Follow(ctx, req.Key, first.JobID, 1)
+			old, err := e.core.Follow(ctx, req.Key, first.JobID, 1, req.Stream)
 			if err != nil {
 				t.Fatal(err)
 			}
