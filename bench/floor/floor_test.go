@@ -41,19 +41,27 @@ const (
 // jobs at once, as worker slots run them), writes the final record (KV update), publishes the
 // terminal chunk (memory stream), appends the charge (file stream, Nats-Msg-Id) and acks the
 // job, in the gateway's order (an outcome is announced once stored, and charged after); the API
-// side returns on the chunk.
+// side returns on the chunk. The notice variants announce the outcome as a plain message that
+// no stream stores (what the gateway does on one server since issue 36): four stored messages
+// instead of five.
 func BenchmarkNewIntent(b *testing.B) {
 	for _, mode := range []struct {
 		name string
 		sync time.Duration
 	}{{"sync_1s", time.Second}, {"synced", 0}} {
-		for _, c := range []int{64, 1} {
-			b.Run(mode.name+"/c"+strconv.Itoa(c), func(b *testing.B) { benchNewIntent(b, mode.sync, c) })
+		for _, notice := range []bool{false, true} {
+			for _, c := range []int{64, 1} {
+				name := mode.name + "/c" + strconv.Itoa(c)
+				if notice {
+					name = mode.name + "/notice/c" + strconv.Itoa(c)
+				}
+				b.Run(name, func(b *testing.B) { benchNewIntent(b, mode.sync, c, notice) })
+			}
 		}
 	}
 }
 
-func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int) {
+func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, notice bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	s := testkit.RunJetStream(b, syncInterval)
@@ -91,7 +99,11 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int) {
 			if _, err := wkv.Update(ctx, key, final, rev); err != nil {
 				return err
 			}
-			if _, err := worker.Publish(ctx, "chunks."+key+".1", chunk); err != nil {
+			if notice {
+				if err := worker.Conn().Publish("notice.chunks."+key+".1", chunk); err != nil {
+					return err
+				}
+			} else if _, err := worker.Publish(ctx, "chunks."+key+".1", chunk); err != nil {
 				return err
 			}
 			if _, err := worker.Publish(ctx, "ledger.tenant", charge, jetstream.WithMsgID("charge."+key)); err != nil {
@@ -121,10 +133,14 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int) {
 		handlers.Wait()
 	}()
 
-	// One subscription for every terminal chunk, handed to the waiting intent by key.
+	// One subscription for every terminal chunk (or notice), handed to the waiting intent by key.
 	var waiting sync.Map // key → chan struct{}
-	sub, err := s.NC.Subscribe("chunks.>", func(m *nats.Msg) {
-		key := m.Subject[len("chunks.") : len(m.Subject)-len(".1")]
+	prefix := "chunks."
+	if notice {
+		prefix = "notice.chunks."
+	}
+	sub, err := s.NC.Subscribe(prefix+">", func(m *nats.Msg) {
+		key := m.Subject[len(prefix) : len(m.Subject)-len(".1")]
 		if ch, ok := waiting.LoadAndDelete(key); ok {
 			close(ch.(chan struct{}))
 		}
