@@ -340,7 +340,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	if mdErr == nil && md.NumDelivered > 1 {
 		p.opts.Metrics.Redelivered()
 	}
-	if p.runs(wire.Key) {
+	if !p.keyFree(ctx, wire.Key) {
 		// This pool runs the key now (also a job delivered again as new: see deliveredAgain),
 		// maybe still writing its outcome: asked again once that is done.
 		_ = m.NakWithDelay(time.Second)
@@ -534,6 +534,35 @@ func (p *Pool) dropRequest(key string, rec *kv.Record, log zerolog.Logger) {
 const dropTimeout = 2 * time.Second
 
 // runs reports whether this pool runs an execution of key now.
+// keyWait bounds how long a job waits for this pool's execution of the same key to end before
+// it is handed back. That execution is usually writing its outcome (its charge, its ack): a
+// new epoch of the key (an auto key reclaimed after its window, once the last answer was
+// read) arrives then. Handed back, the job would come again as a redelivery, which waits for
+// the epoch's lease to run out: a whole lease for an epoch nobody runs.
+const keyWait = 2 * time.Second
+
+// keyFree waits, at most keyWait, until this pool runs no execution of key; false if one
+// still runs (or ctx ended).
+func (p *Pool) keyFree(ctx context.Context, key string) bool {
+	if !p.runs(key) {
+		return true
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.Now().Add(keyWait)
+	for p.runs(key) {
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
+}
+
 func (p *Pool) runs(key string) bool {
 	p.runningMu.Lock()
 	defer p.runningMu.Unlock()
