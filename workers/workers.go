@@ -340,13 +340,16 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	if mdErr == nil && md.NumDelivered > 1 {
 		p.opts.Metrics.Redelivered()
 	}
-	if !p.keyFree(ctx, wire.Key) {
+	waited := p.runs(wire.Key)
+	if waited && !p.keyFree(ctx, wire.Key) {
 		// This pool runs the key now (also a job delivered again as new: see deliveredAgain),
 		// maybe still writing its outcome: asked again once that is done.
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	trusted := mdErr == nil && trustSent(md, sent, time.Now())
+	// After a wait for the key, the record the job carries is no longer to be trusted: the
+	// execution that ended may have finished this very epoch.
+	trusted := !waited && mdErr == nil && trustSent(md, sent, time.Now())
 	if !trusted {
 		// From the leader: a replica that has not caught up (a restarted node's) may still
 		// show PENDING an execution that finished, and this job would run it again.
