@@ -164,6 +164,7 @@ func duplicateKey(data []byte) bool {
 	}
 	var stack []*frame
 	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber() // a float64 token would end the walk at a number out of its range
 	for {
 		tok, err := dec.Token()
 		if err != nil {
