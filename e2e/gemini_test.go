@@ -161,14 +161,7 @@ func TestGeminiNonStream(t *testing.T) {
 	if err := json.Unmarshal(r.body, &sent); err != nil || len(sent.Contents) != 1 || sent.SystemInstruction == nil || sent.GenerationConfig["maxOutputTokens"] != float64(64) {
 		t.Errorf("upstream body %s: want one content, the system instruction and maxOutputTokens 64", r.body)
 	}
-	retry := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	expect(t, retry, 200, "replayed")
-	if !bytes.Equal(retry.Body, resp.Body) {
-		t.Errorf("replay %s\ndiffers from the answer %s", retry.Body, resp.Body)
-	}
-	if st := up.Mock.Stats(); st.Requests != 1 {
-		t.Errorf("backend executions %d, want 1", st.Requests)
-	}
+	expectReplayedOnce(t, gw.URL, body, key, resp, up)
 }
 
 func TestGeminiStream(t *testing.T) {
@@ -188,14 +181,7 @@ func TestGeminiStream(t *testing.T) {
 	if r := up.requests(); len(r) != 1 || r[0].path != "/v1beta/models/"+geminiModel+":streamGenerateContent" || r[0].query != "alt=sse" {
 		t.Errorf("upstream requests %+v, want one streamGenerateContent?alt=sse", r)
 	}
-	retry := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": key})
-	expect(t, retry, 200, "replayed")
-	if !bytes.Equal(retry.Body, resp.Body) {
-		t.Errorf("replay differs from the live stream:\n%s\n%s", retry.Body, resp.Body)
-	}
-	if st := up.Mock.Stats(); st.Requests != 1 {
-		t.Errorf("backend executions %d, want 1", st.Requests)
-	}
+	expectReplayedOnce(t, gw.URL, body, key, resp, up)
 }
 
 // A stream that breaks after output is kept with an explicit stream_interrupted error, as on

@@ -36,12 +36,8 @@ const Bucket = "IDEM"
 // memory stream JOBIDX that held one message per id did, until issue 36), and an id is found
 // from the first send of its execution for as long as PROGRESS keeps it (an hour, the last
 // progressMaxMsgs executions). A queued job's id, or one that ran on a bypassed request's local
-// execution, answers 404; its key still works.
-
-// LegacyIndexStream is the memory stream older versions indexed synchronous job ids in. It is
-// no longer read or written; it empties itself within its hour (or at its server's restart),
-// and an operator may delete it once every node runs this version.
-const LegacyIndexStream = "JOBIDX"
+// execution, answers 404; its key still works. JOBIDX, left by an older version, is no longer
+// read or written (docs/operations/upgrading.md).
 
 // Sentinel errors.
 var (

@@ -340,8 +340,8 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 	if mdErr == nil && md.NumDelivered > 1 {
 		p.opts.Metrics.Redelivered()
 	}
-	waited := p.runs(wire.Key)
-	if waited && !p.keyFree(ctx, wire.Key) {
+	free, waited := p.keyFree(ctx, wire.Key)
+	if !free {
 		// This pool runs the key now (also a job delivered again as new: see deliveredAgain),
 		// maybe still writing its outcome: asked again once that is done.
 		_ = m.NakWithDelay(time.Second)
@@ -544,26 +544,26 @@ const dropTimeout = 2 * time.Second
 // the epoch's lease to run out: a whole lease for an epoch nobody runs.
 const keyWait = 2 * time.Second
 
-// keyFree waits, at most keyWait, until this pool runs no execution of key; false if one
-// still runs (or ctx ended).
-func (p *Pool) keyFree(ctx context.Context, key string) bool {
+// keyFree waits, at most keyWait, until this pool runs no execution of key: free is false if
+// one still runs (or ctx ended), waited true if one ran when it was asked.
+func (p *Pool) keyFree(ctx context.Context, key string) (free, waited bool) {
 	if !p.runs(key) {
-		return true
+		return true, false
 	}
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
 	deadline := time.Now().Add(keyWait)
 	for p.runs(key) {
 		if !time.Now().Before(deadline) {
-			return false
+			return false, true
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return false, true
 		case <-t.C:
 		}
 	}
-	return true
+	return true, true
 }
 
 func (p *Pool) runs(key string) bool {
