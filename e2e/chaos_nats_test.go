@@ -421,6 +421,19 @@ func (c *chaosEnv) acknowledged() acked {
 // older revision, a ledger entry missing or different.
 func (c *chaosEnv) lostSince(a acked) []string {
 	c.t.Helper()
+	// After a power cut the servers answer health checks before every stream has elected its
+	// leader again (CI, under load, saw the reads below outlast 30 s): wait for both streams
+	// to answer first, so the reads measure what was kept, not how long an election takes.
+	testkit.CheckFor(c.t, time.Minute, 100*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for _, name := range []string{kv.BucketStream, ledger.StreamName} {
+			if _, err := c.js.Stream(ctx, name); err != nil {
+				return fmt.Errorf("stream %s: %w", name, err)
+			}
+		}
+		return nil
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var lost []string
