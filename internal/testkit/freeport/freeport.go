@@ -8,14 +8,25 @@
 // exactly that ("cluster listen 127.0.0.1:37693: bind: address already in use"). Ports below
 // the ephemeral range are never handed to outgoing connections, so Addr picks one there at
 // random and checks it can be bound.
+//
+// A port is free when asked, but nothing is bound to it until the server starts, so two
+// draws could return the same port: a three-node cluster draws about twenty, and CI saw one
+// server's monitor port taken by a sibling's ("can't listen to the monitor port: bind:
+// address already in use"). Each returned port is therefore reserved until the test ends by
+// an exclusive lock on a file named after it, which every test process on the machine
+// honours and which the kernel drops if the process dies.
 package freeport
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -28,20 +39,34 @@ const (
 )
 
 // Addr returns "127.0.0.1:port" for a port outside the ephemeral range that was free when
-// asked. Two tests asking at the same moment could still draw the same port (one in about
-// twelve thousand); where no such port is free, it falls back to one the kernel picks.
+// asked and that no other Addr on the machine returns until t ends; where no such port is
+// free, it falls back to one the kernel picks.
 func Addr(t testing.TB) string {
 	t.Helper()
+	dir, err := lockDir()
+	if err != nil {
+		t.Fatalf("freeport: %v", err)
+	}
 	lo, hi := floor, ephemeralLow()
 	for range attempts {
 		if hi <= lo {
 			break
 		}
-		addr := fmt.Sprintf("127.0.0.1:%d", lo+rand.IntN(hi-lo))
+		port := lo + rand.IntN(hi-lo)
+		lock, err := reserve(dir, port)
+		if errors.Is(err, errReserved) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("freeport: %v", err)
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		if ln, err := net.Listen("tcp", addr); err == nil {
 			ln.Close()
+			t.Cleanup(func() { lock.Close() })
 			return addr
 		}
+		lock.Close()
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -49,6 +74,35 @@ func Addr(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// errReserved: another Addr (in this process or another) holds the port.
+var errReserved = errors.New("port reserved")
+
+// lockDir is the directory of the per-port lock files, shared by every test process.
+func lockDir() (string, error) {
+	dir := filepath.Join(os.TempDir(), "oncegate-freeport")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("lock directory: %w", err)
+	}
+	return dir, nil
+}
+
+// reserve takes the exclusive lock of port's file, or returns errReserved. flock locks
+// belong to the open file, so a second open in the same process conflicts too.
+func reserve(dir string, port int) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o600) // #nosec G304 -- a port number under our own lock directory
+	if err != nil {
+		return nil, fmt.Errorf("lock file: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errReserved
+		}
+		return nil, fmt.Errorf("lock %d: %w", port, err)
+	}
+	return f, nil
 }
 
 // ephemeralLow is the first port of the kernel's ephemeral range.
