@@ -318,6 +318,21 @@ func WithReconcileHorizon(d time.Duration) Option {
 	return func(l *Ledger) { l.reconcileHorizon = d }
 }
 
+// DefaultReconcileLimit is the most intents Reconcile's summary keeps (about 100 bytes each:
+// 100 MiB) when it has a horizon. A horizon alone bounds the summary by time, which at a high
+// rate and a long record TTL is still unbounded in size (1,000 intents/s over a 48 h horizon
+// are 17 GB).
+const DefaultReconcileLimit = 1 << 20
+
+// WithReconcileLimit bounds Reconcile's summary by size, when it has a horizon (default
+// DefaultReconcileLimit; 0: no bound): past n intents, the intents charged once whose charges
+// are the oldest are forgotten before the horizon, down to 7/8 of n, and the report and the
+// log say so. A second charge of such an intent is then not reversed; one comes from a
+// takeover of the same job, minutes after the first, far inside what 7/8 of n intents span.
+func WithReconcileLimit(n int) Option {
+	return func(l *Ledger) { l.reconcileLimit = n }
+}
+
 // WithClock sets the clock that stamps entries (default time.Now).
 func WithClock(now func() time.Time) Option { return func(l *Ledger) { l.now = now } }
 
@@ -337,6 +352,8 @@ type Ledger struct {
 	horizon  time.Duration
 	// reconcileHorizon bounds Reconcile's summary (WithReconcileHorizon).
 	reconcileHorizon time.Duration
+	// reconcileLimit bounds it by size (WithReconcileLimit).
+	reconcileLimit int
 
 	mu     sync.Mutex
 	st     jetstream.Stream
@@ -360,7 +377,8 @@ func New(js jetstream.JetStream, prices Prices, currency string, opts ...Option)
 	if currency == "" {
 		currency = DefaultCurrency
 	}
-	l := &Ledger{js: js, prices: prices, currency: currency, log: zerolog.Nop(), now: time.Now, chains: map[string]*chain{}}
+	l := &Ledger{js: js, prices: prices, currency: currency, log: zerolog.Nop(), now: time.Now, chains: map[string]*chain{},
+		reconcileLimit: DefaultReconcileLimit}
 	for _, o := range opts {
 		o(l)
 	}

@@ -24,6 +24,9 @@ type ReconcileReport struct {
 	// again past the dedup horizon without ChargeInput.After): Reconcile counts the first and
 	// leaves the others for an operator; Verify reports them.
 	RepeatedIDs []string `json:"repeated_ids,omitempty"`
+	// ForgottenEarly counts the intents charged once that the summary, at its size bound
+	// (WithReconcileLimit), forgot before the horizon.
+	ForgottenEarly int `json:"forgotten_early,omitempty"`
 }
 
 // Duplicate is an intent (tenant, job id) with more than one charge standing; KeyHash is the
@@ -74,6 +77,9 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	defer rs.mu.Unlock()
 	if rs.p == nil {
 		rs.p, rs.lastSeq = newPlanner(l.reconcileHorizon), 0
+		if l.reconcileHorizon > 0 {
+			rs.p.limit = l.reconcileLimit
+		}
 	}
 	var rep ReconcileReport
 	// Entries read are kept even if the scan fails half way: the summary stays exact up to lastSeq.
@@ -83,6 +89,11 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rs.lastSeq = e.Seq
 		rep.Entries++
+		if cutoff, n := rs.p.trim(); n > 0 {
+			rep.ForgottenEarly += n
+			l.log.Warn().Int("limit", rs.p.limit).Int("forgotten", n).Time("charged_before", cutoff).
+				Msg("reconcile summary at its size bound: intents charged once forgotten before the horizon")
+		}
 		return nil
 	})
 	if err != nil {
@@ -177,8 +188,10 @@ type planner struct {
 	// horizon > 0: intents charged once are forgotten once their charge is older than it
 	// (forgetOld, run every horizon/8 of entry time).
 	horizon time.Duration
-	newest  time.Time // the latest entry time added
-	swept   time.Time // newest at the last forgetOld
+	// limit > 0: past limit intents, trim forgets the oldest charged once (WithReconcileLimit).
+	limit  int
+	newest time.Time // the latest entry time added
+	swept  time.Time // newest at the last forgetOld
 }
 
 type chargeRef struct {
@@ -336,6 +349,32 @@ func (p *planner) clean() {
 		p.forgetOld(p.newest.Add(-p.horizon))
 		p.swept = p.newest
 	}
+}
+
+// trim forgets, when the summary holds more than limit intents, the intents charged once
+// whose charges are the oldest, down to 7/8 of limit (fewer if the rest were charged more
+// than once; more if several share the last forgotten second). It returns the cutoff (charges
+// before it forgotten) and how many intents it forgot. Sorting the charge times costs
+// O(n log n) once per limit/8 intents added.
+func (p *planner) trim() (cutoff time.Time, forgot int) {
+	if p.limit <= 0 || len(p.intents) <= p.limit {
+		return time.Time{}, 0
+	}
+	ats := make([]int64, 0, len(p.intents))
+	for k, first := range p.intents {
+		if len(p.more[k]) == 0 {
+			ats = append(ats, first.at)
+		}
+	}
+	excess := min(len(p.intents)-p.limit*7/8, len(ats))
+	if excess <= 0 {
+		return time.Time{}, 0
+	}
+	slices.Sort(ats)
+	cutoff = time.Unix(ats[excess-1]+1, 0)
+	before := len(p.intents)
+	p.forgetOld(cutoff)
+	return cutoff, before - len(p.intents)
 }
 
 // forgetOld drops the intents charged once whose charge is older than cutoff, with their
