@@ -76,7 +76,7 @@ func (ex *execution) relayFirstToken(ctx context.Context, ans *answer) (*relay, 
 			ex.finishFailed(ctx, fail) // the re-send may have run (written, no answer): kept
 			return nil, nil, false
 		case next == nil:
-			ex.finishFailed(ctx, ex.brokeBeforeFirstToken(fail))
+			ex.finishFailed(ctx, ex.brokeBeforeFirstToken(fail, r.broke))
 			return nil, nil, false
 		case next.resp.StatusCode != http.StatusOK:
 			// A 4xx that will fail the same way again is the outcome: stored and replayed.
@@ -119,8 +119,9 @@ func (ex *execution) resendStream(ctx context.Context, b Backend) (next *answer,
 }
 
 // brokeBeforeFirstToken is the released outcome of a stream no attempt got past the first
-// token of: the last refusal of a re-send when there was one, else the break itself.
-func (ex *execution) brokeBeforeFirstToken(last *failure) *failure {
+// token of: the last refusal of a re-send when there was one, else the break itself (the
+// last attempt's, broke).
+func (ex *execution) brokeBeforeFirstToken(last *failure, broke error) *failure {
 	if last == nil {
 		// Said as it happened: a route allowed one attempt, or its deadline no re-send (issue
 		// 34: "on every attempt" after one).
@@ -128,8 +129,12 @@ func (ex *execution) brokeBeforeFirstToken(last *failure) *failure {
 		if ex.attempts > 1 {
 			how = fmt.Sprintf("on all %d attempts", ex.attempts)
 		}
+		what, said := "the model backend's stream broke", ""
+		if errors.Is(broke, errStreamEvent) {
+			what, said = "the model backend reported an error in its stream", backendMessage(broke)
+		}
 		last = &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_stream_broken",
-			"the model backend's stream broke before its first token "+how+"; nothing was generated, so a retry is safe")}
+			what+" before its first token "+how+said+"; nothing was generated, so a retry is safe")}
 	}
 	return released(last)
 }
