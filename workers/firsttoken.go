@@ -18,8 +18,9 @@ import (
 //
 // What makes that safe is that nothing of the broken attempt left the worker: the relay holds
 // a stream's opening events (OpenAI's role-only chunk; Anthropic's message_start,
-// content_block_start, ping, or an error event) back until the first event that carries
-// content or ends the answer, and only then publishes them with it. So the CHUNKS subject of
+// content_block_start, ping) back until the first event that carries content or ends the
+// answer, and only then publishes them with it. A backend's error event before that is a
+// break like a cut connection (relay.run): its frame is never published. So the CHUNKS subject of
 // the epoch stays empty until an attempt gets past its first token: a joiner, a replay and
 // the record all see one stream starting at index 0, with one role chunk, whose first chunk's
 // metadata already counts the attempts that broke.
