@@ -80,9 +80,30 @@ type Out struct {
 	Usage []byte
 	// Token: the event carried output (counted as one token of progress).
 	Token bool
-	// Err: the backend reported the stream failed (an error event); relaying goes on.
+	// Err: the backend reported the stream failed (an error event). The relay handles it as a
+	// break of the stream: Frame is not relayed, and nothing after it is read. An error event
+	// that carries the backend's message is an *EventError.
 	Err error
 }
+
+// EventError is an Out.Err for a backend's in-stream error event: Kind is the dialect's
+// sentinel (openai.ErrStreamEvent…), Message the backend's message text ("" without one). It
+// reads as fmt.Errorf("%w: %s", Kind, Message) would; it is a type so that the worker can say
+// the backend's message to its clients without parsing an error string.
+type EventError struct {
+	Kind    error
+	Message string
+}
+
+func (e *EventError) Error() string {
+	if e.Message == "" {
+		return e.Kind.Error()
+	}
+	return e.Kind.Error() + ": " + e.Message
+}
+
+// Unwrap is Kind, for errors.Is.
+func (e *EventError) Unwrap() error { return e.Kind }
 
 // Continued says, to a Stream decoding a continuation, what the final metadata reports.
 type Continued struct {

@@ -18,8 +18,9 @@ import (
 //
 // What makes that safe is that nothing of the broken attempt left the worker: the relay holds
 // a stream's opening events (OpenAI's role-only chunk; Anthropic's message_start,
-// content_block_start, ping, or an error event) back until the first event that carries
-// content or ends the answer, and only then publishes them with it. So the CHUNKS subject of
+// content_block_start, ping) back until the first event that carries content or ends the
+// answer, and only then publishes them with it. A backend's error event before that is a
+// break like a cut connection (relay.run): its frame is never published. So the CHUNKS subject of
 // the epoch stays empty until an attempt gets past its first token: a joiner, a replay and
 // the record all see one stream starting at index 0, with one role chunk, whose first chunk's
 // metadata already counts the attempts that broke.
@@ -76,7 +77,7 @@ func (ex *execution) relayFirstToken(ctx context.Context, ans *answer) (*relay, 
 			ex.finishFailed(ctx, fail) // the re-send may have run (written, no answer): kept
 			return nil, nil, false
 		case next == nil:
-			ex.finishFailed(ctx, ex.brokeBeforeFirstToken(fail))
+			ex.finishFailed(ctx, ex.brokeBeforeFirstToken(fail, r.broke))
 			return nil, nil, false
 		case next.resp.StatusCode != http.StatusOK:
 			// A 4xx that will fail the same way again is the outcome: stored and replayed.
@@ -119,8 +120,9 @@ func (ex *execution) resendStream(ctx context.Context, b Backend) (next *answer,
 }
 
 // brokeBeforeFirstToken is the released outcome of a stream no attempt got past the first
-// token of: the last refusal of a re-send when there was one, else the break itself.
-func (ex *execution) brokeBeforeFirstToken(last *failure) *failure {
+// token of: the last refusal of a re-send when there was one, else the break itself (the
+// last attempt's, broke).
+func (ex *execution) brokeBeforeFirstToken(last *failure, broke error) *failure {
 	if last == nil {
 		// Said as it happened: a route allowed one attempt, or its deadline no re-send (issue
 		// 34: "on every attempt" after one).
@@ -128,8 +130,12 @@ func (ex *execution) brokeBeforeFirstToken(last *failure) *failure {
 		if ex.attempts > 1 {
 			how = fmt.Sprintf("on all %d attempts", ex.attempts)
 		}
+		what, said := "the model backend's stream broke", ""
+		if errors.Is(broke, errStreamEvent) {
+			what, said = "the model backend reported an error in its stream", backendMessage(broke)
+		}
 		last = &failure{status: http.StatusBadGateway, body: ex.errorBody(http.StatusBadGateway, "backend_stream_broken",
-			"the model backend's stream broke before its first token "+how+"; nothing was generated, so a retry is safe")}
+			what+" before its first token "+how+said+"; nothing was generated, so a retry is safe")}
 	}
 	return released(last)
 }

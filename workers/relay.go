@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/internal/openaiwire"
@@ -136,20 +137,31 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 				return false
 			}
 			dev := dialect.Event{Name: ev.name, Data: ev.data}
-			if !r.started && !r.st.Opening(dev) {
-				r.begin()
-			}
 			var cont *dialect.Continued
 			if continued {
 				cont = &dialect.Continued{First: first, Resumed: r.resumed, Attempts: r.ex.earlier + r.ex.attempts}
 			}
 			out := r.st.Decode(dev, cont)
 			first = false
+			if out.Err != nil {
+				// The backend's error event is a break of the stream, whatever clean end may
+				// follow it (vLLM sends [DONE] after it): its frame is neither relayed nor
+				// stored, and the break is handled as a broken connection is (re-sent before
+				// the first token, continued, or failed with the partial output). Decoded
+				// before begin, so an error as the first event has not started the stream.
+				if ferr := r.flush(ctx); ferr != nil {
+					r.broke = ferr
+					return false
+				}
+				r.broke = fmt.Errorf("%w: %w", errStreamEvent, out.Err)
+				r.ex.log.Warn().Err(r.broke).Int("chunks", r.ex.pub.Next()).Msg("backend reported an error in its stream; handled as a break")
+				return false
+			}
+			if !r.started && !r.st.Opening(dev) {
+				r.begin()
+			}
 			if out.Token {
 				r.ex.tokens.Add(1)
-			}
-			if out.Err != nil {
-				r.broke = out.Err
 			}
 			switch {
 			case out.Frame == nil:
@@ -274,7 +286,7 @@ func (r *relay) finish(ctx context.Context, ok bool) {
 			return
 		}
 		res := &kv.Result{Status: http.StatusOK, Events: r.all, Partial: true, Resumed: r.resumed, ContinuationUsage: kvUsages(r.st.ContinuationUsage()),
-			Body: ex.client().StreamError(streamBrokeMessage)}
+			Body: ex.client().StreamError(brokeMessage(r.broke))}
 		ex.finishFailedAfterOutput(ctx, res)
 		return
 	}
@@ -290,6 +302,47 @@ func (r *relay) finish(ctx context.Context, ok bool) {
 // streamBrokeMessage is the message of the terminal error event of a stream that broke after
 // output.
 const streamBrokeMessage = "the model backend's stream broke after partial output and could not be continued; not retried to avoid a repeated prefix"
+
+// errStreamEvent is a relay's break by the backend's own error event in the stream (a
+// dialect's Out.Err), as opposed to a broken connection.
+var errStreamEvent = errors.New("workers: the backend reported an error in its stream")
+
+// brokeMessage is the message of the terminal error event of a stream that broke after output
+// for the cause broke: streamBrokeMessage, or, when the backend reported an error event, one
+// that says so with the backend's message text (bounded; nothing else of the event).
+func brokeMessage(broke error) string {
+	if !errors.Is(broke, errStreamEvent) {
+		return streamBrokeMessage
+	}
+	return "the model backend reported an error mid-stream" + backendMessage(broke) +
+		"; the partial output could not be continued and is not retried, to avoid a repeated prefix"
+}
+
+// backendMessage is ": " and the backend's message text of an error event in err (bounded),
+// or "" when err has none.
+func backendMessage(err error) string {
+	var ee *dialect.EventError
+	if !errors.As(err, &ee) || ee.Message == "" {
+		return ""
+	}
+	return ": " + backendSaid(ee.Message)
+}
+
+// maxSaid bounds the backend's message text repeated to the clients.
+const maxSaid = 200
+
+// backendSaid is a backend's message as the gateway repeats it: at most maxSaid bytes, cut
+// at a character's boundary.
+func backendSaid(msg string) string {
+	if len(msg) <= maxSaid {
+		return msg
+	}
+	cut := maxSaid
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "…"
+}
 
 // kvUsage is a dialect's usage as the record keeps it.
 func kvUsage(u *dialect.Usage) *kv.Usage {

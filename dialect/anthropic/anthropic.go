@@ -22,7 +22,8 @@ import (
 	"github.com/oncegate/oncegate/internal/openaiwire"
 )
 
-// ErrStreamEvent is a Stream's Out.Err for an error event in the stream.
+// ErrStreamEvent is a Stream's Out.Err (a *dialect.EventError) for an error event in the
+// stream ({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}).
 var ErrStreamEvent = errors.New("anthropic stream error event")
 
 // Dialect is the Messages dialect.
@@ -129,6 +130,9 @@ type event struct {
 		InputTokens  int `json:"input_tokens"`
 		OutputTokens int `json:"output_tokens"`
 	} `json:"usage"`
+	Error struct {
+		Message string `json:"message"`
+	} `json:"error"`
 }
 
 // Opening: message_start, content_block_start, ping, or an error event.
@@ -207,7 +211,7 @@ func (s *Stream) Decode(ev dialect.Event, c *dialect.Continued) dialect.Out {
 	case "message_stop":
 		s.sawStop = true
 	case "error":
-		out.Err = ErrStreamEvent
+		out.Err = &dialect.EventError{Kind: ErrStreamEvent, Message: e.Error.Message}
 	}
 	out.Frame = openaiwire.AppendNamedFrame(nil, name, data)
 	return out

@@ -330,7 +330,8 @@ func (Dialect) ErrorBody(status int, body []byte) []byte {
 // NewStream implements dialect.Dialect.
 func (Dialect) NewStream(o dialect.StreamOptions) dialect.Stream { return &Stream{model: o.Model} }
 
-// ErrStreamError is a Stream's Out.Err for an error object in the stream.
+// ErrStreamError is a Stream's Out.Err for an error object in the stream (a
+// *dialect.EventError with the object's message), or for an event that is not JSON.
 var ErrStreamError = errors.New("gemini: error in the stream")
 
 // Stream decodes a streamGenerateContent (alt=sse) stream into chat.completion.chunk frames.
@@ -353,7 +354,7 @@ func (s *Stream) Decode(ev dialect.Event, _ *dialect.Continued) dialect.Out {
 		return dialect.Out{Err: fmt.Errorf("%w: %v", ErrStreamError, err)}
 	}
 	if r.Error != nil {
-		return dialect.Out{Err: fmt.Errorf("%w: %s", ErrStreamError, r.Error.Message)}
+		return dialect.Out{Err: &dialect.EventError{Kind: ErrStreamError, Message: r.Error.Message}}
 	}
 	var out dialect.Out
 	if s.id == "" {

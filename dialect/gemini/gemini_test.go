@@ -70,7 +70,7 @@ func TestStream(t *testing.T) {
 	if got := s.Usage(); got == nil || *got != (dialect.Usage{PromptTokens: 4, CompletionTokens: 2, TotalTokens: 6}) {
 		t.Errorf("Usage() = %+v", got)
 	}
-	if out := s.Decode(dialect.Event{Data: []byte(`{"error":{"code":500,"message":"boom","status":"INTERNAL"}}`)}, nil); !errors.Is(out.Err, ErrStreamError) {
+	if out := s.Decode(dialect.Event{Data: []byte(`{"error":{"code":500,"message":"boom","status":"INTERNAL"}}`)}, nil); !errors.Is(out.Err, ErrStreamError) || out.Err.Error() != ErrStreamError.Error()+": boom" {
 		t.Errorf("error object: %+v", out)
 	}
 }

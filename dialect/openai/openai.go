@@ -8,7 +8,9 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -16,8 +18,13 @@ import (
 	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/jsonscan"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 )
+
+// ErrStreamEvent is a Stream's Out.Err (a *dialect.EventError) for an error chunk in the
+// stream: {"error": …} where a chat.completion.chunk was expected, as vLLM sends mid-stream.
+var ErrStreamEvent = errors.New("openai stream error event")
 
 // Dialect is the Chat Completions dialect.
 type Dialect struct{}
@@ -120,9 +127,12 @@ func (s *Stream) Opening(ev dialect.Event) bool {
 }
 
 // Decode relays a chunk as it is; the usage-only chunk goes apart; a continuation's chunks
-// take the original stream's identity.
+// take the original stream's identity; an error chunk is the stream's failure (Out.Err).
 func (s *Stream) Decode(ev dialect.Event, c *dialect.Continued) dialect.Out {
 	data := ev.Data
+	if msg, ok := errorEvent(data); ok {
+		return dialect.Out{Err: &dialect.EventError{Kind: ErrStreamEvent, Message: msg}}
+	}
 	if u, ok := openaiwire.UsageOnly(data); ok {
 		usage := dialect.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
 		if c != nil {
@@ -150,6 +160,41 @@ func (s *Stream) Decode(ev dialect.Event, c *dialect.Continued) dialect.Out {
 		s.note(data)
 	}
 	return dialect.Out{Frame: openaiwire.AppendFrame(nil, data), Token: true}
+}
+
+// errorEvent reports whether data is an error chunk, and its message: an object with a
+// top-level "error" member (not null) and no "choices", as vLLM sends it mid-stream
+// ({"error":{"message":…}}) before its [DONE]; some servers send the message as a string.
+// Cheap for the chunks of every stream: only a chunk that holds the bytes `"error"` (a key, or
+// a whole string "error") is scanned; a content that merely quotes the word holds `\"error\"`.
+func errorEvent(data []byte) (msg string, ok bool) {
+	if !bytes.Contains(data, []byte(`"error"`)) {
+		return "", false
+	}
+	members, err := jsonscan.Object(data)
+	if err != nil {
+		return "", false
+	}
+	var e []byte
+	for _, m := range members {
+		switch m.Name() {
+		case "error":
+			e = m.Value
+		case "choices":
+			return "", false
+		}
+	}
+	if e == nil || string(e) == "null" {
+		return "", false
+	}
+	var obj struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(e, &obj) == nil {
+		return obj.Message, true
+	}
+	_ = json.Unmarshal(e, &msg) // a string; anything else is an error without a message
+	return msg, true
 }
 
 // Ended: an OpenAI stream ends with [DONE], never with a terminal event.

@@ -3,6 +3,7 @@ package openai_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"testing"
 
@@ -111,6 +112,53 @@ func TestStream(t *testing.T) {
 	}
 	if s.Ended() || s.ContinuationUsage() != nil {
 		t.Errorf("Ended %v, ContinuationUsage %v; want false, none", s.Ended(), s.ContinuationUsage())
+	}
+}
+
+// TestErrorChunk: a chunk whose top-level object has an "error" member and no "choices" is
+// the backend's in-stream error event (vLLM sends one mid-stream, then [DONE]): an error that
+// wraps ErrStreamEvent and carries the backend's message, no frame, no token. A chunk that
+// only says "error" in its content, or carries choices beside an "error", is relayed as it is.
+func TestErrorChunk(t *testing.T) {
+	const (
+		vllmError   = `{"error":{"message":"mock in-stream error","type":"server_error","param":null,"code":null}}`
+		stringError = `{"error":"Overloaded","object":"error"}`
+		errorText   = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":100,"model":"m-0613","choices":[{"index":0,"delta":{"content":"error"},"finish_reason":null}]}`
+		quotedError = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":100,"model":"m-0613","choices":[{"index":0,"delta":{"content":"an \"error\": x"},"finish_reason":null}]}`
+		bothMembers = `{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}],"error":null}`
+	)
+	tests := []struct {
+		name, data string
+		msg        string // the error's message; "" for no error
+	}{
+		{"vLLM error chunk", vllmError, "mock in-stream error"},
+		{"error as a string", stringError, "Overloaded"},
+		{"spaced", `{ "error" : { "message" : "boom" } }`, "boom"},
+		{"normal chunk", helChunk, ""},
+		{"content says error", errorText, ""},
+		{"content quotes error", quotedError, ""},
+		{"choices beside error", bothMembers, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, continued := range []bool{false, true} {
+				s, c := startedStream(t, continued)
+				out := s.Decode(ev(tt.data), c)
+				if tt.msg == "" {
+					if out.Err != nil || out.Frame == nil || !out.Token {
+						t.Errorf("continued %v: Decode = %+v, want the chunk relayed, no error", continued, out)
+					}
+					continue
+				}
+				var ee *dialect.EventError
+				if !errors.Is(out.Err, openai.ErrStreamEvent) || !errors.As(out.Err, &ee) || ee.Message != tt.msg {
+					t.Errorf("continued %v: Err = %v, want ErrStreamEvent with message %q", continued, out.Err, tt.msg)
+				}
+				if out.Frame != nil || out.Usage != nil || out.Token {
+					t.Errorf("continued %v: Decode = %+v, want no frame, no token", continued, out)
+				}
+			}
+		})
 	}
 }
 
@@ -249,23 +297,31 @@ func TestDegraded(t *testing.T) {
 	}
 }
 
+// startedStream is a tracked stream that has sent helChunk and, when continued, the
+// Continued of its continuation's events (nil otherwise).
+func startedStream(t *testing.T, continued bool) (dialect.Stream, *dialect.Continued) {
+	t.Helper()
+	s := openai.New().NewStream(dialect.StreamOptions{Track: true, Model: "m"})
+	s.Decode(ev(helChunk), nil)
+	if !continued {
+		return s, nil
+	}
+	if _, err := s.Continuation([]byte(continueBody)); err != nil {
+		t.Fatal(err)
+	}
+	return s, &dialect.Continued{Resumed: 1, Attempts: 2}
+}
+
 // FuzzStream: any event, in a stream or in its continuation, decodes without panicking into
 // frames that are SSE data lines of valid JSON (or the event as it came).
 func FuzzStream(f *testing.F) {
-	for _, s := range []string{roleChunk, helChunk, finishChunk, usageChunk, contUsage, `{"choices":[{"delta":{"content":null}}]}`} {
+	for _, s := range []string{roleChunk, helChunk, finishChunk, usageChunk, contUsage, `{"choices":[{"delta":{"content":null}}]}`,
+		`{"error":{"message":"mock in-stream error","type":"server_error","param":null,"code":null}}`, `{"error":"x"}`} {
 		f.Add([]byte(s), false)
 		f.Add([]byte(s), true)
 	}
 	f.Fuzz(func(t *testing.T, in []byte, continued bool) {
-		s := openai.New().NewStream(dialect.StreamOptions{Track: true, Model: "m"})
-		s.Decode(ev(helChunk), nil)
-		var c *dialect.Continued
-		if continued {
-			if _, err := s.Continuation([]byte(continueBody)); err != nil {
-				t.Fatal(err)
-			}
-			c = &dialect.Continued{Resumed: 1, Attempts: 2}
-		}
+		s, c := startedStream(t, continued)
 		s.Opening(dialect.Event{Data: in})
 		out := s.Decode(dialect.Event{Data: in}, c)
 		for _, frame := range [][]byte{out.Frame, out.Usage} {

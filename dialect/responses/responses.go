@@ -16,7 +16,8 @@ import (
 	"github.com/oncegate/oncegate/internal/openaiwire"
 )
 
-// ErrStreamEvent is a Stream's Out.Err for an error event in the stream.
+// ErrStreamEvent is a Stream's Out.Err (a *dialect.EventError) for an error event in the
+// stream ({"type":"error","code":…,"message":…}).
 var ErrStreamEvent = errors.New("responses stream error event")
 
 // Dialect is the native Responses dialect; what is said without a backend is OpenAI's.
@@ -67,6 +68,7 @@ func (s *Stream) Opening(ev dialect.Event) bool {
 func (s *Stream) Decode(ev dialect.Event, _ *dialect.Continued) dialect.Out {
 	var e struct {
 		Type     string `json:"type"`
+		Message  string `json:"message"` // of an error event
 		Response *struct {
 			Usage *struct {
 				InputTokens  int `json:"input_tokens"`
@@ -91,7 +93,7 @@ func (s *Stream) Decode(ev dialect.Event, _ *dialect.Continued) dialect.Out {
 			s.usage = &dialect.Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens}
 		}
 	case "error":
-		out.Err = ErrStreamEvent
+		out.Err = &dialect.EventError{Kind: ErrStreamEvent, Message: e.Message}
 	}
 	out.Frame = openaiwire.AppendNamedFrame(nil, name, ev.Data)
 	return out

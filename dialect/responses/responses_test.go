@@ -75,6 +75,10 @@ func TestStream(t *testing.T) {
 			if out.Token != tt.token || out.Usage != nil || !errors.Is(out.Err, tt.err) || (tt.err == nil && out.Err != nil) {
 				t.Errorf("Decode = token %v, usage frame %q, err %v; want token %v, no usage frame, err %v", out.Token, out.Usage, out.Err, tt.token, tt.err)
 			}
+			var ee *dialect.EventError
+			if tt.err != nil && (!errors.As(out.Err, &ee) || ee.Message != "boom") {
+				t.Errorf("Err = %v, want the backend's message boom", out.Err)
+			}
 			if s.Ended() != tt.ended {
 				t.Errorf("Ended = %v, want %v", s.Ended(), tt.ended)
 			}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 )
 
@@ -155,14 +156,15 @@ func (s *Server) translateStream(w http.ResponseWriter, body io.Reader, inputTok
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	send := func(event string, v any) {
-		if _, err := w.Write(openaiwire.AppendNamedFrame(nil, event, marshal(v))); err != nil {
+	sendData := func(event string, data []byte) {
+		if _, err := w.Write(openaiwire.AppendNamedFrame(nil, event, data)); err != nil {
 			panic(http.ErrAbortHandler)
 		}
 		if flush(w) != nil {
 			panic(http.ErrAbortHandler)
 		}
 	}
+	send := func(event string, v any) { sendData(event, marshal(v)) }
 	er := openaiwire.NewEventReader(body)
 	started, finish := false, ""
 	var out int
@@ -173,6 +175,11 @@ func (s *Server) translateStream(w http.ResponseWriter, body io.Reader, inputTok
 		}
 		if err != nil {
 			panic(http.ErrAbortHandler) // the inner stream broke: so does this one
+		}
+		if isInStreamError(data) {
+			// Anthropic's in-stream error: an error event, then the body ends (no message_stop).
+			sendData("error", anthropicwire.ErrorBody("overloaded_error", "Overloaded"))
+			return
 		}
 		var c chunk
 		if err := json.Unmarshal(data, &c); err != nil {

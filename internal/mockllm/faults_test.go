@@ -3,6 +3,7 @@ package mockllm
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -293,5 +294,71 @@ func TestDropStart(t *testing.T) {
 				}
 			})
 		}
+	})
+}
+
+// TestErrorEventAfter: error_event_after sends fault_after tokens, then the API's in-stream
+// error event, then ends cleanly: Chat Completions the error chunk and [DONE] (as vLLM does),
+// Messages an error event and the end of the body (as Anthropic does). The bytes before the
+// error are the clean stream's. With fault_first_n the next request of the scope succeeds;
+// a non-stream request is answered normally.
+func TestErrorEventAfter(t *testing.T) {
+	const (
+		chatError = "data: {\"error\":{\"message\":\"mock in-stream error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\ndata: [DONE]\n\n"
+		msgError  = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	)
+	// frames is the first n SSE frames of a stream.
+	frames := func(body []byte, n int) string {
+		parts := strings.SplitAfter(string(body), "\n\n")
+		return strings.Join(parts[:n], "")
+	}
+	knobs := map[string]any{"fault": "error_event_after", "fault_after": 3, "fault_first_n": 1}
+	tests := []struct {
+		name, path string
+		body       func(mock map[string]any) string
+		before     int // the clean stream's frames before the error: its opening ones and 3 tokens
+		tail       string
+	}{
+		{"chat", "/v1/chat/completions", func(mock map[string]any) string {
+			return chatReq(t, map[string]any{"stream": true, "mock": mock})
+		}, 4, chatError},
+		{"messages", "/v1/messages", func(mock map[string]any) string {
+			m := map[string]any{"model": defaultModel, "max_tokens": 8, "stream": true,
+				"messages": []any{map[string]any{"role": "user", "content": "Say hello to oncegate."}}}
+			if mock != nil {
+				m["mock"] = mock
+			}
+			b, _ := json.Marshal(m)
+			return string(b)
+		}, 5, msgError},
+	}
+	forEachTransport(t, Options{}, func(t *testing.T, h *harness) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				h.srv.Reset()
+				_, clean := h.fetch(t, http.MethodPost, tt.path, tt.body(nil), nil)
+				resp, got := h.fetch(t, http.MethodPost, tt.path, tt.body(knobs), nil)
+				if want := frames(clean, tt.before) + tt.tail; resp.StatusCode != http.StatusOK || string(got) != want {
+					t.Fatalf("status %d, stream:\n%q\nwant:\n%q", resp.StatusCode, got, want)
+				}
+				if _, again := h.fetch(t, http.MethodPost, tt.path, tt.body(knobs), nil); string(again) != string(clean) {
+					t.Errorf("after fault_first_n: %q\nwant the clean stream %q", again, clean)
+				}
+				if st := settle(t, h.srv); st.Faults != 1 {
+					t.Errorf("stats %+v, want one fault", st)
+				}
+			})
+		}
+		t.Run("non-stream", func(t *testing.T) {
+			h.srv.Reset()
+			_, clean := h.fetch(t, http.MethodPost, "/v1/chat/completions", chatReq(t, nil), nil)
+			_, got := h.fetch(t, http.MethodPost, "/v1/chat/completions", chatReq(t, map[string]any{"mock": knobs}), nil)
+			if string(got) != string(clean) {
+				t.Errorf("non-stream answer %s, want %s", got, clean)
+			}
+			if st := settle(t, h.srv); st.Faults != 0 {
+				t.Errorf("stats %+v, want no fault", st)
+			}
+		})
 	})
 }

@@ -195,6 +195,10 @@ func (s *Server) geminiStream(w http.ResponseWriter, body io.Reader) {
 		if err != nil {
 			panic(http.ErrAbortHandler) // the inner stream broke: so does this one
 		}
+		if isInStreamError(data) {
+			send(map[string]any{"error": map[string]any{"code": http.StatusInternalServerError, "message": "mock in-stream error", "status": "INTERNAL"}})
+			return
+		}
 		var c chunk
 		if err := json.Unmarshal(data, &c); err != nil {
 			panic(http.ErrAbortHandler)

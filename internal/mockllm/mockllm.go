@@ -63,6 +63,14 @@
 //	stall                 read the request, then send nothing until the request context ends
 //	drop_after            stream: abort the connection after fault_after token chunks;
 //	                      non-stream: abort after half of the body
+//	error_event_after     stream: after fault_after token chunks, the API's in-stream error
+//	                      event, then a clean end: Chat Completions (and Azure)
+//	                      data: {"error":{"message":"mock in-stream error",…}} then
+//	                      data: [DONE], as vLLM sends it; Messages event: error with
+//	                      {"type":"error","error":{"type":"overloaded_error",
+//	                      "message":"Overloaded"}} then the end of the body, as Anthropic
+//	                      sends it; Gemini its error object, then the end. Non-stream:
+//	                      answered normally (no fault)
 //	drop_start            send the status line and headers (200), then abort the
 //	                      connection before any event or body byte
 //	slow_drip             normal response, but 200ms between tokens unless inter_token_ms is set
@@ -490,6 +498,10 @@ func (s *Server) serveChat(w http.ResponseWriter, r *http.Request) {
 		panic(http.ErrAbortHandler)
 	case "drop_after", "drop_start", "slow_drip":
 		s.faults.Add(1)
+	case "error_event_after":
+		if p.stream { // a non-stream answer has no in-stream error: answered normally
+			s.faults.Add(1)
+		}
 	}
 
 	var ok bool
@@ -658,7 +670,7 @@ func (s *Server) resolve(r *http.Request, body []byte) (*plan, *badRequest) {
 	case "", "none":
 	case "error_400", "error_401", "error_403", "error_404", "error_422",
 		"error_500", "error_502", "error_503", "error_504",
-		"rate_limit", "stall", "drop_after", "drop_start", "slow_drip", "lost_response":
+		"rate_limit", "stall", "drop_after", "drop_start", "slow_drip", "lost_response", "error_event_after":
 		p.fault = k.Fault
 	default:
 		return nil, invalid("mock.fault", "Unknown mock fault %q.", k.Fault)
@@ -897,6 +909,15 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bo
 		return flush(w) == nil
 	}
 	drop := p.fault == "drop_after"
+	errorEvent := p.fault == "error_event_after"
+	// failed ends the stream cleanly after the in-stream error; the answer is not complete.
+	failed := func() bool {
+		if send(inStreamError) {
+			_, _ = w.Write([]byte("data: [DONE]\n\n"))
+			_ = flush(w)
+		}
+		return false
+	}
 
 	empty := ""
 	if !send(mk(chunkDelta{Role: "assistant", Content: &empty}, nil)) {
@@ -905,6 +926,9 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bo
 	for i, tok := range p.out {
 		if drop && i == p.faultAfter {
 			panic(http.ErrAbortHandler)
+		}
+		if errorEvent && i == p.faultAfter {
+			return failed()
 		}
 		if i > 0 && !clock.Sleep(ctx, p.interToken) {
 			return false
@@ -916,6 +940,9 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bo
 	if drop {
 		// fault_after >= tokens: every token went out, the end never does.
 		panic(http.ErrAbortHandler)
+	}
+	if errorEvent {
+		return failed() // fault_after >= tokens: every token went out, then the error
 	}
 	finish := p.finish
 	if !send(mk(chunkDelta{}, &finish)) {
@@ -935,6 +962,14 @@ func (s *Server) writeStream(w http.ResponseWriter, r *http.Request, p *plan) bo
 	}
 	return flush(w) == nil
 }
+
+// inStreamError is fault error_event_after's chunk in a Chat Completions stream, as vLLM
+// sends an error that happens while it streams.
+var inStreamError = errorBody{Error: apiError{Message: "mock in-stream error", Type: "server_error"}}
+
+// isInStreamError reports whether a chunk of the chat mock's own stream is inStreamError (for
+// the translations of the stream into other APIs).
+func isInStreamError(data []byte) bool { return bytes.HasPrefix(data, []byte(`{"error":`)) }
 
 func writeFault(w http.ResponseWriter, p *plan) {
 	switch p.fault {
