@@ -211,6 +211,18 @@ func (r *recorder) of(intent string) []execution {
 	return out
 }
 
+// settled returns the executions of intent once none is in flight, or as they are after wait.
+func (r *recorder) settled(intent string, wait time.Duration) []execution {
+	deadline := time.Now().Add(wait)
+	for {
+		execs := r.of(intent)
+		if !slices.ContainsFunc(execs, func(ex execution) bool { return !ex.ended }) || time.Now().After(deadline) {
+			return execs
+		}
+		time.Sleep(pollEvery)
+	}
+}
+
 // running returns the executions of worker slot still in flight that started at least
 // minAge ago.
 func (r *recorder) running(slot int, minAge time.Duration) []execution {
@@ -765,7 +777,10 @@ func (c *chaosEnv) checkIntent(s *rowStats, sp *intentSpec, amb ambiguity) (jobI
 
 	// I1: one completed backend execution; others only where a takeover made one ambiguous.
 	// A call the fault hit is an aborted (ambiguous) attempt even if the mock finished it.
-	execs := c.rec.of(sp.msg)
+	// A taken-over epoch's execution, cut off from NATS by the fault, can still be in its
+	// backend call when a later epoch's outcome is stored (row 3b saw it): it is counted once
+	// it ended, completed or aborted, not judged mid-call.
+	execs := c.rec.settled(sp.msg, chaosSettle)
 	completed, aborted := 0, 0
 	for _, ex := range execs {
 		switch {
