@@ -536,7 +536,6 @@ func (p *Pool) dropRequest(key string, rec *kv.Record, log zerolog.Logger) {
 // dropTimeout bounds dropRequest: it runs after the answer, before the job's ack.
 const dropTimeout = 2 * time.Second
 
-// runs reports whether this pool runs an execution of key now.
 // keyWait bounds how long a job waits for this pool's execution of the same key to end before
 // it is handed back. That execution is usually writing its outcome (its charge, its ack): a
 // new epoch of the key (an auto key reclaimed after its window, once the last answer was
@@ -566,6 +565,7 @@ func (p *Pool) keyFree(ctx context.Context, key string) (free, waited bool) {
 	return true, true
 }
 
+// runs reports whether this pool runs an execution of key now.
 func (p *Pool) runs(key string) bool {
 	p.runningMu.Lock()
 	defer p.runningMu.Unlock()
