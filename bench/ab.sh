@@ -47,7 +47,11 @@ echo "A $A"
 echo "B $B"
 echo "config $CFG; c=$CONCURRENCY stream=$STREAM header=${HEADER:-}; warm ${WARM}s, window ${WINDOW}s; uptime: $(uptime)"
 for round in $(seq "$ROUNDS"); do
-	for side in A B; do
+	# A then B in odd rounds, B then A in even ones: a drift of the VM's speed across a round then
+	# tilts half the pairs each way instead of all of them against the same side.
+	order="A B"
+	[ $((round % 2)) = 0 ] && order="B A"
+	for side in $order; do
 		bin=$A
 		[ "$side" = B ] && bin=$B
 		dd=$(mktemp -d)
@@ -75,3 +79,16 @@ for round in $(seq "$ROUNDS"); do
 done
 awk '{ us[$3] = us[$3] sep[$3] $4; rps[$3] = rps[$3] sep[$3] $6; sep[$3] = " / " }
 	END { for (s in us) printf "%s us/request %s; req/s %s\n", s, us[s], rps[s] }' "$OUT/ab.txt" | sort
+# Each round's B/A ratio of CPU per request, and their median. This VM's speed moves by up to 1.7x
+# between runs minutes apart, so one side's figures across rounds spread wider than most changes;
+# the pair measured back to back within a round is what compares them.
+awk '$1 == "round" { v[$2, $3] = $4; if ($2 > n) n = $2 }
+	END {
+		for (r = 1; r <= n; r++) if (v[r, "A"] > 0 && v[r, "B"] != "") { k++; q[k] = v[r, "B"] / v[r, "A"] }
+		if (k == 0) exit
+		for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (q[j] < q[i]) { t = q[i]; q[i] = q[j]; q[j] = t }
+		med = (k % 2) ? q[(k + 1) / 2] : (q[k / 2] + q[k / 2 + 1]) / 2
+		printf "B/A us/request per round, sorted:"
+		for (i = 1; i <= k; i++) printf " %.2f", q[i]
+		printf "; median %.2f\n", med
+	}' "$OUT/ab.txt"
