@@ -146,20 +146,28 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 		deadline = call.Deadline
 	}
 	actx, cancel := context.WithDeadlineCause(ctx, deadline, ErrAmbiguous)
-	actx, cancelCause := context.WithCancelCause(actx)
-	stop := func() { cancelCause(nil); cancel() }
+	stop := cancel
+	watch := c.watches(call)
+	var cancelCause context.CancelCauseFunc
+	if watch {
+		actx, cancelCause = context.WithCancelCause(actx)
+		stop = func() { cancelCause(nil); cancel() }
+	}
 
 	var written atomic.Bool
 	written.Store(c.inProcess)
-	firstByte := make(chan struct{})
-	var once sync.Once
 	trace := &httptrace.ClientTrace{
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
 				written.Store(true)
 			}
 		},
-		GotFirstResponseByte: func() { once.Do(func() { close(firstByte) }) },
+	}
+	var firstByte chan struct{} // closed at the first byte of the answer, when watched
+	var once sync.Once
+	if watch {
+		firstByte = make(chan struct{})
+		trace.GotFirstResponseByte = func() { once.Do(func() { close(firstByte) }) }
 	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(actx, trace), http.MethodPost, c.baseURL+path, bytes.NewReader(body))
 	if err != nil {
@@ -173,12 +181,16 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 	defer span.End()
 
 	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		c.watchFirstByte(actx, cancelCause, firstByte, call)
-	}()
+	if watch {
+		go func() {
+			defer close(watchDone)
+			c.watchFirstByte(actx, cancelCause, firstByte, call)
+		}()
+	} else {
+		close(watchDone)
+	}
 	resp, err := c.http.Do(req)
-	if resp != nil {
+	if resp != nil && watch {
 		once.Do(func() { close(firstByte) }) // the in-process transport has no trace hooks
 	}
 	if err != nil {
@@ -234,6 +246,13 @@ func callPath(call *Call) (string, []byte, error) {
 		return "", nil, fmt.Errorf("backend: %s path %q is not absolute", call.API, call.Path)
 	}
 	return call.Path, call.Body, nil
+}
+
+// watches reports whether a written call left without a first byte can become re-sendable
+// (watchFirstByte): only when the backend deduplicates the forwarded key or is another oncegate.
+// Any other call just waits up to its total timeout, and no watch is started for it.
+func (c *Client) watches(call *Call) bool {
+	return call.IdemKey != "" && (c.cfg.HonorsIdempotencyKey || c.cfg.Type == config.TypeOncegate)
 }
 
 // watchFirstByte decides what a written request without a first byte becomes: re-sendable
