@@ -180,14 +180,14 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 	span := tracing.StartAttempt(ctx, c.cfg.Name, req)
 	defer span.End()
 
-	watchDone := make(chan struct{})
+	waitWatch := func() {} // returns once the first-byte watch, if any, has ended
 	if watch {
+		watchDone := make(chan struct{})
 		go func() {
 			defer close(watchDone)
 			c.watchFirstByte(actx, cancelCause, firstByte, call)
 		}()
-	} else {
-		close(watchDone)
+		waitWatch = func() { <-watchDone }
 	}
 	resp, err := c.http.Do(req)
 	if resp != nil && watch {
@@ -195,12 +195,12 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 	}
 	if err != nil {
 		stop()
-		<-watchDone
+		waitWatch()
 		err = c.classify(err, written.Load(), actx)
 		span.SetStatus(codes.Error, err.Error())
 		return nil, nil, err
 	}
-	<-watchDone
+	waitWatch()
 	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 	if resp.StatusCode >= 400 {
 		span.SetStatus(codes.Error, resp.Status)
