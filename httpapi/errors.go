@@ -158,10 +158,12 @@ var errorTable = []struct {
 	{intent.ErrInterrupted, unavailableAnswer("the execution was interrupted; retry")},
 	{intent.ErrJobChanging, unavailableAnswer("the job is changing; retry")},
 	// NATS kept failing through the whole retry window (a leader election longer than it, a
-	// lost quorum): nothing was decided, so the same request is safe to send again.
-	// kv.ErrUnavailable and jobs.ErrUnavailable are this error.
+	// lost quorum): nothing was decided, and nothing this request wrote will execute later
+	// (kv.Record.AdmitBy), so the same request is safe to send again. The message holds for a
+	// request with or without an Idempotency-Key. kv.ErrUnavailable and jobs.ErrUnavailable
+	// are this error.
 	{jsretry.ErrUnavailable, apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "store_unavailable",
-		Message: "the gateway's message store (NATS JetStream) is unavailable; retry with the same Idempotency-Key",
+		Message: "the gateway's message store (NATS JetStream) is unavailable; nothing was decided for this request, and sending it again is safe",
 		Retry:   retryYes, RetryAfter: 2}},
 	{intent.ErrNoJob, notFound("no such job")},
 	{intent.ErrNoRecord, notFound("no record for this Idempotency-Key")},

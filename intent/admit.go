@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -96,6 +97,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		return nil, err
 	}
 	rec := c.newClaim(req, jobID, 1)
+	rec.AdmitBy = admitBy(ctx)
 	data, err := kv.Encode(rec) // written by the claim, and the job message's record
 	if err != nil {
 		res.cancel()
@@ -110,6 +112,18 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		return nil, fmt.Errorf("intent: claim: %w", err)
 	}
 	return c.launchReserved(ctx, req, key, rec, rev, data, outcome, true, res)
+}
+
+// admitBy is when an admission's write (a claim, a reclaim) stops being tried and the request
+// is refused: the end of ctx (Admit's patience), at most jsretry.Window from now. The write
+// carries it (kv.Record.AdmitBy), so one the store takes only after that instant, when the
+// client was already refused, is released by the lease sweep instead of executed.
+func admitBy(ctx context.Context) time.Time {
+	until := time.Now().Add(jsretry.Window)
+	if d, ok := ctx.Deadline(); ok && d.Before(until) {
+		until = d
+	}
+	return until
 }
 
 // held says whether key already has a record, for a request that reserve refused with
@@ -409,7 +423,8 @@ func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev ui
 	if err != nil {
 		return nil, err
 	}
-	nrev, err := c.store.Update(ctx, req.Key, rec, rev)
+	rec.AdmitBy = admitBy(ctx)
+	nrev, err := c.store.UpdateBefore(ctx, req.Key, rec, rev, rec.AdmitBy)
 	if err != nil {
 		res.cancel()
 		return nil, err

@@ -84,6 +84,24 @@ func requestLost(rec, next *kv.Record, now time.Time) *kv.Record {
 	return next.Failed(now, &kv.Result{Status: http.StatusServiceUnavailable, Retryable: !sent}, kv.Execution{})
 }
 
+// ReleaseRefused releases key's record rec, read at rev, when it is an admission the store
+// took only after its API had refused the request (kv.Store.AdmittedLate): that client was
+// answered 503 "nothing was executed", so the claim is given back (FAILED, retryable, as
+// Released) instead of being re-driven, and a copy sent later claims the key anew. released
+// says it did; a record that is not such a claim is left as it is.
+func ReleaseRefused(ctx context.Context, store *kv.Store, key string, rec *kv.Record, rev uint64) (released bool, err error) {
+	late, err := store.AdmittedLate(ctx, key, rec, rev)
+	if err != nil || !late {
+		return false, err
+	}
+	out := rec.Released()
+	if _, err := store.Update(ctx, key, out, rev); err != nil {
+		return false, fmt.Errorf("intent: release the refused claim of %s: %w", key, err)
+	}
+	_ = store.DropRequest(ctx, key, out) // a stored-out request only; the record expires with its TTL anyway
+	return true, nil
+}
+
 // Abandoned reports whether the execution of key that rec names may be taken over: its lease
 // ran out while the records' bucket was steady for a lease (kv.Store.Abandoned), and no
 // worker answers that it still runs that epoch (jobs.Running: an owner that can be reached

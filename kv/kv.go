@@ -195,10 +195,15 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, err
 
 // ClaimEncoded is Claim of rec already encoded as data (Encode(rec)), for a caller that also
 // sends those bytes elsewhere. Transient NATS failures are retried (the same create, so it
-// can only be applied once) for jsretry.Window or until ctx ends; then ErrUnavailable.
+// can only be applied once) until rec.AdmitBy when it is set, else for jsretry.Window, or
+// until ctx ends; then ErrUnavailable.
 func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data []byte) (uint64, error) {
 	var rev uint64
-	err := jsretry.Within(ctx, func(ctx context.Context) error {
+	until := rec.AdmitBy
+	if until.IsZero() {
+		until = time.Now().Add(jsretry.Window)
+	}
+	err := jsretry.Do(ctx, until, func(ctx context.Context) error {
 		r, err := s.write(ctx, key, rec, data, 0)
 		if err == nil {
 			rev = r
@@ -232,6 +237,33 @@ func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data 
 		return 0, fmt.Errorf("kv: claim %s: %w", key, err)
 	}
 	return rev, nil
+}
+
+// AdmittedLate reports whether rec, read at rev, is an admission's write (a claim or a
+// reclaim: rec.AdmitBy is set) that the store stored after its AdmitBy: its API had refused
+// the request by then (503 store_unavailable), so it never launched its job, and nothing may
+// start an execution from it. Such a write arrives late when a client library held it
+// through a reconnect or a network held it in a socket buffer. The stored time is the
+// stream leader's clock and AdmitBy the API's: a leader clock behind the API's by more than
+// the delay hides a late write, one ahead of it only releases a claim nobody launched
+// in time.
+func (s *Store) AdmittedLate(ctx context.Context, key string, rec *Record, rev uint64) (bool, error) {
+	if rec.AdmitBy.IsZero() || rec.State != Pending {
+		return false, nil
+	}
+	var stored time.Time
+	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		e, err := s.kv.GetRevision(ctx, key, rev)
+		if err != nil {
+			return err
+		}
+		stored = e.Created()
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("kv: stored time of %s at %d: %w", key, rev, err)
+	}
+	return stored.After(rec.AdmitBy), nil
 }
 
 // ExistsError is the ErrExists of a Claim that also read the record holding the key, so the

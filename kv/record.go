@@ -35,7 +35,9 @@
 //	PENDING    CancelledAt   FAILED     intent (DELETE /v1/jobs/{id}): 409, Cancelled, the
 //	                                    epoch's sent attempts kept as Unfinished
 //	PENDING    Released      FAILED     intent: the claim's job could not be published;
-//	                                    retryable 503
+//	                                    retryable 503. Also the lease sweep, for a claim or
+//	                                    reclaim the store took after its AdmitBy (its request
+//	                                    was refused with 503 by then): never executed
 //	any        TTL           (none)     the bucket, TTL after the last write
 //
 // Every write is conditional on the revision read (Store.Update): the revision is the fence,
@@ -144,6 +146,11 @@ type Record struct {
 	// Arrived is when the request that created the record reached the gateway (before any
 	// wait for the store); zero in records written before it was kept (FirstArrived).
 	Arrived time.Time `json:"arrived,omitzero"`
+	// AdmitBy is set by an admission's write (a claim or a reclaim) and by nothing else: the
+	// instant its API stops waiting for that write and refuses the request (503). A write that
+	// the store stored after it was refused, so it must never start an execution (see
+	// Store.AdmittedLate). Every other transition clears it (clone).
+	AdmitBy time.Time `json:"admit_by,omitzero"`
 
 	Result *Result `json:"result,omitempty"`
 }
@@ -320,6 +327,7 @@ func (r *Record) WithProgress(p *Progress) *Record {
 func (r *Record) clone() *Record {
 	out := *r
 	out.Unfinished = slices.Clone(r.Unfinished)
+	out.AdmitBy = time.Time{} // only an admission's own write carries it
 	return &out
 }
 

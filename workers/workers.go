@@ -674,6 +674,13 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 		if err != nil || rec.Cancelled {
 			continue
 		}
+		if released, err := intent.ReleaseRefused(ctx, p.store, e.Key, rec, rev); err != nil || released {
+			if released {
+				p.opts.Log.Warn().Str(fieldJobID, rec.JobID).Str(fieldKey, e.Key).Int(fieldEpoch, rec.Epoch).Time("admit_by", rec.AdmitBy).
+					Msg("a claim stored after its request was refused (503): released, not executed")
+			}
+			continue
+		}
 		abandoned, unheard := intent.Abandoned(ctx, p.js, p.store, e.Key, rec, now, p.opts.Lease)
 		if !abandoned {
 			continue

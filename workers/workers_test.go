@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
@@ -267,6 +270,63 @@ func TestSweepRedrivesLostJob(t *testing.T) {
 		if n := r.mock.Mock().Stats().Requests; n != int64(i+1) {
 			t.Fatalf("%s: backend executions = %d, want %d", key, n, i+1)
 		}
+	}
+}
+
+// TestSweepAdmittedLate: the sweep re-drives a claim whose job was lost only when its API took
+// it in time. A claim the store took after its AdmitBy (held in a client's reconnect buffer or a
+// socket while the API refused the request with 503) is released, FAILED and retryable, and
+// never reaches the backend: the refusal is binding.
+func TestSweepAdmittedLate(t *testing.T) {
+	cases := []struct {
+		name     string
+		admitBy  time.Duration // from the claim's write
+		executed bool
+	}{
+		{"on-time", time.Minute, true},
+		{"late", -time.Second, false},
+		{"unset", 0, true}, // a record written before AdmitBy existed
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := start(t, 100*time.Millisecond)
+			key := "admitted-" + tc.name
+			now := time.Now()
+			rec := &kv.Record{State: kv.Pending, Tenant: "t", JobID: jobs.NewID(), Epoch: 1, Fingerprint: "fp", Owner: kv.NewOwner(),
+				Created: now, EpochStarted: now, LeaseUntil: now.Add(-time.Second), Progress: kv.ProgressQueued,
+				Model: "oncegate-mock", Backends: []string{"mock"}, Request: json.RawMessage(`{"model":"oncegate-mock","messages":[{"role":"user","content":"late"}]}`)}
+			if tc.admitBy != 0 {
+				rec.AdmitBy = now.Add(tc.admitBy)
+			}
+			// Written straight to the bucket, as a buffered publish arrives: the store takes it
+			// now, whatever its AdmitBy says (kv.Store.Claim would not try past it). No job was
+			// published and the lease has run out.
+			data, err := kv.Encode(rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := nats.NewMsg("$KV." + kv.Bucket + "." + key) // with the headers kv.Store's writes carry
+			m.Data = data
+			m.Header.Set("Og-State", string(kv.Pending))
+			m.Header.Set("Og-Lease", strconv.FormatInt(rec.LeaseUntil.UnixMilli(), 10))
+			m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+			if _, err := r.srv.JS.PublishMsg(context.Background(), m); err != nil {
+				t.Fatal(err)
+			}
+			got := r.waitFinal(t, key)
+			if n := r.mock.Mock().Stats().Requests; (n == 1) != tc.executed || n > 1 {
+				t.Fatalf("backend executions = %d, want executed=%v", n, tc.executed)
+			}
+			if tc.executed {
+				if got.State != kv.Completed || got.Epoch != 2 {
+					t.Fatalf("state %s epoch %d, want COMPLETED in epoch 2", got.State, got.Epoch)
+				}
+				return
+			}
+			if got.State != kv.Failed || got.Result == nil || !got.Result.Retryable || got.Epoch != 1 {
+				t.Fatalf("state %s epoch %d result %+v, want a retryable FAILED epoch 1 (released)", got.State, got.Epoch, got.Result)
+			}
+		})
 	}
 }
 

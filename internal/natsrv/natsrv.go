@@ -330,9 +330,17 @@ type startFailure struct {
 func (e *startFailure) Error() string   { return e.msg }
 func (e *startFailure) Unwrap() []error { return e.errs }
 
+// noReconnectBuffer makes a publish fail at once while its connection is reconnecting
+// (nats.ErrReconnectBufExceeded, which jsretry retries), instead of being kept in nats.go's
+// reconnect buffer (8 MiB by default) and sent when the connection is back. A write the
+// gateway has given up on must stay given up: a claim buffered while the API's NATS server
+// was down, sent when it came back, was executed and billed after its request had been
+// refused with 503 (issue 43).
+var noReconnectBuffer = nats.ReconnectBufSize(-1)
+
 // Connect opens an in-process client connection to the embedded server.
 func (s *Server) Connect(name string) (*nats.Conn, error) {
-	nc, err := nats.Connect("", nats.InProcessServer(s.ns), nats.Name(name), nats.MaxReconnects(-1))
+	nc, err := nats.Connect("", nats.InProcessServer(s.ns), nats.Name(name), nats.MaxReconnects(-1), noReconnectBuffer)
 	if err != nil {
 		return nil, fmt.Errorf("natsrv: connect in-process: %w", err)
 	}
@@ -359,7 +367,7 @@ func (s *Server) Shutdown() {
 
 // ConnectURL connects to an external NATS server or cluster.
 func ConnectURL(url, name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond), noReconnectBuffer)
 	if err != nil {
 		return nil, fmt.Errorf("natsrv: connect %s: %w", url, err)
 	}
