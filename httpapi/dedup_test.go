@@ -34,17 +34,23 @@ func postChat(t *testing.T, gw *gatewaykit.Gateway, body string, header map[stri
 	return a
 }
 
-// doChat posts a chat completion (from any goroutine: it fails no test itself).
-func doChat(gw *gatewaykit.Gateway, body string, header map[string]string) (dedupAnswer, error) {
+// openChat posts a chat completion and returns the answer with its body unread (from any
+// goroutine: it fails no test itself).
+func openChat(gw *gatewaykit.Gateway, body string, header map[string]string) (*http.Response, error) {
 	req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
-		return dedupAnswer{}, err
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
-	resp, err := gatewaykit.Client().Do(req)
+	return gatewaykit.Client().Do(req)
+}
+
+// doChat posts a chat completion (from any goroutine: it fails no test itself).
+func doChat(gw *gatewaykit.Gateway, body string, header map[string]string) (dedupAnswer, error) {
+	resp, err := openChat(gw, body, header)
 	if err != nil {
 		return dedupAnswer{}, err
 	}
