@@ -38,7 +38,12 @@ func postChat(t *testing.T, gw *gatewaykit.Gateway, body string, header map[stri
 // openChat posts a chat completion and returns the answer with its body unread (from any
 // goroutine: it fails no test itself).
 func openChat(gw *gatewaykit.Gateway, body string, header map[string]string) (*http.Response, error) {
-	req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(body))
+	return openPost(gw, "/v1/chat/completions", body, header)
+}
+
+// openPost posts a JSON body to path, as openChat.
+func openPost(gw *gatewaykit.Gateway, path, body string, header map[string]string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, gw.URL+path, strings.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
