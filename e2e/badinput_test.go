@@ -97,7 +97,7 @@ func TestBadInput(t *testing.T) {
 		{name: "duplicate nested key", body: `{"model":"oncegate-mock","messages":[{"role":"user","content":"a","content":"b"}]}`, status: 400, code: "invalid_json"},
 		{name: "duplicate key, one escaped", body: `{"model":"oncegate-mock","messages":[{"role":"user","content":"hi"}],"stream":false,"\u0073tream":true}`, status: 400, code: "invalid_json"},
 		{name: "number beyond float64", body: chatBody("oncegate-mock", "x", `"temperature":1e999`), status: 400, code: "invalid_json"},
-		{name: "5000-digit max_tokens", body: chatBody("oncegate-mock", "x", `"max_tokens":`+strings.Repeat("7", 5000)), status: 400, code: "invalid_json"},
+		{name: "5000-digit max_tokens", body: chatBody("oncegate-mock", "x", `"max_tokens":`+strings.Repeat("7", 5000)), status: 400, code: "integer_above_max_value"},
 		{name: "max_tokens zero", body: chatBody("oncegate-mock", "x", `"max_tokens":0`), status: 400, code: "integer_below_min_value"},
 		{name: "max_tokens negative", body: chatBody("oncegate-mock", "x", `"max_tokens":-1`), status: 400, code: "integer_below_min_value"},
 		{name: "max_tokens 2^31", body: chatBody("oncegate-mock", "x", `"max_tokens":2147483648`), status: 400, code: "integer_above_max_value"},

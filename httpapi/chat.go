@@ -73,7 +73,7 @@ func (g *generation) observe(ctx context.Context, obs observation) {
 
 // parseGeneration authenticates, validates and copies the request. It changes no state.
 func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) {
-	g, fields, err := s.readJSONRequest(c)
+	g, fields, err := s.readJSONRequestWith(c, isTransportField, checkTokenLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -131,12 +131,13 @@ func (s *Server) parseGeneration(c *fiber.Ctx, api string) (*generation, error) 
 // the tenant, the body and its fingerprint (canonicalFingerprint), and the body's top-level
 // members.
 func (s *Server) readJSONRequest(c *fiber.Ctx) (*generation, bodyFields, error) {
-	return s.readJSONRequestWith(c, isTransportField)
+	return s.readJSONRequestWith(c, isTransportField, nil)
 }
 
 // readJSONRequestWith is readJSONRequest with the fingerprint's transport fields (see
-// fingerprintOf).
-func (s *Server) readJSONRequestWith(c *fiber.Ctx, transport func(string) bool) (*generation, bodyFields, error) {
+// fingerprintOf), and the API's check of a member whose number the fingerprint refuses (see
+// refusedBody; nil: none).
+func (s *Server) readJSONRequestWith(c *fiber.Ctx, transport func(string) bool, check paramCheck) (*generation, bodyFields, error) {
 	if ct := c.Get(fiber.HeaderContentType); !strings.HasPrefix(strings.ToLower(strings.TrimSpace(ct)), fiber.MIMEApplicationJSON) {
 		return nil, nil, errUnsupportedMediaType
 	}
@@ -151,7 +152,7 @@ func (s *Server) readJSONRequestWith(c *fiber.Ctx, transport func(string) bool) 
 	g := &generation{Request: intent.Request{Tenant: tenant, Body: body}}
 	fp, fields, err := fingerprintOf(g.Body, transport)
 	if err != nil {
-		return nil, nil, invalidJSON(err)
+		return nil, nil, refusedBody(g.Body, err, check)
 	}
 	g.Fingerprint = fp
 	return g, fields, nil
@@ -256,6 +257,15 @@ func tokenLimit(fields bodyFields, name string) (int, error) {
 		return 0, tokenAboveMax(name)
 	}
 	return int(v), nil
+}
+
+// checkTokenLimit is tokenLimit's answer to value when name is a token limit (a paramCheck).
+func checkTokenLimit(name string, value []byte) error {
+	if name != "max_tokens" && name != "max_completion_tokens" {
+		return nil
+	}
+	_, err := tokenLimit(bodyFields{name: value}, name)
+	return err
 }
 
 // Wire formats of generation requests.

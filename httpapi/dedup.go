@@ -54,6 +54,7 @@ type dedupView struct {
 	// Rules: ["idempotency_key"] for a client's key; ["auto_key_window", "sdk_retry_header",
 	// "retry_header"] for an auto key (the window until WindowUntil, a declared retry for the
 	// TTL); ["sdk_retry_header", "retry_header"] for a bypassed request paired with its retry.
+	// "retry_header" only when idempotency.retry_headers names some: only rules that apply.
 	Rules       []intent.Rule `json:"rules"`
 	WindowUntil string        `json:"auto_window_until,omitempty"`
 }
@@ -63,12 +64,22 @@ func (s *Server) dedupOf(job *intent.View) *dedupView {
 	v := &dedupView{JobID: job.ID, Arrived: job.Arrived.UTC().Format(time.RFC3339Nano)}
 	switch {
 	case job.Bypassed:
-		v.Rules = []intent.Rule{intent.RuleSDKRetry, intent.RuleRetryHeader}
+		v.Rules = s.retryRules(nil)
 	case job.Auto:
-		v.Rules = []intent.Rule{intent.RuleAutoWindow, intent.RuleSDKRetry, intent.RuleRetryHeader}
+		v.Rules = s.retryRules([]intent.Rule{intent.RuleAutoWindow})
 		v.WindowUntil = job.Created.Add(s.idem.AutoWindow.D()).UTC().Format(time.RFC3339Nano)
 	default:
 		v.Rules = []intent.Rule{intent.RuleIdempotencyKey}
 	}
 	return v
+}
+
+// retryRules is rules and the rules by which a declared retry matches: the SDKs' retry count
+// always, idempotency.retry_headers when it names any.
+func (s *Server) retryRules(rules []intent.Rule) []intent.Rule {
+	rules = append(rules, intent.RuleSDKRetry)
+	if len(s.idem.RetryHeaders) > 0 {
+		rules = append(rules, intent.RuleRetryHeader)
+	}
+	return rules
 }

@@ -2,6 +2,7 @@ package httpapi_test
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -34,17 +35,28 @@ func postChat(t *testing.T, gw *gatewaykit.Gateway, body string, header map[stri
 	return a
 }
 
-// doChat posts a chat completion (from any goroutine: it fails no test itself).
-func doChat(gw *gatewaykit.Gateway, body string, header map[string]string) (dedupAnswer, error) {
-	req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(body))
+// openChat posts a chat completion and returns the answer with its body unread (from any
+// goroutine: it fails no test itself).
+func openChat(gw *gatewaykit.Gateway, body string, header map[string]string) (*http.Response, error) {
+	return openPost(gw, "/v1/chat/completions", body, header)
+}
+
+// openPost posts a JSON body to path, as openChat.
+func openPost(gw *gatewaykit.Gateway, path, body string, header map[string]string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, gw.URL+path, strings.NewReader(body))
 	if err != nil {
-		return dedupAnswer{}, err
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
-	resp, err := gatewaykit.Client().Do(req)
+	return gatewaykit.Client().Do(req)
+}
+
+// doChat posts a chat completion (from any goroutine: it fails no test itself).
+func doChat(gw *gatewaykit.Gateway, body string, header map[string]string) (dedupAnswer, error) {
+	resp, err := openChat(gw, body, header)
 	if err != nil {
 		return dedupAnswer{}, err
 	}
@@ -157,16 +169,21 @@ func TestDedupReason(t *testing.T) {
 // TestDedupStatus: the status API (GET /v1/idempotency/{key}, GET /v1/jobs/{id}) names the
 // execution copies of a key attach to, when its first request arrived, and the rules a copy
 // is matched by: a client's key by that key alone, an auto key by its window (until when)
-// and by a declared retry.
+// and by a declared retry, by idempotency.retry_headers only when some are configured.
 func TestDedupStatus(t *testing.T) {
-	gw := gatewaykit.StartGateway(t, nil)
+	plain := gatewaykit.StartGateway(t, nil)
+	cfg := gatewaykit.Config(t)
+	cfg.Idempotency.RetryHeaders = []string{"X-Retry-Attempt"}
+	withRetryHeaders := gatewaykit.StartGateway(t, cfg)
+	// A bypassed request an SDK may retry (its retry is paired with it).
+	bypassed := map[string]string{"X-Allow-Duplicate": "true", "x-stainless-retry-count": "0"}
 	type dedup struct {
 		JobID       string   `json:"job_id"`
 		Arrived     string   `json:"arrived"`
 		Rules       []string `json:"rules"`
 		WindowUntil string   `json:"auto_window_until"`
 	}
-	get := func(t *testing.T, path string) dedup {
+	get := func(t *testing.T, gw *gatewaykit.Gateway, path string) dedup {
 		t.Helper()
 		resp, err := gatewaykit.Client().Get(gw.URL + path)
 		if err != nil {
@@ -183,23 +200,36 @@ func TestDedupStatus(t *testing.T) {
 	}
 	cases := []struct {
 		name   string
+		gw     *gatewaykit.Gateway
 		header map[string]string
 		rules  string
 		window bool
+		// outcome is the request's own ("": created).
+		outcome string
 	}{
-		{name: "client key", header: map[string]string{"Idempotency-Key": "status-why"}, rules: "idempotency_key"},
-		{name: "auto key", header: map[string]string{}, rules: "auto_key_window,sdk_retry_header,retry_header", window: true},
+		{name: "client key", gw: plain, header: map[string]string{"Idempotency-Key": "status-why"}, rules: "idempotency_key"},
+		{name: "auto key", gw: plain, header: map[string]string{}, rules: "auto_key_window,sdk_retry_header", window: true},
+		{name: "auto key, retry headers configured", gw: withRetryHeaders, header: map[string]string{},
+			rules: "auto_key_window,sdk_retry_header,retry_header", window: true},
+		{name: "bypassed", gw: plain, header: bypassed, outcome: "bypassed", rules: "sdk_retry_header"},
+		{name: "bypassed, retry headers configured", gw: withRetryHeaders, header: bypassed, outcome: "bypassed",
+			rules: "sdk_retry_header,retry_header"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			gw := tc.gw
 			before := time.Now()
 			a := postChat(t, gw, fmt.Sprintf(`{"model":"oncegate-mock","messages":[{"role":"user","content":"status %s"}]}`, tc.name), tc.header)
 			after := time.Now()
-			if a.status != http.StatusOK || a.outcome != "created" {
+			if want := cmp.Or(tc.outcome, "created"); a.status != http.StatusOK || a.outcome != want {
 				t.Fatalf("%d %q: %s", a.status, a.outcome, a.body)
 			}
-			for _, path := range []string{"/v1/idempotency/" + url.PathEscape(a.key), "/v1/jobs/" + a.job} {
-				d := get(t, path)
+			paths := []string{"/v1/jobs/" + a.job}
+			if a.key != "" {
+				paths = append(paths, "/v1/idempotency/"+url.PathEscape(a.key))
+			}
+			for _, path := range paths {
+				d := get(t, gw, path)
 				if d.JobID != a.job || strings.Join(d.Rules, ",") != tc.rules {
 					t.Errorf("%s: job %s rules %v, want %s %s", path, d.JobID, d.Rules, a.job, tc.rules)
 				}

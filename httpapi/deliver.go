@@ -27,9 +27,12 @@ func (s *Server) setGenerationHeaders(c *fiber.Ctx, g *generation, adm *intent.A
 	c.Set("Idempotency-Key", g.echoKey)
 	c.Set("Oncegate-Idempotency", string(adm.Outcome))
 	c.Set("Oncegate-Job-Id", adm.JobID)
-	expires := s.now()
-	if f := adm.Finished(); !f.IsZero() {
-		expires = f
+	// One key, one expiry: the claim's time plus the TTL, which the created answer, every
+	// joined copy and every replay read from the record (a stream's headers go out before
+	// the execution finishes, so no later instant is known to all of them).
+	expires := adm.Claimed()
+	if expires.IsZero() {
+		expires = s.now()
 	}
 	c.Set("Idempotency-Expires", expires.Add(s.idem.TTL.D()).UTC().Format(http.TimeFormat))
 	if adm.Outcome == intent.Replayed {

@@ -125,6 +125,41 @@ func fingerprintOf(body []byte, transport func(string) bool) (string, bodyFields
 	return hex.EncodeToString(sum[:]), fields, nil
 }
 
+// paramCheck is an API's own check of a top-level member of its request, for refusedBody: the
+// answer it gives that value (nil: it has no check of name, or the value passes).
+type paramCheck func(name string, value []byte) error
+
+// refusedBody is the answer to body, which fingerprintOf refused with err: invalid_json. A
+// number beyond float64's range that is a top-level member's value is instead answered as
+// the API answers any other value of that member it refuses (check): a 5,000-digit
+// max_tokens as a 20-digit one, naming max_tokens; a member the API does not check is
+// invalid_json naming it.
+func refusedBody(body []byte, err error, check paramCheck) error {
+	var se *jsonscan.SyntaxError
+	if !errors.As(err, &se) || !errors.Is(err, jsonscan.ErrNumberRange) || se.Offset >= len(body) {
+		return invalidJSON(err)
+	}
+	members, oerr := jsonscan.Object(body) // encoding/json's rules: the number's range is no fault
+	if oerr != nil {
+		return invalidJSON(err)
+	}
+	for _, m := range members {
+		if len(m.Value) == 0 || &m.Value[0] != &body[se.Offset] { // the number is this member's value
+			continue
+		}
+		name := m.Name()
+		if check != nil {
+			if cerr := check(name, m.Value); cerr != nil {
+				return cerr
+			}
+		}
+		ae := invalidJSON(err)
+		ae.Param = name
+		return ae
+	}
+	return invalidJSON(err)
+}
+
 // bodyFields are a request body's top-level members (a body has no duplicate keys), raw.
 type bodyFields map[string]json.RawMessage
 

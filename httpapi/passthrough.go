@@ -57,7 +57,7 @@ func (s *Server) passthrough(c *fiber.Ctx) error {
 func (s *Server) parsePassthrough(c *fiber.Ctx) (*generation, error) {
 	// The body is opaque here: every field is the intent's ("stream" too, which a
 	// passthrough body sends to the backend as it is).
-	g, fields, err := s.readJSONRequestWith(c, func(string) bool { return false })
+	g, fields, err := s.readJSONRequestWith(c, func(string) bool { return false }, nil)
 	if err != nil {
 		return nil, err
 	}

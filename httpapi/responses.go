@@ -90,7 +90,16 @@ func (s *Server) parseResponse(ctx context.Context, c *fiber.Ctx) (g *generation
 	}
 	fp, _, err := fingerprintOf(body, isResponsesTransportField)
 	if err != nil {
-		return nil, false, invalidJSON(err)
+		return nil, false, refusedBody(body, err, func(name string, _ []byte) error {
+			if name != "max_output_tokens" {
+				return nil
+			}
+			_, perr := responseswire.Parse(body) // refuses it as any max_output_tokens beyond int64
+			if perr == nil {
+				return nil
+			}
+			return responsesInvalid(perr)
+		})
 	}
 	rr, err := responseswire.Parse(body)
 	if err != nil {

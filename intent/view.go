@@ -149,12 +149,15 @@ func (a *Admission) View() *View {
 	return viewOf(a.Key, a.Rec)
 }
 
-// Finished is when the outcome the admission was decided on was stored (zero: none yet).
-func (a *Admission) Finished() time.Time {
-	if a.Rec == nil || a.Rec.Result == nil {
+// Claimed is when the execution the admission follows was claimed (its record's Created;
+// zero: no record). Every copy of the execution reads the same instant from the record, so
+// its key's expiry is counted from it: the record itself is kept TTL after its last write,
+// which is never earlier.
+func (a *Admission) Claimed() time.Time {
+	if a.Rec == nil {
 		return time.Time{}
 	}
-	return a.Rec.Result.Finished
+	return a.Rec.Created
 }
 
 // Reread is the admission's record as stored now.

@@ -29,7 +29,7 @@ commands:
   config       config check FILE: validate a configuration, every problem at once
   key          key hash [KEY]: the sha256 hex for api_keys_sha256 (reads stdin without KEY);
                key add --tenant T | revoke HASH|KEY|- | list [--url URL]: run-time keys (see key add -h)
-  ledger       ledger verify|export|bill|reconcile: the billing ledger's tools
+  ledger       ledger verify|head|export|bill|reconcile: the billing ledger's tools
   bench        load tool for any OpenAI-compatible URL
   healthcheck  GET a gateway's /readyz: exit 0 when ready, 1 otherwise (container health checks)
   version      the build's module version, VCS revision and Go version
