@@ -69,6 +69,9 @@ type Gateway struct {
 	// the JOBS queue's head for admission.max_queue_wait (nil without a bound).
 	tally *loop
 	queue *loop
+	// refusals releases claims this API refused (503) that the store took after all
+	// (intent.Core.RunRefusals).
+	refusals *loop
 	// ready refreshes the API's /readyz verdict (httpapi.Server.WatchReadiness).
 	ready *loop
 	// dashHub feeds this API's dashboards, dashPub posts this process's snapshot (dashboard.go).
@@ -514,6 +517,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D(), MaxBodyBytesInFlight: adm.MaxBodyBytesInFlight,
 			Limits: tenantLimits(g.cfg)}})
 	g.intents = intents
+	g.refusals = startLoop(ctx, intents.RunRefusals)
 	keys, err := g.startKeys(ctx, js)
 	if err != nil {
 		return err
@@ -640,6 +644,7 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	g.dashPub.stop()
 	g.dashHub.stop()
 	g.queue.stop()
+	g.refusals.stop()
 	if g.stopWorkers != nil {
 		g.stopWorkers()
 		<-g.workersDone

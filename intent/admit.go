@@ -105,6 +105,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 	}
 	rev, err := c.store.ClaimEncoded(ctx, key, rec, data)
 	if err != nil {
+		c.noteRefused(key, rec, err)
 		res.cancel()
 		if errors.Is(err, kv.ErrExists) {
 			return nil, err
@@ -426,6 +427,7 @@ func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev ui
 	rec.AdmitBy = admitBy(ctx)
 	nrev, err := c.store.UpdateBefore(ctx, req.Key, rec, rev, rec.AdmitBy)
 	if err != nil {
+		c.noteRefused(req.Key, rec, err)
 		res.cancel()
 		return nil, err
 	}

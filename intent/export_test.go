@@ -20,3 +20,7 @@ func FinishedFor(rec *kv.Record, epoch int, sentData []byte, usageSent bool) Eve
 	d.sent.usage, d.sent.any = usageSent, len(sentData) > 0 || usageSent
 	return d.finished(rec)
 }
+
+// NoteRefused and ReleaseRefusals expose one refusal and one pass of RunRefusals.
+func (c *Core) NoteRefused(key string, rec *kv.Record, err error) { c.noteRefused(key, rec, err) }
+func (c *Core) ReleaseRefusals(ctx context.Context)               { c.releaseRefusals(ctx) }

@@ -165,7 +165,9 @@ type Core struct {
 	bodyBytes atomic.Int64
 	// limits are the tenants' caps (read-only map; the counters inside are atomic).
 	limits map[string]*tenantLimits
-	now    func() time.Time
+	// refused are the admissions refused here whose write may still land (RunRefusals).
+	refused refusals
+	now     func() time.Time
 }
 
 // New builds the core.
