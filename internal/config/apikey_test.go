@@ -30,16 +30,24 @@ func TestAPIKeyRequired(t *testing.T) {
 			name = tt.typ + " with a key"
 		}
 		t.Run(name, func(t *testing.T) {
-			c := Default()
-			c.Backends = append(c.Backends, Backend{Name: "b", Type: tt.typ, BaseURL: tt.baseURL, APIKeyEnv: tt.keyEnv,
-				Models: []string{"m"}, Timeout: Duration(time.Minute)})
-			got := ""
-			if err := c.Validate(); err != nil {
-				got = err.Error()
-			}
+			got := backendProblems(Backend{Name: "b", Type: tt.typ, BaseURL: tt.baseURL, APIKeyEnv: tt.keyEnv, Models: []string{"m"}})
 			if got != tt.want {
 				t.Errorf("Validate() = %q\nwant %q", got, tt.want)
 			}
 		})
 	}
+}
+
+// backendProblems is what Validate says of the default configuration with b added
+// (backends[1]), "" when it is valid; b's timeout is set when it has none.
+func backendProblems(b Backend) string {
+	if b.Timeout == 0 {
+		b.Timeout = Duration(time.Minute)
+	}
+	c := Default()
+	c.Backends = append(c.Backends, b)
+	if err := c.Validate(); err != nil {
+		return err.Error()
+	}
+	return ""
 }

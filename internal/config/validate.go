@@ -439,6 +439,7 @@ func (v *validator) backends(bs []Backend) {
 		v.resilience(p, &b)
 		v.passthrough(p, &b)
 		v.azure(p, &b)
+		v.gemini(p, &b)
 		switch {
 		case b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv):
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")
