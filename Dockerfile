@@ -44,6 +44,8 @@ ENV ONCEGATE_LISTEN=0.0.0.0:8080 \
 # 8080 HTTP API; 4222 NATS clients (--nats-listen, for other roles and the nats CLI);
 # 6222 cluster routes (--nats-cluster-listen). (--metrics-listen, off by default, picks its own.)
 EXPOSE 8080 4222 6222
+# A worker-only container serves no /readyz: run it with --metrics-listen and
+# -e ONCEGATE_HEALTHCHECK_URL=http://127.0.0.1:PORT/metrics (docs/operations/container.md).
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["/oncegate", "healthcheck"]
 ENTRYPOINT ["/oncegate"]

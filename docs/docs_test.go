@@ -255,6 +255,45 @@ func TestTroubleshootingNamesEveryStartFailure(t *testing.T) {
 	}
 }
 
+// TestBackendsPageNamesEveryType: the opening of docs/backends.md (its list of types) names
+// every backend type internal/config accepts, as `type: NAME`, and each type with a dialect
+// of its own (a package under dialect/ naming a config.Type) has a section that opens with it.
+func TestBackendsPageNamesEveryType(t *testing.T) {
+	page := readPage(t, filepath.Join("docs", "backends.md"))
+	opening, _, _ := strings.Cut(page, "\n## ")
+	types := matches(sources(t, filepath.Join("internal", "config")), `\bType\w+ += "([a-z]+)"`)
+	if len(types) < 5 {
+		t.Fatalf("found %d backend types in internal/config, expected at least 5: the pattern no longer matches", len(types))
+	}
+	for _, typ := range types {
+		if !strings.Contains(opening, "`type: "+typ+"`") {
+			t.Errorf("the opening of docs/backends.md does not name `type: %s`", typ)
+		}
+	}
+	dirs, err := filepath.Glob(filepath.Join(root, "dialect", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var own []string
+	for _, d := range dirs {
+		rel, _ := filepath.Rel(root, d)
+		own = append(own, matches(sources(t, rel), `BackendType = config\.Type(\w+)`)...)
+	}
+	if len(own) < 2 {
+		t.Fatalf("found %d dialects of their own backend type, expected at least 2 (azure, gemini): the pattern no longer matches", len(own))
+	}
+	sections := strings.Split(page, "\n## ")[1:]
+	for _, name := range own {
+		typ := "`type: " + strings.ToLower(name) + "`"
+		if !slices.ContainsFunc(sections, func(sec string) bool {
+			_, text, _ := strings.Cut(sec, "\n")
+			return strings.HasPrefix(strings.TrimSpace(text), typ)
+		}) {
+			t.Errorf("docs/backends.md has no section that opens with %s (its dialect of its own)", typ)
+		}
+	}
+}
+
 // TestFencesClosed: every page's ``` fences pair up, so no code block swallows the text after
 // it (and the command tests, which read ```sh blocks, see every block).
 func TestFencesClosed(t *testing.T) {

@@ -8,6 +8,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -227,11 +228,33 @@ func TestGeminiErrorBody(t *testing.T) {
 	if code := assertOpenAIError(t, resp, "invalid_argument"); code == "" {
 		t.Errorf("body %s", resp.Body)
 	}
-	// Tools have no translation here: refused before anything is sent.
-	tools := `{"model":"` + geminiModel + `","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`
-	before := len(up.requests())
-	r := postChat(t, gw.URL, tools, map[string]string{"Idempotency-Key": "gemini-tools"})
-	if r.Status != 400 || !strings.Contains(string(r.Body), "unsupported_by_backend") || len(up.requests()) != before {
-		t.Errorf("tools: status %d %s, %d requests sent; want 400 unsupported_by_backend, none sent", r.Status, r.Body, len(up.requests())-before)
+}
+
+// A request the Gemini dialect has no translation for (tools) is refused before anything is
+// sent, as the client's error: 400 unsupported_by_backend of type invalid_request_error (not
+// server_error, which tells a client the fault is the gateway's), streamed or not.
+func TestGeminiUntranslatableIsInvalidRequest(t *testing.T) {
+	up := startWireUpstream(t, geminiModel)
+	gw := startWireGateway(t, config.TypeGemini, up.URL+"/v1beta", geminiModel, nil)
+	for _, tc := range []struct {
+		name   string
+		stream bool
+	}{{"non-stream", false}, {"stream", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := fmt.Sprintf(`{"model":%q,"stream":%t,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+				geminiModel, tc.stream)
+			before := len(up.requests())
+			r := postChat(t, gw.URL, body, map[string]string{"Idempotency-Key": "gemini-tools-" + tc.name})
+			expectStatus(t, r, 400)
+			assertOpenAIError(t, r, "unsupported_by_backend")
+			var e openAIError
+			_ = json.Unmarshal(r.Body, &e)
+			if typ := *e.Error.Type; typ != "invalid_request_error" {
+				t.Errorf("error.type %q, want invalid_request_error: %s", typ, r.Body)
+			}
+			if n := len(up.requests()) - before; n != 0 {
+				t.Errorf("%d requests sent upstream, want none", n)
+			}
+		})
 	}
 }

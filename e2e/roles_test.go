@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,10 +14,13 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
-// TestSplitRoles runs the real binary as two processes sharing one NATS: a worker-only
-// process that owns the embedded NATS server (listening on a port), and an API-only process
-// connected to it. A request through the API is executed by the other process's workers,
-// and both exit cleanly on SIGTERM.
+// TestSplitRoles runs the real binary as docs/operations/running.md's split layout: an
+// API-only process that owns the embedded NATS server (listening on a port) and two
+// worker-only processes connected to it, with no store of their own. A request through the
+// API is executed by a worker process; a worker's health answer is its metrics listener,
+// which `oncegate healthcheck` asks through ONCEGATE_HEALTHCHECK_URL (the image's
+// HEALTHCHECK); a worker SIGKILLed takes no request down (the other one serves, the API stays
+// ready); and the rest exit cleanly on SIGTERM, the store's owner last.
 func TestSplitRoles(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the oncegate binary")
@@ -24,27 +29,28 @@ func TestSplitRoles(t *testing.T) {
 	bin := oncegateBinary(t)
 
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
-	worker := startProc(t, "worker", bin, "serve", "--role", "worker",
-		"--data-dir", filepath.Join(dir, "worker-data"), "--nats-listen", natsAddr)
-	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
-		if worker.exited() {
-			t.Fatalf("worker exited early: %v", worker.err)
-		}
-		c, err := net.DialTimeout("tcp", natsAddr, time.Second)
-		if err != nil {
-			return fmt.Errorf("the worker's embedded NATS does not listen on %s: %w", natsAddr, err)
-		}
-		c.Close()
-		return nil
-	})
-
-	api := startProc(t, "api", bin, "serve", "--role", "api", "--nats-url", "nats://"+natsAddr,
-		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "api-data"))
-	base := "http://" + httpAddr
+	api := startProc(t, "api", bin, "serve", "--role", "api", "--nats-listen", natsAddr,
+		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "data"))
 	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
 		if api.exited() {
 			t.Fatalf("api exited early: %v", api.err)
 		}
+		c, err := net.DialTimeout("tcp", natsAddr, time.Second)
+		if err != nil {
+			return fmt.Errorf("the api's embedded NATS does not listen on %s: %w", natsAddr, err)
+		}
+		c.Close()
+		return nil
+	})
+	metrics := []string{testkit.FreeAddr(t), testkit.FreeAddr(t)}
+	var workers []*proc
+	for i, m := range metrics {
+		workers = append(workers, startProc(t, fmt.Sprintf("worker-%d", i+1), bin, "serve", "--role", "worker",
+			"--nats-url", "nats://"+natsAddr, "--metrics-listen", m))
+	}
+
+	base := "http://" + httpAddr
+	apiReady := func() error {
 		resp, err := httpClient.Get(base + "/readyz")
 		if err != nil {
 			return fmt.Errorf("the api process is not ready: %w", err)
@@ -54,6 +60,21 @@ func TestSplitRoles(t *testing.T) {
 			return fmt.Errorf("the api process is not ready: /readyz %d", resp.StatusCode)
 		}
 		return nil
+	}
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		for _, p := range append([]*proc{api}, workers...) {
+			if p.exited() {
+				t.Fatalf("%s exited early: %v", p.name, p.err)
+			}
+		}
+		for _, m := range metrics {
+			resp, err := httpClient.Get("http://" + m + "/metrics")
+			if err != nil {
+				return fmt.Errorf("a worker's metrics listener does not answer: %w", err)
+			}
+			resp.Body.Close()
+		}
+		return apiReady()
 	})
 
 	t.Run("non-stream through the api process", func(t *testing.T) {
@@ -110,15 +131,59 @@ func TestSplitRoles(t *testing.T) {
 		assertOpenAIError(t, resp, "model_not_found")
 	})
 
+	t.Run("a worker's health check", func(t *testing.T) {
+		// The image's HEALTHCHECK asks /readyz on ONCEGATE_LISTEN, which a worker does not serve;
+		// ONCEGATE_HEALTHCHECK_URL points it at the worker's metrics listener.
+		closed := testkit.FreeAddr(t)
+		for _, tc := range []struct {
+			name string
+			env  []string
+			code int
+		}{
+			{"default /readyz", nil, 1},
+			{"ONCEGATE_HEALTHCHECK_URL", []string{"ONCEGATE_HEALTHCHECK_URL=http://" + metrics[0] + "/metrics"}, 0},
+		} {
+			cmd := exec.Command(bin, "healthcheck")
+			cmd.Env = append([]string{"ONCEGATE_LISTEN=" + closed}, tc.env...)
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tc.code {
+				t.Errorf("%s: oncegate healthcheck exit %d, want %d: %s", tc.name, code, tc.code, out)
+			}
+		}
+	})
+
+	t.Run("a worker killed takes no request down", func(t *testing.T) {
+		workers[0].kill(t)
+		if err := apiReady(); err != nil {
+			t.Fatalf("after a worker's SIGKILL: %v", err)
+		}
+		body := chatBody("oncegate-mock", "split roles after a worker died", "")
+		want := parseCompletion(t, directMock(t, body))
+		resp := postChat(t, base, body, map[string]string{"Idempotency-Key": "split-roles-3"})
+		if resp.Status != http.StatusOK {
+			t.Fatalf("status %d body %s", resp.Status, resp.Body)
+		}
+		if got := parseCompletion(t, resp.Body); got.Choices[0].Message.Content != want.Choices[0].Message.Content {
+			t.Errorf("answer %s, want content %q", resp.Body, want.Choices[0].Message.Content)
+		}
+	})
+
 	httpClient.CloseIdleConnections()
-	// The api process first (it depends on the worker's NATS), then the worker.
+	// The worker left first, then the api process (it owns the store the worker uses).
+	if code := workers[1].sigterm(t, 15*time.Second); code != 0 {
+		t.Errorf("worker exit code %d, want 0", code)
+	}
 	if code := api.sigterm(t, 15*time.Second); code != 0 {
 		t.Errorf("api exit code %d, want 0", code)
 	}
-	if code := worker.sigterm(t, 15*time.Second); code != 0 {
-		t.Errorf("worker exit code %d, want 0", code)
-	}
-	// Each process ran only its role (the execution above was the worker process's).
+	// Each process ran only its role (the executions above were the worker processes').
+	worker := workers[1]
 	if wl, al := worker.log.String(), api.log.String(); !strings.Contains(wl, "workers started") ||
 		strings.Contains(al, "workers started") || strings.Contains(wl, "HTTP API serving") || !strings.Contains(al, "HTTP API serving") {
 		t.Errorf("roles not split: want \"workers started\" only in the worker's log and \"HTTP API serving\" only in the api's")

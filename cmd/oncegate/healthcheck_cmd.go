@@ -14,13 +14,19 @@ import (
 	"github.com/oncegate/oncegate/internal/config"
 )
 
-// healthcheckMain is `oncegate healthcheck`: GET a URL (by default this host's /readyz) and
-// exit 0 on a 2xx answer, 1 on anything else, with one line on stderr saying what it got.
-// A distroless or scratch image has no curl: the image's HEALTHCHECK runs this.
+// envHealthcheckURL names the URL `oncegate healthcheck` asks when --url is not given: the
+// image's HEALTHCHECK command is fixed, and a container whose process serves no /readyz (a
+// worker: no HTTP API) points it at what it does serve (its --metrics-listen's /metrics).
+const envHealthcheckURL = "ONCEGATE_HEALTHCHECK_URL"
+
+// healthcheckMain is `oncegate healthcheck`: GET a URL (--url, else ONCEGATE_HEALTHCHECK_URL,
+// else this host's /readyz) and exit 0 on a 2xx answer, 1 on anything else, with one line on
+// stderr saying what it got. A distroless or scratch image has no curl: the image's
+// HEALTHCHECK runs this.
 func healthcheckMain(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("healthcheck", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	target := fs.String("url", "", "URL to GET (default http://127.0.0.1:PORT/readyz, PORT from ONCEGATE_LISTEN, else 8080)")
+	target := fs.String("url", "", "URL to GET (default $"+envHealthcheckURL+", else http://127.0.0.1:PORT/readyz, PORT from ONCEGATE_LISTEN, else 8080)")
 	timeout := fs.Duration("timeout", 3*time.Second, "give up after this long")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -32,7 +38,10 @@ func healthcheckMain(ctx context.Context, args []string, stdout, stderr io.Write
 		fmt.Fprintf(stderr, "oncegate healthcheck: unexpected argument %q; pass the URL as --url\n", fs.Arg(0))
 		return 2
 	}
-	u := *target
+	u, from := *target, "--url"
+	if u == "" {
+		u, from = getenv(envHealthcheckURL), envHealthcheckURL
+	}
 	if u == "" {
 		var err error
 		if u, err = readyzURL(getenv(config.EnvListen)); err != nil {
@@ -41,7 +50,7 @@ func healthcheckMain(ctx context.Context, args []string, stdout, stderr io.Write
 		}
 	}
 	if p, err := url.Parse(u); err != nil || (p.Scheme != "http" && p.Scheme != "https") || p.Host == "" {
-		fmt.Fprintf(stderr, "oncegate healthcheck: --url %q is not an http(s) URL\n", u)
+		fmt.Fprintf(stderr, "oncegate healthcheck: %s %q is not an http(s) URL\n", from, u)
 		return 2
 	}
 	if *timeout <= 0 {

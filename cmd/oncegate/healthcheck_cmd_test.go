@@ -61,7 +61,7 @@ func waitReady(t *testing.T, addr string, logs func() string) {
 }
 
 // TestHealthcheck: `oncegate healthcheck` exits 0 against a real gateway's /readyz (found
-// from ONCEGATE_LISTEN as the image sets it, or given as --url), 1 with one line naming what
+// from ONCEGATE_LISTEN as the image sets it, or given as --url or ONCEGATE_HEALTHCHECK_URL), 1 with one line naming what
 // it got for a 503 or a closed port, and 2 for arguments it cannot use.
 func TestHealthcheck(t *testing.T) {
 	gw := startServe(t)
@@ -76,6 +76,7 @@ func TestHealthcheck(t *testing.T) {
 		name   string
 		args   []string
 		listen string // ONCEGATE_LISTEN
+		url    string // ONCEGATE_HEALTHCHECK_URL
 		code   int
 		stdout string // exact, when code is 0
 		stderr string // a part of the one line, when code is not 0
@@ -86,6 +87,14 @@ func TestHealthcheck(t *testing.T) {
 			stdout: "GET http://" + gw + "/readyz: 200 OK\n"},
 		{name: "liveness path", args: []string{"--url", "http://" + gw + "/healthz"}, code: 0,
 			stdout: "GET http://" + gw + "/healthz: 200 OK\n"},
+		// A worker-only container serves no /readyz: its health is its metrics listener, named
+		// by the variable (docker run -e), since the image's HEALTHCHECK command is fixed.
+		{name: "ONCEGATE_HEALTHCHECK_URL over ONCEGATE_LISTEN", listen: closed, url: "http://" + gw + "/metrics", code: 0,
+			stdout: "GET http://" + gw + "/metrics: 200 OK\n"},
+		{name: "--url over ONCEGATE_HEALTHCHECK_URL", args: []string{"--url", "http://" + gw + "/healthz"}, url: "http://" + closed + "/metrics", code: 0,
+			stdout: "GET http://" + gw + "/healthz: 200 OK\n"},
+		{name: "ONCEGATE_HEALTHCHECK_URL not a URL", url: "127.0.0.1:9464/metrics", code: 2,
+			stderr: `oncegate healthcheck: ONCEGATE_HEALTHCHECK_URL "127.0.0.1:9464/metrics" is not an http(s) URL` + "\n"},
 		{name: "not ready", args: []string{"--url", unready.URL + "/readyz"}, code: 1,
 			stderr: "oncegate healthcheck: GET " + unready.URL + "/readyz: 503 Service Unavailable\n"},
 		{name: "nothing listening", args: []string{"--url", "http://" + closed + "/readyz"}, code: 1,
@@ -102,8 +111,11 @@ func TestHealthcheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			getenv := func(k string) string {
-				if k == "ONCEGATE_LISTEN" {
+				switch k {
+				case "ONCEGATE_LISTEN":
 					return tc.listen
+				case "ONCEGATE_HEALTHCHECK_URL":
+					return tc.url
 				}
 				return ""
 			}

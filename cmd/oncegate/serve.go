@@ -79,7 +79,7 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	if *pprofAddr != "" {
 		stopPprof, err := servePprof(*pprofAddr)
 		if err != nil {
-			log.Error().Err(err).Msg("pprof")
+			fmt.Fprintln(stderr, startFailure(err))
 			return 1
 		}
 		defer stopPprof()
@@ -130,6 +130,8 @@ func startFailure(err error) string {
 		return msg + "; stop it, or pass another --data-dir"
 	case se.Field == "data_dir":
 		return msg + "; pass a writable directory as --data-dir"
+	case se.Field == "pprof":
+		return msg + "; pass a free loopback address as --pprof, e.g. 127.0.0.1:6060"
 	}
 	return msg
 }

@@ -72,6 +72,9 @@ func busyAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// pprofHint ends the start failure of a --pprof address that cannot be served.
+const pprofHint = "; pass a free loopback address as --pprof, e.g. 127.0.0.1:6060"
+
 // TestServeStartFailures: a start that cannot succeed exits 1 with one line on stderr that
 // says what failed and which flag to change, no panic and no stack. A taken HTTP port fails
 // before the store is touched.
@@ -81,7 +84,7 @@ func TestServeStartFailures(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	httpBusy, natsBusy := busyAddr(t), busyAddr(t)
+	httpBusy, natsBusy, pprofBusy := busyAddr(t), busyAddr(t), busyAddr(t)
 	for _, tc := range []struct {
 		name      string
 		args      []string
@@ -126,6 +129,24 @@ func TestServeStartFailures(t *testing.T) {
 			args:      []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d6"), "--nats-replicas", "2"},
 			want:      "oncegate: nats.replicas: must be 1, 3 or 5 (or 0: 1 on a single server, 3 on a cluster of 3 or more), got 2",
 			untouched: filepath.Join(tmp, "d6"),
+		},
+		{
+			name:      "pprof on an address that is not loopback",
+			args:      []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d7"), "--pprof", "0.0.0.0:6060"},
+			want:      "oncegate: pprof 0.0.0.0:6060: not a loopback address (the profiling endpoints have no authentication)" + pprofHint,
+			untouched: filepath.Join(tmp, "d7"),
+		},
+		{
+			name:      "pprof address without a port",
+			args:      []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d8"), "--pprof", "6060"},
+			want:      "oncegate: pprof 6060: address 6060: missing port in address" + pprofHint,
+			untouched: filepath.Join(tmp, "d8"),
+		},
+		{
+			name:      "pprof port taken",
+			args:      []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(tmp, "d9"), "--pprof", pprofBusy},
+			want:      "oncegate: pprof listen " + pprofBusy + ": address already in use" + pprofHint,
+			untouched: filepath.Join(tmp, "d9"),
 		},
 		{
 			name:      "api role on an embedded NATS without a port",

@@ -68,9 +68,11 @@ func UsageOf(body []byte) *dialect.Usage {
 // ErrorBody keeps the backend's error body: it is already the client's API.
 func (Dialect) ErrorBody(_ int, body []byte) []byte { return body }
 
-// GatewayError is an OpenAI error body of type server_error.
-func (Dialect) GatewayError(_ int, code, msg string) []byte {
-	return openaiwire.ErrorBody(msg, "server_error", code, "")
+// GatewayError is an OpenAI error body of the status's type: invalid_request_error for a
+// request no backend of the route can take (400 unsupported_by_backend), server_error for
+// the gateway's and the backends' failures (5xx).
+func (Dialect) GatewayError(status int, code, msg string) []byte {
+	return openaiwire.ErrorBody(msg, openaiwire.ErrorType(status), code, "")
 }
 
 // StreamError is the error event that ends a stream broken after output.

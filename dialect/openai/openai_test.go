@@ -249,7 +249,8 @@ func TestAnswer(t *testing.T) {
 }
 
 // TestErrors: a backend's error body is already OpenAI's and goes as it is; the gateway's own
-// errors and a broken stream's last event are OpenAI error objects of type server_error.
+// errors are OpenAI error objects of their status's type (a 400 is the client's
+// invalid_request_error, a 5xx a server_error), a broken stream's last event a server_error.
 func TestErrors(t *testing.T) {
 	d := openai.New()
 	in := `{"error":{"message":"m","type":"invalid_request_error","param":null,"code":"x"}}`
@@ -259,6 +260,8 @@ func TestErrors(t *testing.T) {
 	tests := []struct{ name, got, want string }{
 		{"GatewayError", string(d.GatewayError(503, "backend_unavailable", "no backend")),
 			`{"error":{"message":"no backend","type":"server_error","param":null,"code":"backend_unavailable"}}`},
+		{"GatewayError 400", string(d.GatewayError(400, "unsupported_by_backend", "no tools")),
+			`{"error":{"message":"no tools","type":"invalid_request_error","param":null,"code":"unsupported_by_backend"}}`},
 		{"StreamError", string(d.StreamError("broke")),
 			`{"error":{"message":"broke","type":"server_error","param":null,"code":"stream_interrupted"}}`},
 	}

@@ -227,7 +227,7 @@ type Backend struct {
 	Name      string    `yaml:"name"`        // unique; routes[].backends name backends by it
 	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeGemini | TypeAzure | TypeMock
 	BaseURL   string    `yaml:"base_url"`    // the API's base URL, e.g. https://api.openai.com/v1; empty for a mock
-	APIKeyEnv string    `yaml:"api_key_env"` // name of the env var holding the key (never the key itself)
+	APIKeyEnv string    `yaml:"api_key_env"` // name of the env var holding the key (never the key itself); required for azure and gemini
 	Models    []string  `yaml:"models"`      // CatchAll = models nobody else serves
 	Timeout   Duration  `yaml:"timeout"`     // total time of one attempt
 	Mock      MockKnobs `yaml:"mock"`        // only for TypeMock

@@ -439,8 +439,12 @@ func (v *validator) backends(bs []Backend) {
 		v.resilience(p, &b)
 		v.passthrough(p, &b)
 		v.azure(p, &b)
-		if b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv) {
+		v.gemini(p, &b)
+		switch {
+		case b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv):
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")
+		case b.APIKeyEnv == "" && keyRequired[b.Type] != "":
+			v.add(p+".api_key_env", "must be set for a backend of type %s: %s", b.Type, keyRequired[b.Type])
 		}
 
 		if len(b.Models) == 0 {
@@ -481,6 +485,14 @@ func (v *validator) backends(bs []Backend) {
 			}
 		}
 	}
+}
+
+// keyRequired says, for each backend type whose API refuses every request without a key, why
+// api_key_env must be set. The other types may be keyless servers (a local vLLM, another
+// oncegate, a proxy that adds the key, the mock).
+var keyRequired = map[string]string{
+	TypeAzure:  "Azure OpenAI refuses a request without its key (api-key header; Entra ID tokens are not supported)",
+	TypeGemini: "the Gemini API refuses a request without its key (x-goog-api-key header)",
 }
 
 func checkModelName(m string) string {
