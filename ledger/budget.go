@@ -141,7 +141,10 @@ func WithSettleHold(d time.Duration) BudgetOption { return func(b *Budgets) { b.
 //   - a charge written more than the settle hold after its release (an async job released at
 //     acceptance, an execution that outlives the request that started it): at most its actual
 //     cost, until the charge reaches the ledger;
-//   - an execution that costs more than its estimate: the difference.
+//   - an execution that costs more than its estimate: the difference. Admit's estimate is an
+//     upper bound only for a request with max_tokens (but for its input, estimated at 4 bytes a
+//     token); without one it is the most the model's latest answers returned (Outputs), which
+//     a longer answer passes.
 //
 // A release whose write fails (NATS unavailable) leaves the reservation in the bucket, where
 // it expires within the TTL (at least the hold, and an estimate ≥ the actual cost in the
