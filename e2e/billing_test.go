@@ -11,7 +11,7 @@ import (
 
 // TestBilling: every execution that produced output is charged once in the ledger, priced
 // from the config; replays cost nothing; the admin API shows entries and bills; a tenant at
-// its budget gets 429 budget_exceeded with no backend call, while its replays still succeed.
+// its budget gets a 429 (budget_insufficient: below the limit) with no backend call, while its replays still succeed.
 func TestBilling(t *testing.T) {
 	cfg := gatewaykit.Config(t)
 	cfg.Ledger.Prices = map[string]config.Price{"oncegate-mock": {InputPerMillion: 1_000_000, OutputPerMillion: 2_000_000}}
@@ -48,14 +48,15 @@ func TestBilling(t *testing.T) {
 	if resp.Status != http.StatusOK || string(again) != string(first) || resp.Header.Get("Oncegate-Idempotency") != "replayed" {
 		t.Fatalf("replay: %d %s", resp.Status, resp.Header.Get("Oncegate-Idempotency"))
 	}
-	// A new intent would exceed the budget: 429 budget_exceeded, no backend call.
+	// A new intent would exceed the budget: 429, no backend call. The spend is below the limit,
+	// so the answer says the request does not fit (budget_insufficient), not that it is reached.
 	before := mock.Stats().Requests
 	resp = postChat(t, gw.URL, chatBody("oncegate-mock", "one more, please", `"max_tokens":16`), map[string]string{"Authorization": "Bearer sk-capped"})
 	b := resp.Body
 	if resp.Status != http.StatusTooManyRequests {
 		t.Fatalf("over budget: %d %s", resp.Status, b)
 	}
-	assertOpenAIError(t, resp, "budget_exceeded")
+	assertOpenAIError(t, resp, "budget_insufficient")
 	if n := mock.Stats().Requests; n != before {
 		t.Fatalf("backend executions %d -> %d for a refused request", before, n)
 	}

@@ -144,6 +144,11 @@ var errorTable = []struct {
 		Message: "this Idempotency-Key was already used with a different request body", Retry: retryNo}},
 	{intent.ErrKeyForeign, apiError{Status: http.StatusUnprocessableEntity, Type: typeInvalid, Code: "idempotency_key_reused",
 		Message: "this Idempotency-Key was used with a different request", Retry: retryNo}},
+	// Below the limit, the request's estimate does not fit in what remains: budgetAnswer says
+	// how it was sized and the max_tokens that fits. Before ErrBudgetExceeded, which it matches.
+	{ledger.ErrBudgetNoFit, apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_insufficient",
+		Message: "this request's estimated cost does not fit in what remains of this tenant's spend limit for the period; set max_tokens lower",
+		Retry:   retryNo}},
 	{ledger.ErrBudgetExceeded, apiError{Status: http.StatusTooManyRequests, Type: "insufficient_quota", Code: "budget_exceeded",
 		Message: "this tenant's spend limit for the period is reached", Retry: retryNo}},
 	{ledger.ErrBudgetUnavailable, unavailableAnswer("the budget could not be checked; retry")},
@@ -286,6 +291,10 @@ func answerOf(err error) (ae *apiError, ok bool) {
 			if errors.As(err, &le) {
 				limitAnswer(ae, le)
 			}
+			var be *ledger.BudgetError
+			if errors.As(err, &be) && errors.Is(err, ledger.ErrBudgetNoFit) {
+				ae.Message = noFitMessage(be)
+			}
 			return ae, true
 		}
 	}
@@ -312,6 +321,36 @@ func limitAnswer(ae *apiError, le *intent.LimitError) {
 		return
 	}
 	ae.RetryAfter = max(1, int((le.RetryAfter+time.Second-1)/time.Second))
+}
+
+// noFitMessage says why a request whose tenant is below its spend limit was refused (its
+// estimate does not fit in what remains) and what would let it in: a max_tokens that fits, or
+// the end of the requests in flight.
+func noFitMessage(be *ledger.BudgetError) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "this request's estimated cost, %d micro-units, does not fit in what remains of this tenant's spend limit for the period: "+
+		"%d of %d micro-units left", be.EstimateMicros, max(be.LimitMicros-be.SpentMicros, 0), be.LimitMicros)
+	if be.ReservedMicros > 0 {
+		fmt.Fprintf(&b, ", %d of them held by requests in flight", be.ReservedMicros)
+	}
+	b.WriteString(" (the limit is not reached).")
+	switch be.OutputFrom {
+	case ledger.OutputFromRecent:
+		fmt.Fprintf(&b, " It sets no max_tokens, so its output is estimated at %d tokens, the most this model returned recently.", be.OutputTokens)
+	case ledger.OutputFromDefault:
+		fmt.Fprintf(&b, " It sets no max_tokens, so its output is estimated at %d tokens (ledger.default_max_tokens).", be.OutputTokens)
+	}
+	switch {
+	case be.FitMaxTokens > 0:
+		fmt.Fprintf(&b, " Set max_tokens (max_output_tokens on /v1/responses) to at most %d to fit.", be.FitMaxTokens)
+	case be.ReservedMicros > 0:
+		b.WriteString(" Retry once the requests in flight are answered.")
+	case be.OutputFrom == "": // not sized by Admit: what fits is unknown
+		b.WriteString(" Set max_tokens lower to fit.")
+	default:
+		b.WriteString(" Its input leaves no room for a single output token.")
+	}
+	return b.String()
 }
 
 // answer is the answer to err, the internal error's when it has none.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/ledger"
 )
 
 type errorCase struct {
@@ -43,6 +44,13 @@ func errorCases() []errorCase {
 		{"LimitError requests_per_second", &intent.LimitError{Limit: "requests_per_second", Cap: 2.5, RetryAfter: 1300 * time.Millisecond}},
 		{"LimitError tokens_per_minute", &intent.LimitError{Limit: "tokens_per_minute", Cap: 1000, RetryAfter: 12 * time.Second}},
 		{"LimitError tokens_per_minute too large", &intent.LimitError{Limit: "tokens_per_minute", Cap: 1000, TooLarge: true}},
+		{"BudgetError reached", &ledger.BudgetError{Tenant: "acme", LimitMicros: 5000, SpentMicros: 5000, EstimateMicros: 54}},
+		{"BudgetError no fit, recent answers", &ledger.BudgetError{Tenant: "acme", LimitMicros: 5000, SpentMicros: 4970, EstimateMicros: 54,
+			OutputFrom: ledger.OutputFromRecent, OutputTokens: 16, FitMaxTokens: 4}},
+		{"BudgetError no fit, default", &ledger.BudgetError{Tenant: "acme", LimitMicros: 5000, SpentMicros: 2940, EstimateMicros: 2070,
+			OutputFrom: ledger.OutputFromDefault, OutputTokens: 1024, FitMaxTokens: 1019}},
+		{"BudgetError no fit, in flight", &ledger.BudgetError{Tenant: "acme", LimitMicros: 5000, SpentMicros: 4900, ReservedMicros: 80, EstimateMicros: 54,
+			OutputFrom: ledger.OutputFromMaxTokens, OutputTokens: 16}},
 		{"fiberError 404", fiber.ErrNotFound},
 		{"fiberError 405", fiber.ErrMethodNotAllowed},
 		{"fiberError 408", fiber.ErrRequestTimeout},

@@ -152,8 +152,7 @@ func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec
 
 // hold gives adm, a new execution's admission, its reservation: Done settles it.
 func (c *Core) hold(adm *Admission, req *Request, res *reservation) {
-	estimate := c.estimate(req)
-	adm.settle = func() { res.settle(estimate) } // the ledger charge replaces it once written
+	adm.settle = func() { res.settle(res.budget) } // the ledger charge replaces it once written
 	if adm.leave == nil {
 		adm.leave = res.unstream
 	} else {

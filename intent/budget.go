@@ -15,6 +15,7 @@ type reservation struct {
 	settle   func(actualMicros int64) // the places and the budget, once the answer is delivered
 	unspend  func()                   // the tokens, only for an execution that never ran
 	unstream func()                   // the stream, once delivered
+	budget   int64                    // the budget reserved (micro-units), for the settle hold
 }
 
 // cancel gives back everything of an execution that never ran (its claim or publish failed).
@@ -26,7 +27,8 @@ func (r *reservation) cancel() {
 
 // reserve admits a new execution against the node's bounds (shed.go), the tenant's caps
 // (limits.go) and its budget (replays and joins never come here); ErrOverloaded without room,
-// a *LimitError above a cap, ledger.ErrBudgetExceeded when the spend limit is reached.
+// a *LimitError above a cap, ledger.ErrBudgetExceeded when the request's estimate does not fit
+// under the spend limit (ledger.ErrBudgetNoFit too while the spend is below it).
 func (c *Core) reserve(ctx context.Context, req *Request, jobID string) (*reservation, error) {
 	free, err := c.slot(len(req.Body))
 	if err != nil {
@@ -54,7 +56,8 @@ func (c *Core) reserve(ctx context.Context, req *Request, jobID string) (*reserv
 	if c.budgets == nil {
 		return r, nil
 	}
-	release, err := c.budgets.ReserveJob(ctx, req.Tenant, jobID, c.estimate(req))
+	reserved, release, err := c.budgets.Admit(ctx, req.Tenant, ledger.Ask{JobID: jobID, Model: req.Model,
+		InputTokens: ledger.EstimateTokens(req.Body), MaxTokens: req.MaxTokens, DefaultMaxTokens: c.opts.DefaultMaxTokens})
 	if errors.Is(err, ledger.ErrBudgetExceeded) {
 		c.metrics.BudgetRefused(req.Tenant)
 	}
@@ -63,17 +66,12 @@ func (c *Core) reserve(ctx context.Context, req *Request, jobID string) (*reserv
 		return nil, fmt.Errorf("intent: budget of %s: %w", req.Tenant, err)
 	}
 	places := r.settle
+	r.budget = reserved
 	r.settle = func(actual int64) {
 		release(actual)
 		places(actual)
 	}
 	return r, nil
-}
-
-// estimate is what a new execution of req may cost: the price of its input (4 bytes a token)
-// and of its max_tokens (or the configured default).
-func (c *Core) estimate(req *Request) int64 {
-	return c.prices.Cost(req.Model, ledger.EstimateTokens(req.Body), c.maxOut(req))
 }
 
 // estimateTokens is how many tokens a new execution of req may use: its input (4 bytes a

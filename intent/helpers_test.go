@@ -280,12 +280,12 @@ type budget struct {
 	reserved atomic.Int32
 }
 
-func (b *budget) ReserveJob(_ context.Context, tenant, _ string, _ int64) (func(int64), error) {
+func (b *budget) Admit(_ context.Context, tenant string, _ ledger.Ask) (int64, func(int64), error) {
 	if b.refuse.Load() {
-		return nil, fmt.Errorf("%w: tenant %s", ledger.ErrBudgetExceeded, tenant)
+		return 0, nil, fmt.Errorf("%w: tenant %s", ledger.ErrBudgetExceeded, tenant)
 	}
 	b.reserved.Add(1)
-	return func(int64) {}, nil
+	return 0, func(int64) {}, nil
 }
 
 // A seed brings req's key into a state through the core itself (and the test's worker), and

@@ -56,11 +56,13 @@ var (
 )
 
 // Budgeter admits new executions against tenants' spend limits (replays and joins never
-// reach it). Reserve returns ledger.ErrBudgetExceeded when the tenant's limit is reached.
+// reach it): ledger.TenantBudgets. Admit returns ledger.ErrBudgetExceeded when the request's
+// estimate does not fit under the tenant's limit (also ledger.ErrBudgetNoFit while the spend
+// is below it).
 type Budgeter interface {
-	// ReserveJob admits the execution of job jobID (its settle hold names it: the ledger's
-	// charge of the job supersedes it).
-	ReserveJob(ctx context.Context, tenant, jobID string, estimateMicros int64) (release func(actualMicros int64), err error)
+	// Admit reserves the estimate of ask, an execution of job ask.JobID (its settle hold names
+	// it: the ledger's charge of the job supersedes it), and returns what it reserved.
+	Admit(ctx context.Context, tenant string, ask ledger.Ask) (reserved int64, release func(actualMicros int64), err error)
 }
 
 // Options are the idempotency settings the core decides with.
@@ -74,7 +76,9 @@ type Options struct {
 	AutoWindow time.Duration
 	// ReplayCacheBytes bounds the node's cache of final records (0: no cache).
 	ReplayCacheBytes int64
-	// DefaultMaxTokens prices a request that sets no max_tokens, for the budget estimate.
+	// DefaultMaxTokens is the output estimate of a request that sets no max_tokens: for the
+	// tenant's tokens per minute, and for its budget while the model's recent answers are too
+	// few to estimate from (ledger.Budgets.Admit).
 	DefaultMaxTokens int
 	// MaxExecutions bounds the new executions this node admitted and has not answered yet
 	// (0: no bound); beyond it a new intent gets ErrOverloaded. A background job holds its

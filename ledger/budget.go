@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,8 @@ func (p Period) Valid() bool { return p == PeriodDay || p == PeriodMonth }
 // DefaultSettleHold is how long a settled cost keeps counting after release (see Budgets).
 const DefaultSettleHold = 30 * time.Second
 
-// BudgetError is the error of a refused reservation; it matches ErrBudgetExceeded.
+// BudgetError is the error of a refused reservation. It matches ErrBudgetExceeded, and also
+// ErrBudgetNoFit while the tenant's spend is below its limit.
 type BudgetError struct {
 	Tenant         string
 	LimitMicros    int64
@@ -46,16 +48,39 @@ type BudgetError struct {
 	ReservedMicros int64 // outstanding reservations and settle holds of every API node
 	EstimateMicros int64
 	PeriodStart    time.Time
+	// Of a refused Admit: how the estimate's output was sized (OutputFromMaxTokens,
+	// OutputFromRecent or OutputFromDefault; "" for Reserve), its output tokens, and the
+	// largest max_tokens the request would fit with now (0: none, what remains is in flight or
+	// does not cover its input).
+	OutputFrom   string
+	OutputTokens int
+	FitMaxTokens int
 }
 
+// How an Admit's estimate sized the request's output (BudgetError.OutputFrom).
+const (
+	OutputFromMaxTokens = "max_tokens" // the request's own bound
+	OutputFromRecent    = "recent"     // the most the model's latest answers returned (Outputs)
+	OutputFromDefault   = "default"    // the configured default: too few answers of the model seen
+)
+
 func (e *BudgetError) Error() string {
-	return fmt.Sprintf("ledger: budget exceeded: spent %s + reserved %s + estimate %s > limit %s (period from %s)",
+	what := "budget exceeded"
+	if e.SpentMicros < e.LimitMicros {
+		what = "the estimate does not fit in what remains"
+	}
+	return fmt.Sprintf("ledger: %s: spent %s + reserved %s + estimate %s > limit %s (period from %s)", what,
 		FormatMicros(e.SpentMicros), FormatMicros(e.ReservedMicros), FormatMicros(e.EstimateMicros),
 		FormatMicros(e.LimitMicros), e.PeriodStart.Format(time.RFC3339))
 }
 
-// Unwrap makes a BudgetError match ErrBudgetExceeded.
-func (e *BudgetError) Unwrap() error { return ErrBudgetExceeded }
+// Unwrap makes a BudgetError match ErrBudgetExceeded, and ErrBudgetNoFit below the limit.
+func (e *BudgetError) Unwrap() []error {
+	if e.SpentMicros < e.LimitMicros {
+		return []error{ErrBudgetNoFit, ErrBudgetExceeded}
+	}
+	return []error{ErrBudgetExceeded}
+}
 
 // BudgetStatus is a tenant's position against its limit.
 type BudgetStatus struct {
@@ -73,6 +98,10 @@ type BudgetOption func(*Budgets)
 // WithBudgetClock sets the clock that decides the current period and the reservations'
 // expiry (default: the ledger's).
 func WithBudgetClock(now func() time.Time) BudgetOption { return func(b *Budgets) { b.now = now } }
+
+// WithOutputs sets the estimator of Admit's requests without max_tokens, and feeds it every
+// entry the budgets read (default: none, every such request is sized by its default).
+func WithOutputs(o *Outputs) BudgetOption { return func(b *Budgets) { b.outputs = o } }
 
 // WithSettleHold sets how long a released reservation's actual cost keeps counting.
 func WithSettleHold(d time.Duration) BudgetOption { return func(b *Budgets) { b.hold = d } }
@@ -112,7 +141,10 @@ func WithSettleHold(d time.Duration) BudgetOption { return func(b *Budgets) { b.
 //   - a charge written more than the settle hold after its release (an async job released at
 //     acceptance, an execution that outlives the request that started it): at most its actual
 //     cost, until the charge reaches the ledger;
-//   - an execution that costs more than its estimate: the difference.
+//   - an execution that costs more than its estimate: the difference. Admit's estimate is an
+//     upper bound only for a request with max_tokens (but for its input, estimated at 4 bytes a
+//     token); without one it is the most the model's latest answers returned (Outputs), which
+//     a longer answer passes.
 //
 // A release whose write fails (NATS unavailable) leaves the reservation in the bucket, where
 // it expires within the TTL (at least the hold, and an estimate ≥ the actual cost in the
@@ -129,6 +161,7 @@ type Budgets struct {
 	ttl      time.Duration
 	maxHold  time.Duration
 	replicas int
+	outputs  *Outputs // nil: Admit sizes a request without max_tokens by its default
 
 	kvMu sync.Mutex
 	kv   jetstream.KeyValue // nil until first used, and after a NATS failure
@@ -205,6 +238,7 @@ func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, 
 	count := func(e *Entry) error {
 		tb.lastSeq = e.Seq
 		tb.spent[b.period.start(e.Time)] += e.Signed()
+		b.outputs.Observe(e)
 		if e.Kind == KindCharge && e.JobID != "" {
 			tb.charged[e.JobID] = e.Time
 		}
@@ -251,22 +285,76 @@ func (b *Budgets) Reserve(ctx context.Context, tenant string, estimateMicros int
 // ReserveJob is Reserve for the execution of job jobID: its settle hold names the job, and
 // stops counting once the ledger shows the job's charge.
 func (b *Budgets) ReserveJob(ctx context.Context, tenant, jobID string, estimateMicros int64) (release func(actualMicros int64), err error) {
+	_, release, err = b.reserve(ctx, tenant, jobID, func() sizing { return sizing{micros: estimateMicros} })
+	return release, err
+}
+
+// Ask is what a new execution asks of its tenant's budget (Admit).
+type Ask struct {
+	JobID       string
+	Model       string
+	InputTokens int
+	// MaxTokens bounds the output (the request's max_tokens); 0 when the request sets none.
+	MaxTokens int
+	// DefaultMaxTokens sizes the output of a request without MaxTokens while the model's
+	// recent answers are too few to estimate from (ledger.default_max_tokens).
+	DefaultMaxTokens int
+}
+
+// Admit is ReserveJob for ask, priced with the ledger's prices after the tenant's new entries
+// were read: its input and its max_tokens, or for a request without max_tokens the most the
+// model's latest answers returned (WithOutputs; the default while too few were seen). It
+// returns what it reserved, which release's settle hold should hold too. A refusal below the
+// limit (ErrBudgetNoFit) says how the output was sized and the max_tokens that would fit.
+//
+// An answer longer than its estimate (a request without max_tokens, whose model returned more
+// than in its latest answers) is charged in full: the tenant's spend can pass the limit by the
+// difference. A request with max_tokens cannot, but for its input, estimated at 4 bytes a
+// token.
+func (b *Budgets) Admit(ctx context.Context, tenant string, ask Ask) (reserved int64, release func(actualMicros int64), err error) {
+	prices := b.l.prices
+	return b.reserve(ctx, tenant, ask.JobID, func() sizing {
+		out, from := ask.MaxTokens, OutputFromMaxTokens
+		if out <= 0 {
+			out, from = ask.DefaultMaxTokens, OutputFromDefault
+			if n, ok := b.outputs.Estimate(ask.Model); ok {
+				out, from = n, OutputFromRecent
+			}
+		}
+		cost := func(out int) int64 { return prices.Cost(ask.Model, ask.InputTokens, out) }
+		return sizing{micros: cost(out), from: from, out: out, fit: func(room int64) int {
+			// The largest output below out that costs at most room (the cost grows with it).
+			return sort.Search(out, func(n int) bool { return cost(n+1) > room })
+		}}
+	})
+}
+
+// sizing is a reservation's estimate, and for Admit how it was made.
+type sizing struct {
+	micros int64
+	from   string
+	out    int
+	fit    func(room int64) int // the largest max_tokens whose estimate fits in room; nil: Reserve
+}
+
+// reserve admits the estimate size makes once the tenant's new entries are counted
+// (ReserveJob, Admit), or returns a *BudgetError.
+func (b *Budgets) reserve(ctx context.Context, tenant, jobID string, size func() sizing) (estimateMicros int64, release func(actualMicros int64), err error) {
 	limit, limited := b.limits[tenant]
 	if !limited {
-		return func(int64) {}, nil
-	}
-	if estimateMicros < 0 {
-		estimateMicros = 0
+		return 0, func(int64) {}, nil
 	}
 	tb := b.tenant(tenant)
 	if err := tb.mu.LockCtx(ctx); err != nil {
-		return nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
+		return 0, nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
 	defer tb.mu.Unlock()
 	now := b.now()
 	if err := b.refresh(ctx, tenant, tb, now); err != nil {
-		return nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
+		return 0, nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
+	sz := size()
+	estimateMicros = max(sz.micros, 0)
 	ps := b.period.start(now)
 	spent := tb.spent[ps]
 	id := newReservationID()
@@ -276,8 +364,12 @@ func (b *Budgets) ReserveJob(ctx context.Context, tenant, jobID string, estimate
 			return false, nil // an earlier try was written; its answer was lost
 		}
 		if spent+reserved+estimateMicros > limit {
-			return false, &BudgetError{Tenant: tenant, LimitMicros: limit, SpentMicros: spent, ReservedMicros: reserved,
-				EstimateMicros: estimateMicros, PeriodStart: ps}
+			be := &BudgetError{Tenant: tenant, LimitMicros: limit, SpentMicros: spent, ReservedMicros: reserved,
+				EstimateMicros: estimateMicros, PeriodStart: ps, OutputFrom: sz.from, OutputTokens: sz.out}
+			if room := limit - spent - reserved; sz.fit != nil && room > 0 {
+				be.FitMaxTokens = sz.fit(room)
+			}
+			return false, be
 		}
 		if estimateMicros == 0 {
 			return false, nil // nothing to hold
@@ -287,16 +379,16 @@ func (b *Budgets) ReserveJob(ctx context.Context, tenant, jobID string, estimate
 	})
 	if err != nil {
 		if errors.Is(err, ErrBudgetExceeded) {
-			return nil, err
+			return 0, nil, err
 		}
-		return nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
+		return 0, nil, fmt.Errorf("ledger: budget of %s: %w", tenant, err)
 	}
 	if estimateMicros > 0 {
 		tb.held[id] = held{micros: estimateMicros, since: now}
 		b.arm(tenant, tb)
 	}
 	var once sync.Once
-	return func(actualMicros int64) {
+	return estimateMicros, func(actualMicros int64) {
 		once.Do(func() { b.settle(tenant, tb, id, jobID, actualMicros) })
 	}, nil
 }

@@ -152,9 +152,13 @@ var (
 	// ErrStreamConfig is returned by EnsureStream when an existing LEDGER stream cannot be
 	// brought to the ledger's protections (memory storage, a mirror, ...).
 	ErrStreamConfig = errors.New("ledger: stream configuration")
-	// ErrBudgetExceeded is returned by Budgets.Reserve (as a *BudgetError) when admitting the
-	// request could take the tenant over its limit.
+	// ErrBudgetExceeded is returned by Budgets.Reserve and Admit (as a *BudgetError) when
+	// admitting the request could take the tenant over its limit.
 	ErrBudgetExceeded = errors.New("ledger: budget exceeded")
+	// ErrBudgetNoFit is the ErrBudgetExceeded (a *BudgetError matches both) of a tenant whose
+	// spend is below its limit: the request's estimate does not fit in what remains, less what
+	// is in flight. A request with a lower max_tokens may fit.
+	ErrBudgetNoFit = errors.New("ledger: the request's estimate does not fit in the budget's remainder")
 	// ErrCurrencyMismatch is returned by Bill when the entries are in more than one currency.
 	ErrCurrencyMismatch = errors.New("ledger: mixed currencies")
 )

@@ -14,8 +14,10 @@ type BudgetLimit struct {
 type TenantBudgets map[string]*Budgets
 
 // NewTenantBudgets builds one Budgets per period over l's entries, each enforcing the limits
-// of that period's tenants. An unknown period is ErrInvalid.
+// of that period's tenants, all feeding and asking one Outputs (Admit). An unknown period is
+// ErrInvalid.
 func NewTenantBudgets(l *Ledger, limits map[string]BudgetLimit) (TenantBudgets, error) {
+	outputs := NewOutputs()
 	byPeriod := map[Period]map[string]int64{}
 	for tenant, lim := range limits {
 		if byPeriod[lim.Period] == nil {
@@ -25,7 +27,7 @@ func NewTenantBudgets(l *Ledger, limits map[string]BudgetLimit) (TenantBudgets, 
 	}
 	out := TenantBudgets{}
 	for p, lim := range byPeriod {
-		b, err := NewBudgets(l, p, lim)
+		b, err := NewBudgets(l, p, lim, WithOutputs(outputs))
 		if err != nil {
 			return nil, err
 		}
@@ -43,4 +45,13 @@ func (tb TenantBudgets) ReserveJob(ctx context.Context, tenant, jobID string, es
 		return b.ReserveJob(ctx, tenant, jobID, estimateMicros)
 	}
 	return func(int64) {}, nil
+}
+
+// Admit admits ask against the tenant's budget, if it has one (Budgets.Admit); a tenant
+// without one passes, reserving nothing.
+func (tb TenantBudgets) Admit(ctx context.Context, tenant string, ask Ask) (int64, func(int64), error) {
+	if b, ok := tb[tenant]; ok {
+		return b.Admit(ctx, tenant, ask)
+	}
+	return 0, func(int64) {}, nil
 }

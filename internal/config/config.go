@@ -440,7 +440,9 @@ type Ledger struct {
 	Prices map[string]Price `yaml:"prices"`
 	// ReconcileEvery is how often a worker process runs the reconciler.
 	ReconcileEvery Duration `yaml:"reconcile_every"`
-	// DefaultMaxTokens estimates a request's output for budget admission when it sets none.
+	// DefaultMaxTokens estimates the output of a request that sets no max_tokens: for
+	// tokens_per_minute, and for a budget until the node has seen 8 answers of the model
+	// (then the most its last 256 answers returned).
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// TallyEvery is how often an API process flushes its count of executions avoided (joins
 	// and replays) to OG_TALLY, for the bills; a crash loses at most one interval's counts.
