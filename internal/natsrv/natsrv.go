@@ -18,6 +18,7 @@
 package natsrv
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,7 +60,13 @@ type Options struct {
 	ServerName string
 	// Cluster, when its Name is set, makes the server one node of a JetStream cluster.
 	Cluster Cluster
+	// ReadyTimeout bounds the wait for the server to accept connections; 0 means
+	// DefaultReadyTimeout. A ctx deadline, when it has one, replaces it.
+	ReadyTimeout time.Duration
 }
+
+// DefaultReadyTimeout is Options.ReadyTimeout's default.
+const DefaultReadyTimeout = 10 * time.Second
 
 // Cluster joins the embedded server to other nodes' servers. Every node lists the same
 // Routes, its own included (a server ignores the route to itself): JetStream sizes its meta
@@ -160,7 +167,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	fatal := &fatalLog{}
 	ns.SetLoggerV2(fatal, false, false, false)
 	go ns.Start()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(cmp.Or(opts.ReadyTimeout, DefaultReadyTimeout))
 	if d, ok := ctx.Deadline(); ok {
 		deadline = d
 	}
