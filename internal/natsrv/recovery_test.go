@@ -9,10 +9,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -73,9 +73,14 @@ func keyName(i int) string    { return fmt.Sprintf("k%07d", i) }
 // writing the stream's index file, msgs/index.db, except at a clean shutdown).
 func forgetIndex(t *testing.T, dir, stream string) {
 	t.Helper()
-	if err := os.Remove(filepath.Join(dir, "jetstream", "$G", "streams", stream, "msgs", "index.db")); err != nil {
+	if err := os.Remove(indexFile(dir, stream)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// indexFile is stream's index file in the store dir.
+func indexFile(dir, stream string) string {
+	return filepath.Join(dir, server.JetStreamStoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams", stream, "msgs", "index.db")
 }
 
 // TestStartWaitsForAStoreRebuild: a store whose rebuild takes longer than ReadyTimeout (the
@@ -135,37 +140,13 @@ func TestStartWaitsForAStoreRebuild(t *testing.T) {
 	}
 }
 
-// holdIndex replaces stream's index file with a FIFO that the test holds open, so the next
-// start's restore blocks reading it, as on a disk that stopped answering, until release (end
-// of file: the server then rebuilds the stream from its message blocks).
-func holdIndex(t *testing.T, dir, stream string) (release func()) {
-	t.Helper()
-	fn := filepath.Join(dir, "jetstream", "$G", "streams", stream, "msgs", "index.db")
-	if err := os.Remove(fn); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Mkfifo(fn, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// Read-write: the open does not wait for a reader, and the reader sees no end of file
-	// while it is open.
-	f, err := os.OpenFile(fn, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	release = func() { once.Do(func() { f.Close() }) }
-	t.Cleanup(release)
-	return release
-}
-
 // TestStartGivesUpOnAStalledRestore: a restore that makes no progress (its store does not
 // answer a read) fails the start after StallTimeout with ErrNotReady, in one line that says
 // which stream it was restoring; meanwhile OnRecovery reports that stream.
 func TestStartGivesUpOnAStalledRestore(t *testing.T) {
 	dir := t.TempDir()
 	fillBucket(t, dir, 1000)
-	release := holdIndex(t, dir, bucketStream)
+	release := testkit.HoldFile(t, indexFile(dir, bucketStream))
 	var mu sync.Mutex
 	var seen []natsrv.Recovery
 	_, err := natsrv.Start(context.Background(), natsrv.Options{StoreDir: dir, StallTimeout: 300 * time.Millisecond,
