@@ -55,6 +55,8 @@ type Gateway struct {
 	// tlsConf is the API's TLS, loaded at start, applied when the port is bound (listenAPI).
 	tlsConf *tls.Config
 	apiErr  chan error
+	// recovery answers on the API's port while the embedded store is restored (recovering.go).
+	recovery *recoveryPort
 
 	// metrics is the process's one registry, passed down to every room; metricsSrv serves it on
 	// metrics.listen when set.
@@ -167,7 +169,10 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		// answered, and the node then reads the stale requests as new arrivals, past the auto
 		// window, and runs them again (issue 34's deployed row: 25 of 37 duplicates). A
 		// refused connect sends them to another node instead. A random port (":0") is kept
-		// from now on: nobody balances onto a port before it is known.
+		// from now on: nobody balances onto a port before it is known. While the embedded
+		// store is restored (after a crash, seconds per million keys) the port answers at
+		// once instead (recovering.go): 503 to every request, so nothing waits in a backlog,
+		// and /healthz 200, so a liveness probe does not kill a restore that would start over.
 		ln, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
 			return &StartError{Field: "listen", Err: fmt.Errorf("listen %s: %w", cfg.Listen, listenCause(err))}
@@ -209,7 +214,11 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		}
 		cl := cfg.NATS.Cluster
 		opts := natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload,
-			ServerName: cl.ServerName, Cluster: natsrv.Cluster{Name: cl.Name, Listen: cl.Listen, Routes: cl.Routes}}
+			ServerName: cl.ServerName, Cluster: natsrv.Cluster{Name: cl.Name, Listen: cl.Listen, Routes: cl.Routes},
+			Log: log.With().Str("component", "nats").Logger()}
+		if serveAPI {
+			opts.OnRecovery = g.onRecovery
+		}
 		if cl.Enabled() {
 			// Start returns once the nodes elected a JetStream meta leader: say what it waits for.
 			log.Info().Str("nats_cluster", cl.Name).Str("nats_cluster_listen", cl.Listen).Strs("nats_routes", cl.Routes).
@@ -220,6 +229,9 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 			return embeddedStartError(cfg, err)
 		}
 		g.ns = ns
+		if g.recovery != nil {
+			g.recovery.srv.Restored()
+		}
 		abs, _ := filepath.Abs(storeDir)
 		ev := log.Info().Str("data_dir", abs).Str("sync", cfg.NATS.Sync)
 		if cl.Enabled() {
@@ -544,8 +556,9 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 }
 
 // listenAPI binds the API's port (unless start kept it: a random port) and wraps it in TLS
-// when configured.
+// when configured, taking it over from the recovering answers if they ran.
 func (g *Gateway) listenAPI() error {
+	g.closeRecoveryPort()
 	if g.ln == nil {
 		ln, err := net.Listen("tcp", g.cfg.Listen)
 		if err != nil {
@@ -618,6 +631,7 @@ func (l *loop) stop() {
 // flush the tally of executions avoided, stop the workers (they feed those responses until
 // then), then drain NATS and stop the server.
 func (g *Gateway) Stop(ctx context.Context) error {
+	g.closeRecoveryPort() // a start that failed while or after the store was restored
 	var errs []error
 	if g.api != nil {
 		grace, cancel := context.WithTimeout(ctx, g.cfg.HTTP.ShutdownGrace.D())

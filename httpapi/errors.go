@@ -111,6 +111,8 @@ var (
 	errJobCancelled    = errors.New("httpapi: the job was cancelled")
 	errRestarted       = errors.New("httpapi: the execution restarted")
 	errStreamCut       = errors.New("httpapi: the stream was interrupted")
+	// errRecovering: the node is restoring its message store at start (Recovering answers).
+	errRecovering = errors.New("httpapi: the message store is being restored")
 )
 
 const (
@@ -170,6 +172,10 @@ var errorTable = []struct {
 	{jsretry.ErrUnavailable, apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "store_unavailable",
 		Message: "the gateway's message store (NATS JetStream) is unavailable; nothing was decided for this request, and sending it again is safe",
 		Retry:   retryYes, RetryAfter: 2}},
+	// Answered before the store is open: nothing of the request was kept.
+	{errRecovering, apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "store_unavailable",
+		Message: "this node is restoring its message store after a restart; nothing of this request was stored or run: retry",
+		Retry:   retryYes, RetryAfter: recoveringRetryAfter}},
 	{intent.ErrNoJob, notFound("no such job")},
 	{intent.ErrNoRecord, notFound("no record for this Idempotency-Key")},
 

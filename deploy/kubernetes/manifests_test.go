@@ -384,6 +384,12 @@ func TestEmbeddedCluster(t *testing.T) {
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("%s: readiness on %v, liveness on %v; want /readyz and /healthz", where, c.ReadinessProbe, c.LivenessProbe)
 	}
+	// A node restoring its store after a crash answers 200 on /healthz only (issue 43): a
+	// probe that restarts the container on another route would end a restore that begins
+	// again at every start.
+	if c.StartupProbe == nil || c.StartupProbe.HTTPGet == nil || c.StartupProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("%s: startup probe on %s, want /healthz, the route a node restoring its store answers 200", where, c.StartupProbe)
+	}
 
 	if e["ONCEGATE_DATA_DIR"] != "/data" || len(sts.Spec.VolumeClaimTemplates) != 1 ||
 		!slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {

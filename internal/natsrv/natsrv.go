@@ -23,17 +23,20 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 )
 
-// ErrNotReady is returned when the embedded server does not become ready in time.
+// ErrNotReady is returned when the embedded server does not become ready: it did not begin
+// restoring its store within Options.ReadyTimeout, or its restore made no progress for
+// Options.StallTimeout. The error says which, and what the server was doing.
 var ErrNotReady = errors.New("natsrv: embedded server not ready")
 
 // ErrListen is returned when the embedded server cannot listen on Options.Listen (the port is
@@ -59,6 +62,19 @@ type Options struct {
 	ServerName string
 	// Cluster, when its Name is set, makes the server one node of a JetStream cluster.
 	Cluster Cluster
+	// ReadyTimeout bounds the wait for a server that has not begun restoring a stream of its
+	// store; 0 means DefaultReadyTimeout, or the ctx's deadline when it has one.
+	ReadyTimeout time.Duration
+	// StallTimeout bounds the wait for a server restoring its store: Start waits as long as
+	// the restore makes progress, and gives up once it has shown none for this long; 0 means
+	// DefaultStallTimeout.
+	StallTimeout time.Duration
+	// Log receives the restore's lines: when it begins, every few seconds how far it is, each
+	// stream restored. The zero Logger logs nothing.
+	Log zerolog.Logger
+	// OnRecovery, when set, is called from Start's goroutine about ten times a second while
+	// the server restores its store, with how far it is (the gateway answers /readyz with it).
+	OnRecovery func(Recovery)
 }
 
 // Cluster joins the embedded server to other nodes' servers. Every node lists the same
@@ -87,8 +103,10 @@ type Server struct {
 }
 
 // Start takes the store directory's lock (see [LockFile]; [*LockedError] names the process
-// that holds it), starts an embedded JetStream server and waits until it accepts connections.
-// The lock is held until Shutdown.
+// that holds it), starts an embedded JetStream server and waits until it accepts connections,
+// which it does once JetStream has restored every stream of the store: for as long as that
+// restore makes progress (see Options.StallTimeout, Options.OnRecovery). The lock is held
+// until Shutdown.
 func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	so := &server.Options{
 		ServerName:         opts.ServerName,
@@ -156,25 +174,19 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	}
 	// The server reports why it gave up starting (port taken, JetStream store unusable) only
 	// through its logger's Fatalf, and then never becomes ready: catch that reason instead of
-	// waiting out the deadline and saying "not ready".
-	fatal := &fatalLog{}
-	ns.SetLoggerV2(fatal, false, false, false)
+	// waiting out the deadline and saying "not ready". The same logger follows the store's
+	// restore, which a start waits for (waitReady).
+	slog := newServerLog(opts.Log)
+	ns.SetLoggerV2(slog, false, false, false)
 	go ns.Start()
-	deadline := time.Now().Add(10 * time.Second)
-	if d, ok := ctx.Deadline(); ok {
-		deadline = d
-	}
-	for !ns.ReadyForConnections(50 * time.Millisecond) {
-		ferr := fatal.err()
-		if ferr == nil && time.Now().Before(deadline) {
-			continue
-		}
+	if werr := waitReady(ctx, ns, slog, opts, filepath.Join(so.StoreDir, server.JetStreamStoreDir)); werr != nil {
 		ns.Shutdown()
 		ns.WaitForShutdown()
+		ferr := slog.err()
 		var oe *net.OpError
 		switch {
 		case ferr == nil:
-			return nil, ErrNotReady
+			return nil, werr
 		case opts.Cluster.Name != "" && strings.HasPrefix(ferr.Error(), routeListenFatal) && errors.As(ferr, &oe):
 			return nil, fmt.Errorf("%w %s: %w", ErrClusterListen, opts.Cluster.Listen, oe.Err)
 		case opts.Listen != "" && errors.As(ferr, &oe) && oe.Op == "listen":
@@ -285,41 +297,6 @@ func (s *Server) waitMetaLeader(parent context.Context, c Cluster) error {
 		}
 	}
 }
-
-// fatalLog is the embedded server's logger: it keeps the first fatal error and drops the rest
-// (the server runs quiet, as with NoLog).
-type fatalLog struct {
-	mu    sync.Mutex
-	fatal error
-}
-
-func (l *fatalLog) Fatalf(format string, v ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.fatal != nil {
-		return
-	}
-	// Keep the server's error values (net.OpError for a port) for errors.As, with its text.
-	fe := &startFailure{msg: fmt.Sprintf(format, v...)}
-	for _, a := range v {
-		if e, ok := a.(error); ok {
-			fe.errs = append(fe.errs, e)
-		}
-	}
-	l.fatal = fe
-}
-
-func (l *fatalLog) err() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.fatal
-}
-
-func (*fatalLog) Noticef(string, ...any) {}
-func (*fatalLog) Warnf(string, ...any)   {}
-func (*fatalLog) Errorf(string, ...any)  {}
-func (*fatalLog) Debugf(string, ...any)  {}
-func (*fatalLog) Tracef(string, ...any)  {}
 
 // startFailure is the server's fatal message, unwrapping to the errors it was given.
 type startFailure struct {
