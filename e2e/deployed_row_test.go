@@ -41,6 +41,9 @@ import (
 var (
 	deployedIntents   = flag.Int("deployed.intents", 0, "intents in TestDeployedRow (default 240, 10,000 with -chaos.long)")
 	deployedKillEvery = flag.Duration("deployed.kill_every", 0, "a node killed every this long in TestDeployedRow (default 10 s, 60 s with -chaos.long)")
+	// Issue 43 item 2 measures the row with 10 s clients (the per-attempt timeout of a client
+	// that waits through an election).
+	deployedTimeout = flag.Duration("deployed.timeout", time.Second, "the SDK clients' per-attempt timeout in TestDeployedRow")
 )
 
 // deployedRate is the intents started per second.
@@ -139,7 +142,7 @@ func TestDeployedRow(t *testing.T) {
 	// as the Python and Node SDKs retry their own timeout (its option.WithRequestTimeout is
 	// returned at once, see TestSDKRetriesWithoutKey).
 	client := openai.NewClient(option.WithBaseURL(bal.URL()+"/v1"), option.WithAPIKey("unused"),
-		option.WithHTTPClient(&http.Client{Timeout: time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}))
+		option.WithHTTPClient(&http.Client{Timeout: *deployedTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}))
 	call := func(c *deployedCall, slow bool) { // one SDK call, its retries included
 		knobs := `{"tokens":3,"inter_token_ms":10}`
 		if slow { // 1.6 s: past the SDK's 1 s timeout, so its retries must join it
@@ -252,7 +255,7 @@ func reportDeployedRow(t *testing.T, rec *recorder, groups []*deployedGroup, kil
 		for _, c := range g.calls {
 			calls++
 			if c.err != nil {
-				if calls-answered <= 5 {
+				if calls-answered <= 20 {
 					t.Logf("%s call %q (slow %v) failed after %s: %v", c.kind, c.content, g.slow, c.took.Round(time.Millisecond), c.err)
 				}
 				continue
