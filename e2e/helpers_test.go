@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -771,6 +772,22 @@ func waitReady(t *testing.T, base string, procs ...*proc) {
 			}
 		}
 		return testkit.Ready(httpClient, base)
+	})
+}
+
+// waitNATSListening waits until p, a process started with --nats-listen addr, has its embedded
+// NATS accepting connections there (failing the test if p exits first).
+func waitNATSListening(t *testing.T, p *proc, addr string) {
+	t.Helper()
+	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
+		if p.exited() {
+			t.Fatalf("%s exited early: %v", p.name, p.err)
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return fmt.Errorf("the %s's embedded NATS does not listen on %s: %w", p.name, addr, err)
+		}
+		return c.Close()
 	})
 }
 

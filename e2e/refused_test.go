@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -14,8 +12,8 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
-// TestRefusedStaysRefused is issue 43's exactly-once hole, on docs/operations/running.md's
-// split roles: the process that owns the embedded NATS is SIGKILLed, a keyless request to the
+// TestRefusedStaysRefused is issue 43's exactly-once hole, on the split roles running.md used to
+// show (a worker owning the embedded NATS; it now recommends the api): that process is SIGKILLed, a keyless request to the
 // api process is refused with 503 store_unavailable, and the owner restarts. Before, the claim
 // that request wrote while its NATS was gone sat in the NATS client's reconnect buffer, was sent
 // when the server came back, and the lease sweep executed and billed it (its status read
@@ -36,16 +34,7 @@ func TestRefusedStaysRefused(t *testing.T) {
 	startWorker := func() *proc {
 		p := startProc(t, "worker", bin, "serve", "--role", "worker", "--config", cfgPath,
 			"--data-dir", filepath.Join(dir, "worker-data"), "--nats-listen", natsAddr)
-		testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
-			if p.exited() {
-				t.Fatalf("worker exited early: %v", p.err)
-			}
-			c, err := net.DialTimeout("tcp", natsAddr, time.Second)
-			if err != nil {
-				return fmt.Errorf("the worker's embedded NATS does not listen on %s: %w", natsAddr, err)
-			}
-			return c.Close()
-		})
+		waitNATSListening(t, p, natsAddr)
 		return p
 	}
 	worker := startWorker()

@@ -3,7 +3,6 @@ package e2e
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -31,17 +30,7 @@ func TestSplitRoles(t *testing.T) {
 	natsAddr, httpAddr := testkit.FreeAddr(t), testkit.FreeAddr(t)
 	api := startProc(t, "api", bin, "serve", "--role", "api", "--nats-listen", natsAddr,
 		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "data"))
-	testkit.CheckFor(t, 30*time.Second, pollEvery, func() error {
-		if api.exited() {
-			t.Fatalf("api exited early: %v", api.err)
-		}
-		c, err := net.DialTimeout("tcp", natsAddr, time.Second)
-		if err != nil {
-			return fmt.Errorf("the api's embedded NATS does not listen on %s: %w", natsAddr, err)
-		}
-		c.Close()
-		return nil
-	})
+	waitNATSListening(t, api, natsAddr)
 	metrics := []string{testkit.FreeAddr(t), testkit.FreeAddr(t)}
 	var workers []*proc
 	for i, m := range metrics {

@@ -91,13 +91,14 @@ func (c *Core) releaseRefusals(ctx context.Context) {
 		rec, rev, err := c.store.Get(tctx, key)
 		switch {
 		case errors.Is(err, jsretry.ErrUnavailable):
-			// The store is still out: keep watching.
+			cancel()
+			return // the store is still out: the next pass reads again (one wait a pass, not one a key)
 		case err != nil:
 			// Not there (yet): a late commit may still come until r.until.
 		case rec.Owner != r.owner || rec.Epoch != r.epoch || rec.State != kv.Pending || rec.AdmitBy.IsZero():
 			done = true // another admission's record, or ours moved on (it was never launched: only the sweep moves it)
 		default:
-			if _, uerr := c.store.Update(tctx, key, rec.Released(), rev); uerr == nil {
+			if releaseRefused(tctx, c.store, key, rec, rev) == nil {
 				c.log.Warn().Str(fieldKey, key).Int("epoch", rec.Epoch).Time("admit_by", rec.AdmitBy).
 					Msg("a claim stored after its request was refused (503): released, not executed")
 				done = true

@@ -94,12 +94,20 @@ func ReleaseRefused(ctx context.Context, store *kv.Store, key string, rec *kv.Re
 	if err != nil || !late {
 		return false, err
 	}
-	out := rec.Released()
-	if _, err := store.Update(ctx, key, out, rev); err != nil {
-		return false, fmt.Errorf("intent: release the refused claim of %s: %w", key, err)
+	if err := releaseRefused(ctx, store, key, rec, rev); err != nil {
+		return false, err
 	}
-	_ = store.DropRequest(ctx, key, out) // a stored-out request only; the record expires with its TTL anyway
 	return true, nil
+}
+
+// releaseRefused gives back rec, a refused admission's write read at rev (PENDING → FAILED,
+// retryable: Released). Its job was never launched, so no request was stored for it in
+// REQUESTS (launch stores one) and nothing else is to be undone.
+func releaseRefused(ctx context.Context, store *kv.Store, key string, rec *kv.Record, rev uint64) error {
+	if _, err := store.Update(ctx, key, rec.Released(), rev); err != nil {
+		return fmt.Errorf("intent: release the refused claim of %s: %w", key, err)
+	}
+	return nil
 }
 
 // Abandoned reports whether the execution of key that rec names may be taken over: its lease
