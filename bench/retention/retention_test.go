@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -13,12 +14,15 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
 	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -30,6 +34,14 @@ var (
 	heapProfile = flag.String("retention.heapprofile", "", "write a heap profile here after the settle, while the keys are retained (go tool pprof -sample_index=inuse_space)")
 	writers     = flag.Int("retention.writers", 64, "keys written at once")
 	settle      = flag.Duration("retention.settle", 30*time.Second, "wait after the writes before measuring, so the server's caches of just-written blocks expire")
+	crashDir    = flag.String("retention.crashdir", "", "TestCrashImage: the gateway data directory to write -retention.keys keys into before the process SIGKILLs itself (bench/crash-restart.sh)")
+)
+
+// benchTenant owns TestRetention's keys; crashTenant owns TestCrashImage's, the tenant of a
+// gateway without tenants, so that its status API reads them after the restart.
+const (
+	benchTenant = "bench"
+	crashTenant = "anonymous"
 )
 
 // warmKeys are written before the first measurement, so that the bucket, its first blocks and
@@ -52,12 +64,12 @@ func TestRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := write(ctx, st, 0, warmKeys); err != nil {
+	if err := write(ctx, st, benchTenant, 0, warmKeys); err != nil {
 		t.Fatal(err)
 	}
 	before := measure()
 	start := time.Now()
-	if err := write(ctx, st, warmKeys, warmKeys+*keys); err != nil {
+	if err := write(ctx, st, benchTenant, warmKeys, warmKeys+*keys); err != nil {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
@@ -75,7 +87,7 @@ func TestRetention(t *testing.T) {
 	t.Logf("per retained key: RSS %+.0f B, Go heap in use %+.0f B (the embedded server's indexes and the client's, in one process)",
 		float64(after.rss-before.rss)/n, float64(after.heap-before.heap)/n)
 	for _, i := range []int{warmKeys, warmKeys + *keys - 1} {
-		rec, _, err := st.Get(ctx, keyOf(i))
+		rec, _, err := st.Get(ctx, keyOf(benchTenant, i))
 		if err != nil {
 			t.Fatalf("replay of key %d: %v", i, err)
 		}
@@ -83,6 +95,46 @@ func TestRetention(t *testing.T) {
 			t.Fatalf("replay of key %d: state %s, body %q; want the completed body written", i, rec.State, resultBody(rec))
 		}
 	}
+}
+
+// TestCrashImage leaves a crashed gateway's store behind: -retention.keys completed keys written
+// the gateway's way into -retention.crashdir (the gateway's data-dir layout, synced every second
+// as with nats.sync 1s), then, once a sync has passed, the process SIGKILLs itself, so the
+// embedded server writes no index on the way out (above a million keys it keeps none current:
+// the restart rebuilds KV_IDEM from its blocks). bench/crash-restart.sh runs it, then times
+// `oncegate serve` on the directory until /readyz answers 200 and reads the oldest key (issue 43
+// item 0). It always ends killed; it never passes.
+func TestCrashImage(t *testing.T) {
+	if *crashDir == "" || *keys <= 0 {
+		t.Skip("set -retention.crashdir DIR and -retention.keys N (bench/crash-restart.sh)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
+	defer cancel()
+	ns, err := natsrv.Start(ctx, natsrv.Options{StoreDir: filepath.Join(*crashDir, "jetstream"), SyncInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := ns.Connect("crash-image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := write(ctx, st, crashTenant, 0, *keys); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("%d keys written in %s (%.0f/s)\n", *keys, time.Since(start).Round(time.Millisecond), float64(*keys)/time.Since(start).Seconds())
+	time.Sleep(2 * time.Second) // past a sync: what was acknowledged is on disk
+	fmt.Println("SIGKILL")
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal ends the process
 }
 
 // writeHeapProfile writes the heap's live allocations to path: where the retained keys' memory is.
@@ -131,7 +183,7 @@ func rss() int64 {
 
 // write claims and completes keys [from, to), *writers at a time, as the gateway does: a
 // PENDING claim carrying the request, then the COMPLETED record carrying the answer.
-func write(ctx context.Context, st *kv.Store, from, to int) error {
+func write(ctx context.Context, st *kv.Store, tenant string, from, to int) error {
 	var next atomic.Int64
 	next.Store(int64(from))
 	var first error
@@ -144,7 +196,7 @@ func write(ctx context.Context, st *kv.Store, from, to int) error {
 				if i >= to || ctx.Err() != nil {
 					return
 				}
-				if err := writeKey(ctx, st, i); err != nil {
+				if err := writeKey(ctx, st, tenant, i); err != nil {
 					once.Do(func() { first = err })
 					return
 				}
@@ -155,27 +207,27 @@ func write(ctx context.Context, st *kv.Store, from, to int) error {
 	return first
 }
 
-func writeKey(ctx context.Context, st *kv.Store, i int) error {
+func writeKey(ctx context.Context, st *kv.Store, tenant string, i int) error {
 	now := time.Now().UTC()
-	rec := &kv.Record{State: kv.Pending, Tenant: "bench", JobID: fmt.Sprintf("01KBRETENTION%013d", i), Epoch: 1,
+	rec := &kv.Record{State: kv.Pending, Tenant: tenant, JobID: fmt.Sprintf("01KBRETENTION%013d", i), Epoch: 1,
 		Fingerprint: strings.Repeat("f", 64), Owner: kv.NewOwner(), Created: now, EpochStarted: now,
 		LeaseUntil: now.Add(time.Minute), Model: "oncegate-mock", API: "openai", Backends: []string{"direct"},
 		Request: []byte(`{"model":"oncegate-mock","messages":[{"role":"user","content":"retained key ` + strconv.Itoa(i) + `"}]}`)}
-	rev, err := st.Claim(ctx, keyOf(i), rec)
+	rev, err := st.Claim(ctx, keyOf(tenant, i), rec)
 	if err != nil {
 		return fmt.Errorf("claim %d: %w", i, err)
 	}
 	done := rec.Completed(time.Now().UTC(), &kv.Result{Status: 200, Body: body(i), Backend: "direct"}, kv.Execution{Worker: "bench", Backend: "direct", Attempts: 1, Chunks: 1, Tokens: 16})
-	if _, err := st.Update(ctx, keyOf(i), done, rev); err != nil {
+	if _, err := st.Update(ctx, keyOf(tenant, i), done, rev); err != nil {
 		return fmt.Errorf("complete %d: %w", i, err)
 	}
 	return nil
 }
 
-// keyOf is the record key of key i, derived as the gateway derives a client's key (32 hex
-// digits of a hash: as long as the gateway's and spread as randomly, which the server's
-// subject tree, sharing common prefixes, is sensitive to).
-func keyOf(i int) string { return intent.RecordKey("bench", strconv.Itoa(i)) }
+// keyOf is the record key of tenant's client key i ("0", "1"…), derived as the gateway derives
+// it (32 hex digits of a hash: as long as the gateway's and spread as randomly, which the
+// server's subject tree, sharing common prefixes, is sensitive to).
+func keyOf(tenant string, i int) string { return intent.RecordKey(tenant, strconv.Itoa(i)) }
 
 // body is the answer of key i: a short chat completion (16 tokens), as the mock answers.
 func body(i int) []byte {
