@@ -525,6 +525,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
 		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
+			StoreWait: adm.StoreWait.D(), StoreWaitMax: adm.StoreWaitMax.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
 			MaxExecutions: adm.MaxExecutions, MaxQueueWait: adm.MaxQueueWait.D(), MaxBodyBytesInFlight: adm.MaxBodyBytesInFlight,
 			Limits: tenantLimits(g.cfg)}})

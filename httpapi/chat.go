@@ -168,6 +168,7 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 	if err := s.readDeadline(c, g); err != nil {
 		return err
 	}
+	g.ClientTimeout = clientTimeout(c)
 
 	g.Arrived = c.Context().Time() // when fasthttp read the request's head: the window is judged from it
 	g.Bypass = !rt.Dedup || strings.EqualFold(c.Get("X-Allow-Duplicate"), "true")
@@ -279,8 +280,9 @@ const (
 
 // readDeadline reads Oncegate-Timeout (seconds): the client's overall deadline for this
 // intent, across its retries, which bounds the backend attempts. Per-attempt SDK timeouts
-// (x-stainless-timeout) are deliberately not used: a retry after one of them must find the
-// execution still running.
+// (x-stainless-timeout) are deliberately not used for it: a retry after one of them must find
+// the execution still running. They bound only how long admission waits for the store
+// (clientTimeout).
 func (s *Server) readDeadline(c *fiber.Ctx, g *generation) error {
 	v := c.Get("Oncegate-Timeout")
 	if v == "" {
@@ -292,6 +294,20 @@ func (s *Server) readDeadline(c *fiber.Ctx, g *generation) error {
 	}
 	g.Deadline = s.now().Add(time.Duration(secs * float64(time.Second)))
 	return nil
+}
+
+// clientTimeout is how long the client says it waits for this attempt: the official SDKs'
+// X-Stainless-Timeout (the Go and Node SDKs; seconds) or x-stainless-read-timeout (the Python
+// SDK; seconds, fractional); 0 when it says nothing readable. It is the SDK's own report, not a
+// request parameter, so a value that does not parse is ignored rather than refused.
+func clientTimeout(c *fiber.Ctx) time.Duration {
+	for _, h := range []string{"X-Stainless-Timeout", "X-Stainless-Read-Timeout"} {
+		secs, err := strconv.ParseFloat(c.Get(h), 64)
+		if err == nil && secs > 0 && secs <= 24*3600 {
+			return time.Duration(secs * float64(time.Second))
+		}
+	}
+	return 0
 }
 
 // retryHeader reads the headers that say which attempt a request is: an official SDK's

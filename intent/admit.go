@@ -1,6 +1,7 @@
 package intent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +24,7 @@ const maxDecisions = 5
 // publish write; joins and replays only read, and a replay of a cached final record or a join
 // of an execution this node already follows does not even read.
 func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, c.storeWait(req))
 	defer cancel()
 	if err := c.limitsOf(req.Tenant).request(c.now()); err != nil {
 		return nil, err
@@ -116,16 +117,36 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 }
 
 // admitBy is when an admission's write (a claim, a reclaim) stops being tried and the request
-// is refused: the end of ctx (Admit's patience), at most jsretry.Window from now. The write
-// carries it (kv.Record.AdmitBy), so one the store takes only after that instant, when the
-// client was already refused, is released by the lease sweep instead of executed.
+// is refused: the end of ctx (Admit's patience, storeWait), or jsretry.Window from now without
+// one. The write carries it (kv.Record.AdmitBy), so one the store takes only after that
+// instant, when the client was already refused, is released instead of executed.
 func admitBy(ctx context.Context) time.Time {
-	until := time.Now().Add(jsretry.Window)
-	if d, ok := ctx.Deadline(); ok && d.Before(until) {
-		until = d
+	if d, ok := ctx.Deadline(); ok {
+		return d
 	}
-	return until
+	return time.Now().Add(jsretry.Window)
 }
+
+// storeWait is how long Admit waits for an unavailable store before it refuses req: the
+// client's stated timeout less a margin (a tenth, at least storeWaitMargin), so that the 503
+// reaches it before it gives up, at most Options.StoreWaitMax; Options.StoreWait when the
+// client states none. A client that waits longer than an election (4-9 s after a leader's
+// crash) is answered once the store is back instead of refused on its first attempt.
+func (c *Core) storeWait(req *Request) time.Duration {
+	def := cmp.Or(c.opts.StoreWait, jsretry.Window)
+	if req.ClientTimeout <= 0 {
+		return def
+	}
+	wait := req.ClientTimeout - max(req.ClientTimeout/10, storeWaitMargin)
+	return min(max(wait, minStoreWait), cmp.Or(c.opts.StoreWaitMax, def))
+}
+
+// storeWaitMargin is the least time between a refusal and the client's own timeout;
+// minStoreWait the least wait a short stated timeout leaves.
+const (
+	storeWaitMargin = time.Second
+	minStoreWait    = time.Second
+)
 
 // held says whether key already has a record, for a request that reserve refused with
 // refusal. A refusal the client retries (the node's bounds, a tenant's cap) asks one replica

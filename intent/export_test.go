@@ -2,6 +2,7 @@ package intent
 
 import (
 	"context"
+	"time"
 
 	"github.com/oncegate/oncegate/kv"
 )
@@ -24,3 +25,6 @@ func FinishedFor(rec *kv.Record, epoch int, sentData []byte, usageSent bool) Eve
 // NoteRefused and ReleaseRefusals expose one refusal and one pass of RunRefusals.
 func (c *Core) NoteRefused(key string, rec *kv.Record, err error) { c.noteRefused(key, rec, err) }
 func (c *Core) ReleaseRefusals(ctx context.Context)               { c.releaseRefusals(ctx) }
+
+// StoreWait is how long Admit waits for an unavailable store before it refuses req.
+func (c *Core) StoreWait(req *Request) time.Duration { return c.storeWait(req) }

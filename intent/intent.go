@@ -69,6 +69,11 @@ type Budgeter interface {
 type Options struct {
 	// Lease is a new PENDING record's lease (renewed by its worker).
 	Lease time.Duration
+	// StoreWait is how long Admit waits for an unavailable store before it refuses a request
+	// whose client stated no timeout (jsretry.ErrUnavailable: 503); 0: jsretry.Window.
+	// StoreWaitMax bounds the wait a client's stated timeout asks for (Request.ClientTimeout);
+	// 0: StoreWait.
+	StoreWait, StoreWaitMax time.Duration
 	// TTL is how long a finished record is kept; the replay cache keeps no entry longer.
 	TTL time.Duration
 	// AutoWindow: an identical request without a key, sent later than this after the first
@@ -227,8 +232,12 @@ type Request struct {
 	Degraded *Degraded
 	Header   map[string][]string // passed through to the backend
 	Deadline time.Time           // the client's overall deadline (zero: none)
-	TraceID  string              // the request's W3C trace id, kept in a new record
-	Stream   bool
+	// ClientTimeout is how long the client said it waits for this attempt (an official SDK's
+	// X-Stainless-Timeout or x-stainless-read-timeout); 0: it did not say. Admission waits for
+	// an unavailable store up to it, less a margin (Core.storeWait).
+	ClientTimeout time.Duration
+	TraceID       string // the request's W3C trace id, kept in a new record
+	Stream        bool
 	// MaxTokens is the request's output limit (0: not set), for the budget estimate.
 	MaxTokens int
 	Body      []byte

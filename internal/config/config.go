@@ -220,6 +220,13 @@ type Admission struct {
 	// enforces the limit divided by it. Set it to the number of API processes (api or all
 	// roles); more processes than it could exceed the limits together. Default 1 (0 is 1).
 	APINodes int `yaml:"api_nodes"`
+	// StoreWait is how long a new request waits for an unavailable store (a leader election, a
+	// lost quorum) before it is refused with 503, when its client states no timeout of its own.
+	StoreWait Duration `yaml:"store_wait"`
+	// StoreWaitMax bounds how long a client's stated timeout (the official SDKs'
+	// X-Stainless-Timeout, x-stainless-read-timeout) makes a request wait for the store: the
+	// stated timeout less a margin, at most this.
+	StoreWaitMax Duration `yaml:"store_wait_max"`
 }
 
 // Backend is an upstream LLM API.
@@ -610,9 +617,10 @@ func Default() *Config {
 			// 32 MiB
 			ReplayCacheBytes: 32 << 20,
 		},
-		Admission: Admission{MaxExecutions: 1024, MaxQueueWait: Duration(30 * time.Second), MaxBodyBytesInFlight: 256 << 20, APINodes: 1},
-		Backends:  []Backend{defaultMock()},
-		Ledger:    Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024, TallyEvery: Duration(10 * time.Second)},
+		Admission: Admission{MaxExecutions: 1024, MaxQueueWait: Duration(30 * time.Second), MaxBodyBytesInFlight: 256 << 20, APINodes: 1,
+			StoreWait: Duration(10 * time.Second), StoreWaitMax: Duration(time.Minute)},
+		Backends: []Backend{defaultMock()},
+		Ledger:   Ledger{Currency: "USD", ReconcileEvery: Duration(time.Minute), DefaultMaxTokens: 1024, TallyEvery: Duration(10 * time.Second)},
 	}
 }
 
