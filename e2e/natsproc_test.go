@@ -196,6 +196,24 @@ func (c *natsProcs) ProfAddrs() []string {
 	return out
 }
 
+// startGateway runs the oncegate binary (serve, every role) on the three servers with the
+// configuration cfg (YAML), waits until it is ready and returns its base URL.
+func (c *natsProcs) startGateway(cfg string) (base string, gw *proc) {
+	t := c.t
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "oncegate.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := testkit.FreeAddr(t)
+	gw = startProc(t, "gateway", oncegateBinary(t), "serve", "--config", cfgPath, "--nats-url", strings.Join(c.URLs(), ","),
+		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "data"))
+	base = "http://" + httpAddr
+	waitReady(t, base, gw)
+	return base, gw
+}
+
 // URLs are the servers' client URLs (they do not change on restart).
 func (c *natsProcs) URLs() []string {
 	urls := make([]string, 0, len(c.nodes))

@@ -4,14 +4,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestRefusedStaysRefusedCluster is issue 43 item 1's fault row on a three-server R3 cluster
@@ -34,17 +30,7 @@ func TestRefusedStaysRefusedCluster(t *testing.T) {
 	}
 	t.Parallel() // processes and ports of its own; mostly waiting
 	procs := runNATSProcs(t, "always")
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "oncegate.yaml")
-	cfg := "idempotency:\n  lease: 3s\n  renew_every: 1s\nworkers:\n  sweep_every: 1s\nnats:\n  replicas: 3\n"
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := testkit.FreeAddr(t)
-	gw := startProc(t, "gateway", oncegateBinary(t), "serve", "--config", cfgPath, "--nats-url", strings.Join(procs.URLs(), ","),
-		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "data"))
-	base := "http://" + httpAddr
-	waitReady(t, base, gw)
+	base, gw := procs.startGateway("idempotency:\n  lease: 3s\n  renew_every: 1s\nworkers:\n  sweep_every: 1s\nnats:\n  replicas: 3\n")
 	expect(t, postChat(t, base, chatBody("oncegate-mock", "before the fault", ""), map[string]string{"Idempotency-Key": "before"}), http.StatusOK, "created")
 
 	leader := procs.StreamLeader("KV_IDEM")

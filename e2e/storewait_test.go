@@ -2,13 +2,8 @@ package e2e
 
 import (
 	"net/http"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/oncegate/oncegate/internal/testkit"
 )
 
 // TestStoreWaitFollowsClientTimeout is issue 43 item 2's rule on three stock nats-servers: the
@@ -23,16 +18,7 @@ func TestStoreWaitFollowsClientTimeout(t *testing.T) {
 	}
 	t.Parallel() // processes and ports of its own; mostly waiting
 	procs := runNATSProcs(t, "always")
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "oncegate.yaml")
-	if err := os.WriteFile(cfgPath, []byte("nats:\n  replicas: 3\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	httpAddr := testkit.FreeAddr(t)
-	gw := startProc(t, "gateway", oncegateBinary(t), "serve", "--config", cfgPath, "--nats-url", strings.Join(procs.URLs(), ","),
-		"--listen", httpAddr, "--data-dir", filepath.Join(dir, "data"))
-	base := "http://" + httpAddr
-	waitReady(t, base, gw)
+	base, _ := procs.startGateway("nats:\n  replicas: 3\n")
 	expect(t, postChat(t, base, chatBody("oncegate-mock", "before the outage", ""), map[string]string{"Idempotency-Key": "before"}), http.StatusOK, "created")
 
 	procs.Kill(1)
