@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -44,6 +45,9 @@ var (
 	// Issue 43 item 2 measures the row with 10 s clients (the per-attempt timeout of a client
 	// that waits through an election).
 	deployedTimeout = flag.Duration("deployed.timeout", time.Second, "the SDK clients' per-attempt timeout in TestDeployedRow")
+	// The Go SDK states its timeout (X-Stainless-Timeout) only for its own request timeout,
+	// which it does not retry; the Node SDK states it for the timeout it retries.
+	deployedStated = flag.Bool("deployed.stated", false, "TestDeployedRow's clients state their timeout in X-Stainless-Timeout, as the Node SDK does")
 )
 
 // deployedRate is the intents started per second.
@@ -149,6 +153,9 @@ func TestDeployedRow(t *testing.T) {
 			knobs = `{"tokens":16,"inter_token_ms":100}`
 		}
 		opts := []option.RequestOption{option.WithJSONSet("mock", json.RawMessage(knobs))}
+		if *deployedStated {
+			opts = append(opts, option.WithHeader("X-Stainless-Timeout", strconv.Itoa(int(deployedTimeout.Seconds()))))
+		}
 		switch c.kind {
 		case kindKeyed:
 			opts = append(opts, option.WithHeader("Idempotency-Key", c.key))
