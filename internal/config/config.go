@@ -221,11 +221,13 @@ type Admission struct {
 	// roles); more processes than it could exceed the limits together. Default 1 (0 is 1).
 	APINodes int `yaml:"api_nodes"`
 	// StoreWait is how long a new request waits for an unavailable store (a leader election, a
-	// lost quorum) before it is refused with 503, when its client states no timeout of its own.
+	// lost quorum) before it is refused with 503, when its client states no timeout of its own
+	// (0: 10s).
 	StoreWait Duration `yaml:"store_wait"`
 	// StoreWaitMax bounds how long a client's stated timeout (the official SDKs'
 	// X-Stainless-Timeout, x-stainless-read-timeout) makes a request wait for the store: the
-	// stated timeout less a margin, at most this.
+	// stated timeout less a margin, at most this (0: store_wait, a stated timeout waits no
+	// longer).
 	StoreWaitMax Duration `yaml:"store_wait_max"`
 }
 

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -615,11 +616,14 @@ func (v *validator) admission(a *Admission, maxBody int) {
 	if a.MaxBodyBytesInFlight < 0 || (a.MaxBodyBytesInFlight > 0 && a.MaxBodyBytesInFlight < int64(maxBody)) {
 		v.add("admission.max_body_bytes_in_flight", "must be 0 (no bound) or at least http.max_body_bytes (%d), got %d", maxBody, a.MaxBodyBytesInFlight)
 	}
-	if a.StoreWait < Duration(time.Second) || a.StoreWait > a.StoreWaitMax {
-		v.add("admission.store_wait", "must be at least 1s and at most admission.store_wait_max (%s), got %s", a.StoreWaitMax, a.StoreWait)
+	if a.StoreWait != 0 && a.StoreWait < Duration(time.Second) {
+		v.add("admission.store_wait", "must be at least 1s (0: 10s), got %s", a.StoreWait)
 	}
-	if a.StoreWaitMax > Duration(10*time.Minute) {
+	switch {
+	case a.StoreWaitMax > Duration(10*time.Minute):
 		v.add("admission.store_wait_max", "must be at most 10m (a request held longer ties up its connection for nothing), got %s", a.StoreWaitMax)
+	case a.StoreWaitMax != 0 && a.StoreWaitMax < cmp.Or(a.StoreWait, Duration(10*time.Second)):
+		v.add("admission.store_wait_max", "must be at least admission.store_wait (0: store_wait, no longer wait for a stated timeout), got %s", a.StoreWaitMax)
 	}
 	if a.APINodes < 0 || a.APINodes > maxAPINodes {
 		v.add("admission.api_nodes", "must be between 1 and %d (0: 1), got %d", maxAPINodes, a.APINodes)
