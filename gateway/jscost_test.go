@@ -1,0 +1,155 @@
+package gateway_test
+
+import (
+	"flag"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
+)
+
+var (
+	costIdle    = flag.Duration("jscost.idle", 30*time.Second, "how long TestClusterJetStreamCost counts an idle cluster")
+	costIntents = flag.Int("jscost.intents", 200, "how many new intents TestClusterJetStreamCost sends")
+)
+
+// apiCounter counts the JetStream API requests ($JS.API.>) and advisories
+// ($JS.EVENT.ADVISORY.>) of the whole account, per kind, from one subscriber: a request made
+// on any node's server is routed to this subscription as to the API's own.
+type apiCounter struct {
+	mu    sync.Mutex
+	kinds map[string]int
+}
+
+func countJetStream(t *testing.T, url string) *apiCounter {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Name("jscost-counter"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	c := &apiCounter{kinds: map[string]int{}}
+	for _, subj := range []string{"$JS.API.>", "$JS.EVENT.ADVISORY.>"} {
+		if _, err := nc.Subscribe(subj, func(m *nats.Msg) { c.add(kindOf(m.Subject)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// kindOf is a request's or advisory's subject without the names of streams, consumers and
+// keys: $JS.API.STREAM.INFO.KV_IDEM is STREAM.INFO, $JS.API.DIRECT.GET.KV_IDEM.$KV.… is
+// DIRECT.GET, $JS.API.CONSUMER.MSG.NEXT.JOBS.workers is CONSUMER.MSG.NEXT.
+func kindOf(subj string) string {
+	if rest, ok := strings.CutPrefix(subj, "$JS.EVENT.ADVISORY."); ok {
+		parts := strings.Split(rest, ".")
+		return "ADVISORY." + strings.Join(parts[:min(2, len(parts))], ".")
+	}
+	parts := strings.Split(strings.TrimPrefix(subj, "$JS.API."), ".")
+	switch {
+	case len(parts) >= 3 && parts[0] == "CONSUMER" && (parts[1] == "MSG" || parts[1] == "DURABLE"):
+		return strings.Join(parts[:3], ".")
+	case len(parts) >= 2:
+		return parts[0] + "." + parts[1]
+	}
+	return parts[0]
+}
+
+func (c *apiCounter) add(kind string) {
+	c.mu.Lock()
+	c.kinds[kind]++
+	c.mu.Unlock()
+}
+
+// take returns the counts since the last take and starts again from zero.
+func (c *apiCounter) take() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.kinds
+	c.kinds = map[string]int{}
+	return k
+}
+
+func total(k map[string]int, prefix string) int {
+	n := 0
+	for kind, v := range k {
+		if strings.HasPrefix(kind, prefix) {
+			n += v
+		}
+	}
+	return n
+}
+
+func report(t *testing.T, what string, k map[string]int, per float64, unit string) {
+	kinds := make([]string, 0, len(k))
+	for kind := range k {
+		kinds = append(kinds, kind)
+	}
+	sort.Slice(kinds, func(i, j int) bool { return k[kinds[i]] > k[kinds[j]] })
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s:\n", what)
+	for _, kind := range kinds {
+		fmt.Fprintf(&b, "  %-34s %7d  %8.2f %s\n", kind, k[kind], float64(k[kind])/per, unit)
+	}
+	t.Log(b.String())
+}
+
+// TestClusterJetStreamCost (issue 44) counts what a three-node cluster of embedded servers
+// (docs/operations/cluster.md's deployment, R3) asks of JetStream: idle for -jscost.idle, and
+// per new intent over -jscost.intents sent one after another to node 1 (each fresh key, a
+// non-stream chat completion, the built-in mock). It prints the counts per kind.
+func TestClusterJetStreamCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("counts a 30 s idle cluster")
+	}
+	gws := embeddedCluster(t, 3, nil)
+	base := "http://" + gws[0].Addr()
+	for _, gw := range gws {
+		waitReady(t, "http://"+gw.Addr())
+	}
+	chat(t, base, "jscost-warm") // the first intent creates what is created once
+	c := countJetStream(t, gws[0].NATSURL())
+	time.Sleep(2 * time.Second) // what the warm-up left in flight
+	c.take()
+
+	time.Sleep(*costIdle)
+	idle := c.take()
+	secs := costIdle.Seconds()
+	report(t, fmt.Sprintf("idle three-node cluster, %s", *costIdle), idle, secs*3, "/s/node")
+
+	n := *costIntents
+	for i := range n {
+		chat(t, base, fmt.Sprintf("jscost-%04d", i))
+	}
+	time.Sleep(time.Second)
+	busy := c.take()
+	report(t, fmt.Sprintf("%d new intents on node 1", n), busy, float64(n), "/intent")
+}
+
+func waitReady(t *testing.T, base string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := gatewaykit.Client().Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not ready after 60 s: %v", base, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
