@@ -18,6 +18,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -98,6 +99,10 @@ type Gateway struct {
 	kick    chan struct{}
 	stopRes context.CancelFunc
 	resDone chan struct{}
+	// resyncHub is the API's hub once it runs: after a reconnect's setup, its CHUNKS tail is
+	// checked against a stream a restart recreated (jobs.Hub.Resync). Written by startAPI,
+	// read by the setup loop, which starts first.
+	resyncHub atomic.Pointer[jobs.Hub]
 }
 
 // Addr is the HTTP address the API listens on ("" for a worker-only process).
@@ -507,6 +512,7 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	// a non-stream execution's outcome needs no stored chunk (jobs.HubOptions.Notices).
 	single := g.ns != nil && !g.cfg.NATS.Cluster.Enabled()
 	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: single, Notices: single})
+	g.resyncHub.Store(g.hub)
 	if len(g.cfg.Tenants) == 0 {
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}

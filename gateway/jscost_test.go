@@ -47,22 +47,26 @@ func countJetStream(t *testing.T, url string) *apiCounter {
 	return c
 }
 
-// kindOf is a request's or advisory's subject without the names of streams, consumers and
-// keys: $JS.API.STREAM.INFO.KV_IDEM is STREAM.INFO, $JS.API.DIRECT.GET.KV_IDEM.$KV.… is
-// DIRECT.GET, $JS.API.CONSUMER.MSG.NEXT.JOBS.workers is CONSUMER.MSG.NEXT.
+// kindOf is a request's or advisory's subject with its stream but without consumer names and
+// keys: $JS.API.STREAM.INFO.KV_IDEM is STREAM.INFO KV_IDEM, $JS.API.DIRECT.GET.KV_IDEM.$KV.… is
+// DIRECT.GET KV_IDEM, $JS.API.CONSUMER.MSG.NEXT.JOBS.workers is CONSUMER.MSG.NEXT JOBS.
 func kindOf(subj string) string {
 	if rest, ok := strings.CutPrefix(subj, "$JS.EVENT.ADVISORY."); ok {
 		parts := strings.Split(rest, ".")
 		return "ADVISORY." + strings.Join(parts[:min(2, len(parts))], ".")
 	}
 	parts := strings.Split(strings.TrimPrefix(subj, "$JS.API."), ".")
+	verb := 2
 	switch {
-	case len(parts) >= 3 && parts[0] == "CONSUMER" && (parts[1] == "MSG" || parts[1] == "DURABLE"):
-		return strings.Join(parts[:3], ".")
-	case len(parts) >= 2:
-		return parts[0] + "." + parts[1]
+	case len(parts) == 1, parts[0] == "STREAM" && (parts[1] == "NAMES" || parts[1] == "LIST"):
+		return strings.Join(parts, ".")
+	case parts[0] == "STREAM" && parts[1] == "MSG", parts[0] == "CONSUMER" && (parts[1] == "MSG" || parts[1] == "DURABLE"):
+		verb = 3
 	}
-	return parts[0]
+	if len(parts) <= verb {
+		return strings.Join(parts, ".")
+	}
+	return strings.Join(parts[:verb], ".") + " " + parts[verb]
 }
 
 func (c *apiCounter) add(kind string) {
@@ -99,7 +103,7 @@ func report(t *testing.T, what string, k map[string]int, per float64, unit strin
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s:\n", what)
 	for _, kind := range kinds {
-		fmt.Fprintf(&b, "  %-34s %7d  %8.2f %s\n", kind, k[kind], float64(k[kind])/per, unit)
+		fmt.Fprintf(&b, "  %-40s %7d  %8.2f %s\n", kind, k[kind], float64(k[kind])/per, unit)
 	}
 	t.Log(b.String())
 }

@@ -190,6 +190,9 @@ func (g *Gateway) resetup(ctx context.Context) {
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, resAttemptTime)
 		err := g.res.ensure(actx)
+		if hub := g.resyncHub.Load(); err == nil && hub != nil {
+			err = hub.Resync(actx)
+		}
 		cancel()
 		if err == nil {
 			g.log.Debug().Int("attempt", attempt).Msg("JetStream streams and buckets checked after a reconnect")

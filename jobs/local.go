@@ -16,7 +16,7 @@ func (h *Hub) Local(subject string) (*Follower, *LocalPublisher, error) {
 	if h.closed {
 		return nil, nil, ErrHubClosed
 	}
-	f := &feed{hub: h, subject: subject, followers: make(map[*Follower]struct{})}
+	f := &feed{hub: h, subject: subject, local: true, followers: make(map[*Follower]struct{})}
 	fl := &Follower{f: f, wake: make(chan struct{}, 1)}
 	f.followers[fl] = struct{}{}
 	h.feeds[subject] = f
