@@ -1,6 +1,22 @@
-# bench/lib.sh: what bench/peers.sh and bench/ab.sh share, sourced by both (bash): the processes
-# a script started (stopped on exit), waiting for a server, and a process's CPU and memory.
+# bench/lib.sh: what bench/peers.sh, bench/ab.sh and bench/cluster-cost.sh share, sourced by them
+# (bash): the processes a script started (stopped on exit), the oncegate binary, waiting for a
+# server, and a process's CPU and memory.
 # The sourcing script defines die MESSAGE.
+
+# oncegate_binary DIR: unless ONCEGATE names a built binary, builds one into DIR from this checkout
+# and sets ONCEGATE to it; sets built to what it is (the commit, or the given binary's hash).
+oncegate_binary() {
+	local repo
+	repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+	if [ -z "${ONCEGATE:-}" ]; then
+		ONCEGATE=$1/oncegate
+		(cd "$repo" && go build -o "$ONCEGATE" ./cmd/oncegate) || die "go build failed"
+		built="built from $(cd "$repo" && git describe --always --dirty 2>/dev/null || echo '?')"
+	else
+		built="given, sha256 $(sha256sum "$ONCEGATE" | cut -c1-12)"
+	fi
+	[ -x "$ONCEGATE" ] || die "ONCEGATE=$ONCEGATE is not an executable"
+}
 
 pids=() # every process this script started and has not stopped
 cleanup() {
@@ -18,15 +34,15 @@ stop() {
 	pids=("${keep[@]}")
 }
 
-# wait_http URL WHAT: until URL answers 200, at most 10 s.
+# wait_http URL WHAT [SECONDS]: until URL answers 200, at most SECONDS (default 10).
 wait_http() {
-	local code
-	for _ in $(seq 200); do
+	local code secs=${3:-10}
+	for _ in $(seq $((secs * 20))); do
 		code=$(curl -s -o /dev/null -w '%{http_code}' "$1" || true)
 		[ "$code" = 200 ] && return 0
 		sleep 0.05
 	done
-	die "$2 did not answer 200 at $1 within 10 s"
+	die "$2 did not answer 200 at $1 within $secs s"
 }
 
 # proc_sum FILE AWK PID...: the number AWK prints from /proc/PID/FILE, summed over the processes.

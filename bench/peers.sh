@@ -38,7 +38,6 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(dirname "$here")
 OUT=${OUT:-$here/out/$(date -u +%Y%m%dT%H%M%SZ)}
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-10s}
@@ -62,14 +61,9 @@ OUT=$(cd "$OUT" && pwd)
 RESULTS=$OUT/results.tsv
 : >"$RESULTS"
 
-if [ -z "${ONCEGATE:-}" ]; then
-	ONCEGATE=$OUT/oncegate
-	(cd "$repo" && go build -o "$ONCEGATE" ./cmd/oncegate) || die "go build failed"
-	built="built from $(cd "$repo" && git describe --always --dirty 2>/dev/null || echo '?')"
-else
-	built="given, sha256 $(sha256sum "$ONCEGATE" | cut -c1-12)"
-fi
-[ -x "$ONCEGATE" ] || die "ONCEGATE=$ONCEGATE is not an executable"
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+oncegate_binary "$OUT"
 
 # Which targets can run here.
 runnable=()
@@ -87,8 +81,6 @@ for t in $TARGETS; do
 done
 [ ${#runnable[@]} -gt 0 ] || die "no target to run"
 
-# shellcheck source=bench/lib.sh
-. "$here/lib.sh"
 tree() { echo "$1" $(pgrep -P "$1" || true); } # a process and its children (nginx's workers)
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"; } # round target metric value
 # field FILE ROW COL: a row of the bench table ("requests/s", "latency p50"), column A or B, ms

@@ -62,20 +62,90 @@ func BenchmarkNewIntent(b *testing.B) {
 }
 
 func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, notice bool) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	s := testkit.RunJetStream(b, syncInterval)
-	api := s.JS
 	_, worker := s.Conn(b)
+	r := newRig(b, s.JS, worker, 1, notice)
 
-	idem, err := api.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "IDEM", Storage: jetstream.FileStorage, History: 1})
+	// One subscription for every terminal chunk (or notice), handed to the waiting intent by key.
+	sub, err := s.NC.Subscribe(r.prefix+">", func(m *nats.Msg) { r.arrived(m.Subject) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	r.measure(b, concurrency)
+}
+
+// BenchmarkClusterIntent is BenchmarkNewIntent's stored operations (the terminal chunk
+// stored, no notice) on a three-server cluster in this process, every stream and bucket R3:
+// what a replicated intent cannot cost less than. The API side is connected to one server and
+// the worker side to another, as a job is usually taken by a worker that is not on the API's
+// node. c64's CPU per intent is the process's, so the sum over the three servers.
+//
+// The API side cannot count on a core subscription for the terminal chunk (on a cluster,
+// interest crosses the routes asynchronously): it reads the chunks through one long-lived
+// ordered consumer on CHUNKS (every subject, new messages only), created before the first
+// intent and demultiplexed by subject, as a gateway node's hub reads them with one consumer per
+// node. Each stream's leader is wherever the cluster placed it, so runs differ in which server
+// leads what. (Not named ClusterNewIntent, so that the -bench 'NewIntent/…' lines in
+// BENCHMARKS.md still select the one-server benchmark alone.)
+func BenchmarkClusterIntent(b *testing.B) {
+	for _, mode := range []struct {
+		name string
+		sync testkit.ClusterOption
+	}{{"sync_1s", testkit.SyncInterval(time.Second)}, {"synced", testkit.SyncAlways()}} {
+		for _, c := range []int{64, 1} {
+			b.Run(mode.name+"/c"+strconv.Itoa(c), func(b *testing.B) { benchClusterIntent(b, mode.sync, c) })
+		}
+	}
+}
+
+func benchClusterIntent(b *testing.B, syncOpt testkit.ClusterOption, concurrency int) {
+	cl := testkit.RunCluster(b, 3, syncOpt)
+	_, api := cl.ConnectTo(b, 0)
+	_, worker := cl.ConnectTo(b, 1)
+	r := newRig(b, api, worker, 3, false)
+
+	chunks, err := api.OrderedConsumer(b.Context(), "CHUNKS", jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cc, err := chunks.Consume(func(m jetstream.Msg) { r.arrived(m.Subject()) })
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Stop()
+	r.measure(b, concurrency)
+}
+
+// rig is one benchmark's streams, bucket and worker, and the intents waiting for their
+// terminal chunk.
+type rig struct {
+	ctx    context.Context
+	api    jetstream.JetStream
+	idem   jetstream.KeyValue
+	prefix string   // the terminal chunk's subject before the key
+	wait   sync.Map // key → chan struct{}, closed when its terminal chunk arrives
+	werr   atomic.Value
+	seq    atomic.Int64
+}
+
+// newRig creates IDEM, JOBS, CHUNKS and LEDGER with the given replicas through api and starts
+// the worker loop on worker's connection; the loop stops at the benchmark's cleanup.
+func newRig(b *testing.B, api, worker jetstream.JetStream, replicas int, notice bool) *rig {
+	ctx := b.Context()
+	r := &rig{ctx: ctx, api: api, prefix: "chunks."}
+	if notice {
+		r.prefix = "notice.chunks."
+	}
+	var err error
+	r.idem, err = api.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "IDEM", Storage: jetstream.FileStorage, History: 1, Replicas: replicas})
 	if err != nil {
 		b.Fatal(err)
 	}
 	streams := []jetstream.StreamConfig{
-		{Name: "JOBS", Subjects: []string{"jobs.>"}, Storage: jetstream.MemoryStorage, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute},
-		{Name: "CHUNKS", Subjects: []string{"chunks.>"}, Storage: jetstream.MemoryStorage, MaxAge: 10 * time.Second},
-		{Name: "LEDGER", Subjects: []string{"ledger.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute},
+		{Name: "JOBS", Subjects: []string{"jobs.>"}, Storage: jetstream.MemoryStorage, Retention: jetstream.WorkQueuePolicy, Duplicates: 2 * time.Minute, Replicas: replicas},
+		{Name: "CHUNKS", Subjects: []string{"chunks.>"}, Storage: jetstream.MemoryStorage, MaxAge: 10 * time.Second, Replicas: replicas},
+		{Name: "LEDGER", Subjects: []string{"ledger.>"}, Storage: jetstream.FileStorage, Duplicates: 2 * time.Minute, Replicas: replicas},
 	}
 	for _, cfg := range streams {
 		if _, err := api.CreateStream(ctx, cfg); err != nil {
@@ -91,7 +161,6 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, n
 		b.Fatal(err)
 	}
 	chunk, final, charge := make([]byte, chunkBytes), make([]byte, finalBytes), make([]byte, chargeBytes)
-	var werr atomic.Value
 	handle := func(m jetstream.Msg) {
 		key := m.Headers().Get("Key")
 		rev, _ := strconv.ParseUint(m.Headers().Get("Rev"), 10, 64)
@@ -100,10 +169,10 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, n
 				return err
 			}
 			if notice {
-				if err := worker.Conn().Publish("notice.chunks."+key+".1", chunk); err != nil {
+				if err := worker.Conn().Publish(r.prefix+key+".1", chunk); err != nil {
 					return err
 				}
-			} else if _, err := worker.Publish(ctx, "chunks."+key+".1", chunk); err != nil {
+			} else if _, err := worker.Publish(ctx, r.prefix+key+".1", chunk); err != nil {
 				return err
 			}
 			if _, err := worker.Publish(ctx, "ledger.tenant", charge, jetstream.WithMsgID("charge."+key)); err != nil {
@@ -112,7 +181,7 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, n
 			return m.Ack()
 		}()
 		if err != nil {
-			werr.CompareAndSwap(nil, err)
+			r.werr.CompareAndSwap(nil, err)
 		}
 	}
 	// Jobs run side by side, as the gateway's worker slots run them: up to 64 at once.
@@ -128,51 +197,50 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, n
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() {
+	b.Cleanup(func() {
 		cc.Stop()
 		handlers.Wait()
-	}()
-
-	// One subscription for every terminal chunk (or notice), handed to the waiting intent by key.
-	var waiting sync.Map // key → chan struct{}
-	prefix := "chunks."
-	if notice {
-		prefix = "notice.chunks."
-	}
-	sub, err := s.NC.Subscribe(prefix+">", func(m *nats.Msg) {
-		key := m.Subject[len(prefix) : len(m.Subject)-len(".1")]
-		if ch, ok := waiting.LoadAndDelete(key); ok {
-			close(ch.(chan struct{}))
-		}
 	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = sub.Unsubscribe() }()
+	return r
+}
 
-	claim, job := make([]byte, claimBytes), make([]byte, jobBytes)
-	var seq atomic.Int64
-	intent := func() error {
-		key := "k" + strconv.FormatInt(seq.Add(1), 10)
-		done := make(chan struct{})
-		waiting.Store(key, done)
-		rev, err := idem.Create(ctx, key, claim)
-		if err != nil {
-			return err
-		}
-		msg := &nats.Msg{Subject: "jobs.default", Data: job, Header: nats.Header{"Key": []string{key}, "Rev": []string{strconv.FormatUint(rev, 10)}}}
-		if _, err := api.PublishMsg(ctx, msg, jetstream.WithMsgID(key)); err != nil {
-			return err
-		}
-		select {
-		case <-done:
-			return nil
-		case <-time.After(10 * time.Second):
-			return fmt.Errorf("intent %s: no terminal chunk in 10 s (worker: %v)", key, werr.Load())
-		}
+// arrived hands the terminal chunk (or notice) on subject to the intent waiting for it.
+func (r *rig) arrived(subject string) {
+	key := subject[len(r.prefix) : len(subject)-len(".1")]
+	if ch, ok := r.wait.LoadAndDelete(key); ok {
+		close(ch.(chan struct{}))
 	}
-	for range 200 { // warm-up: streams, consumer, connections
-		if err := intent(); err != nil {
+}
+
+// intent claims a new key, publishes its job and waits for its terminal chunk.
+func (r *rig) intent() error {
+	key := "k" + strconv.FormatInt(r.seq.Add(1), 10)
+	done := make(chan struct{})
+	r.wait.Store(key, done)
+	rev, err := r.idem.Create(r.ctx, key, claim)
+	if err != nil {
+		return err
+	}
+	msg := &nats.Msg{Subject: "jobs.default", Data: job, Header: nats.Header{"Key": []string{key}, "Rev": []string{strconv.FormatUint(rev, 10)}}}
+	if _, err := r.api.PublishMsg(r.ctx, msg, jetstream.WithMsgID(key)); err != nil {
+		return err
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("intent %s: no terminal chunk in 10 s (worker: %v)", key, r.werr.Load())
+	}
+}
+
+// claim and job are the API side's payloads; nothing writes to them.
+var claim, job = make([]byte, claimBytes), make([]byte, jobBytes)
+
+// measure warms up with 200 intents, then runs b.N intents concurrency at a time and reports
+// the CPU per intent and the intents per second.
+func (r *rig) measure(b *testing.B, concurrency int) {
+	for range 200 { // warm-up: streams, consumers, connections
+		if err := r.intent(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -185,7 +253,7 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, n
 	for range concurrency {
 		wg.Go(func() {
 			for next.Add(1) <= int64(b.N) {
-				if err := intent(); err != nil {
+				if err := r.intent(); err != nil {
 					first.CompareAndSwap(nil, err)
 					return
 				}
@@ -197,7 +265,7 @@ func benchNewIntent(b *testing.B, syncInterval time.Duration, concurrency int, n
 	if err, _ := first.Load().(error); err != nil {
 		b.Fatal(err)
 	}
-	if err, _ := werr.Load().(error); err != nil {
+	if err, _ := r.werr.Load().(error); err != nil {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/intent")

@@ -32,6 +32,8 @@ type Cluster struct {
 	stockLimits bool
 	// syncAlways fsyncs every write (SyncAlways).
 	syncAlways bool
+	// syncInterval is the store's fsync interval (SyncInterval); 0 keeps nats-server's default.
+	syncInterval time.Duration
 }
 
 // ClusterOption changes how RunCluster configures its servers.
@@ -47,6 +49,12 @@ func StockLimits() ClusterOption { return func(c *Cluster) { c.stockLimits = tru
 // `sync: always`, the suite's production setting), instead of the default two-minute sync
 // interval: for measuring what a write costs.
 func SyncAlways() ClusterOption { return func(c *Cluster) { c.syncAlways = true } }
+
+// SyncInterval makes every server fsync its stores every d (nats-server's `sync_interval`, the
+// gateway's `nats.sync: 1s`) instead of the default two minutes.
+func SyncInterval(d time.Duration) ClusterOption {
+	return func(c *Cluster) { c.syncInterval = d }
+}
 
 type clusterNode struct {
 	name       string
@@ -123,6 +131,7 @@ func (c *Cluster) options(i int) *server.Options {
 		Routes: server.RoutesFromStr(strings.Join(routes, ",")),
 	}
 	o.SyncAlways = c.syncAlways
+	o.SyncInterval = c.syncInterval
 	// As natsrv does: 2.15 caps consumers per stream at 1,000 by default.
 	if !c.stockLimits {
 		o.JetStreamLimits.DefaultMaxConsumers = -1

@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# bench/cluster-cost.sh: issue 44's table. What a new intent costs oncegate on one node and on the
+# three embedded nodes of docs/operations/cluster.md (R3, chosen by default), on this machine, under
+# the same load sent to node 1:
+#
+#   bench/cluster-cost.sh [CONCURRENCIES [DURATION [OUT]]]
+#   bench/cluster-cost.sh                       # "1 4 16", 20s, bench/results/i44/cluster-cost-<UTC time>
+#   SYNC=1s bench/cluster-cost.sh "4 16" 20s /tmp/cc-1s
+#
+# It builds the oncegate binary once (or takes ONCEGATE), then runs, one after the other:
+#   one-node  `oncegate serve` with the default configuration (embedded NATS, the built-in mock)
+#   cluster   cluster.md's three nodes on 127.0.0.1 (their own HTTP, NATS and route ports and data
+#             directories), the same configuration
+# Each setup starts once with empty data directories. For every concurrency C it runs
+# `oncegate bench --url <node 1> --concurrency C` (new intents, non-stream) for WARMUP unmeasured,
+# then for DURATION measured: CPU is utime+stime of every `oncegate serve` process of the setup
+# (/proc/PID/stat) before and after the measured run, divided by the intents answered; latency and
+# intents/s are the bench's. The table gives the cluster's CPU per intent (summed over its nodes)
+# over the one node's at the same C.
+#
+# Environment: SYNC (always | 1s: nats.sync of every node in both setups; default always, the
+# default configuration's), WARMUP (3s), ONCEGATE (a built binary; default: built here from this
+# checkout). The ONCEGATE_* and OPENAI_* variables are unset (they would override the default
+# configuration). Nothing is pinned: the load tool and the nodes share the machine, as the issue
+# measured. Run it on a quiet machine. Raw outputs, node logs and table.md go to OUT.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+CONCURRENCIES=${1:-1 4 16}
+DURATION=${2:-20s}
+OUT=${3:-$here/results/i44/cluster-cost-$(date -u +%Y%m%dT%H%M%SZ)}
+SYNC=${SYNC:-always}
+WARMUP=${WARMUP:-3s}
+HZ=$(getconf CLK_TCK)
+
+# Ports: the one node's HTTP; the cluster's HTTP, NATS client and route ports are BASE + 1..3.
+ONE_HTTP=18580
+HTTP_BASE=18580
+NATS_BASE=14221
+ROUTE_BASE=16221
+
+die() { echo "cluster-cost.sh: $*" >&2; exit 1; }
+case $SYNC in always | 1s) ;; *) die "SYNC must be always or 1s, got '$SYNC'" ;; esac
+command -v curl >/dev/null || die "curl not found"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+tmp=$(mktemp -d)
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+trap 'cleanup; rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+for v in $(compgen -e); do
+	case $v in ONCEGATE_* | OPENAI_BASE_URL | OPENAI_API_KEY) unset "$v" ;; esac
+done
+
+oncegate_binary "$tmp"
+
+# The default configuration with nats.sync set.
+cfg=$OUT/config.yaml
+echo "nats: {sync: $SYNC}" >"$cfg"
+
+serve_pids=() # the `oncegate serve` processes of the setup under test
+url=          # node 1 of the setup under test
+
+start_one() {
+	"$ONCEGATE" serve --config "$cfg" --listen "127.0.0.1:$ONE_HTTP" --data-dir "$tmp/one" >"$OUT/one-node.log" 2>&1 &
+	pids+=($!)
+	serve_pids=($!)
+	url=http://127.0.0.1:$ONE_HTTP
+	wait_http "$url/readyz" "the one node" 60
+}
+
+# start_cluster: docs/operations/cluster.md's three nodes, its flags, other ports.
+start_cluster() {
+	local i routes=nats://127.0.0.1:$((ROUTE_BASE + 1)),nats://127.0.0.1:$((ROUTE_BASE + 2)),nats://127.0.0.1:$((ROUTE_BASE + 3))
+	serve_pids=()
+	for i in 1 2 3; do
+		"$ONCEGATE" serve --config "$cfg" --listen "127.0.0.1:$((HTTP_BASE + i))" --data-dir "$tmp/n$i" \
+			--nats-listen "127.0.0.1:$((NATS_BASE + i))" \
+			--nats-cluster oncegate --nats-cluster-listen "127.0.0.1:$((ROUTE_BASE + i))" \
+			--nats-routes "$routes" >"$OUT/cluster-n$i.log" 2>&1 &
+		pids+=($!)
+		serve_pids+=($!)
+	done
+	url=http://127.0.0.1:$((HTTP_BASE + 1))
+	for i in 1 2 3; do wait_http "http://127.0.0.1:$((HTTP_BASE + i))/readyz" "cluster node $i" 90; done
+}
+
+stop_setup() {
+	local p
+	for p in "${serve_pids[@]}"; do stop "$p"; done
+	serve_pids=()
+}
+
+# alive WHEN: every node of the setup still runs (a node that died would drop out of the CPU sum).
+alive() {
+	local p
+	for p in "${serve_pids[@]}"; do kill -0 "$p" 2>/dev/null || die "oncegate serve $p exited $1 (logs in $OUT)"; done
+}
+
+# measure SETUP C: warm-up, then the measured run; appends a line to results.tsv.
+measure() {
+	local setup=$1 c=$2 raw=$OUT/$1-c$2 t0 t1
+	"$ONCEGATE" bench --url "$url" --concurrency "$c" --duration "$WARMUP" --warmup 0s >"$raw-warmup.txt" 2>&1 ||
+		echo "($setup c=$c: the warm-up's bench exited non-zero, see $raw-warmup.txt)"
+	alive "before $setup c=$c"
+	t0=$(ticks "${serve_pids[@]}")
+	"$ONCEGATE" bench --url "$url" --concurrency "$c" --duration "$DURATION" --warmup 0s >"$raw.txt" 2>&1 ||
+		echo "($setup c=$c: bench exited non-zero, see $raw.txt)"
+	t1=$(ticks "${serve_pids[@]}")
+	alive "during $setup c=$c"
+	awk -v setup="$setup" -v c="$c" -v d=$((t1 - t0)) -v hz="$HZ" '
+		$1 == "successes" { ok = $2 }
+		$1 == "errors" { err = $2 }
+		$1 == "requests/s" { rps = $2 }
+		$1 == "latency" && $2 == "p50" { p50 = $3 }
+		$1 == "latency" && $2 == "p99" { p99 = $3 }
+		END {
+			if (ok + 0 == 0) exit 1
+			printf "%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t%d\n", setup, c, rps, d / hz * 1e6 / ok, p50, p99, err, ok
+		}' "$raw.txt" >>"$OUT/results.tsv" || die "$setup c=$c: no intent answered (see $raw.txt)"
+	tail -1 "$OUT/results.tsv"
+}
+
+{
+	echo "oncegate: $built"
+	echo "nats.sync: $SYNC; concurrencies: $CONCURRENCIES; duration $DURATION, warm-up $WARMUP each"
+	echo "machine: $(nproc) CPUs; $(uptime)"
+} | tee "$OUT/info.txt"
+: >"$OUT/results.tsv"
+for setup in one-node cluster; do
+	echo "== $setup"
+	if [ "$setup" = one-node ]; then start_one; else start_cluster; fi
+	# The replicas each node chose, from its start line (the cluster's should be 3).
+	echo "$setup replicas: $(grep -ho '"replicas":[0-9]*' "$OUT/$setup"*.log | sed 's/.*://' | tr '\n' ' ')" | tee -a "$OUT/info.txt"
+	for c in $CONCURRENCIES; do measure "$setup" "$c"; done
+	stop_setup
+done
+
+awk -F '\t' -v sync="$SYNC" '
+	{ row[NR] = $0; if ($1 == "one-node") one[$2] = $4 }
+	END {
+		printf "\nnats.sync: %s\n\n", sync
+		print "| setup | C | intents/s | CPU µs per intent (all nodes) | cluster / one node | p50 | p99 | errors |"
+		print "|---|---|---|---|---|---|---|---|"
+		for (i = 1; i <= NR; i++) {
+			split(row[i], f, "\t")
+			ratio = (f[1] == "cluster" && one[f[2]] > 0) ? sprintf("%.1f×", f[4] / one[f[2]]) : ""
+			printf "| %s | %s | %s | %s | %s | %s | %s | %s |\n", f[1], f[2], f[3], f[4], ratio, f[5], f[6], f[7]
+		}
+	}' "$OUT/results.tsv" | tee "$OUT/table.md"
+echo "raw: $OUT"
