@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -15,6 +16,13 @@ import (
 // ErrChunksLost ends the feeds of a hub whose tail found CHUNKS recreated (every server that
 // held it restarted): their chunks are gone, and their followers answer from the records.
 var ErrChunksLost = fmt.Errorf("%w: CHUNKS was recreated", ErrEnded)
+
+// tailPrefix starts the names of the tails' consumers (IsTail).
+const tailPrefix = "og_tail_"
+
+// IsTail reports whether a CHUNKS consumer's name is a hub's tail (nats.go names an ordered
+// consumer <prefix>_<serial>): the only consumers a hub makes, one per running API process.
+func IsTail(consumer string) bool { return strings.HasPrefix(consumer, tailPrefix) }
 
 // tail is a cluster node's one reader of CHUNKS: an ordered consumer on every subject,
 // delivering from the moment it was made, whose chunks the hub routes to its feeds. It is made
@@ -47,6 +55,7 @@ func (t *tail) start(ctx context.Context) error {
 		cons, err := h.js.OrderedConsumer(ctx, ChunksStream, jetstream.OrderedConsumerConfig{
 			DeliverPolicy:     jetstream.DeliverNewPolicy,
 			InactiveThreshold: h.inactive,
+			NamePrefix:        tailPrefix + NewID(),
 		})
 		if err != nil {
 			return err
