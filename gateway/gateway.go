@@ -258,6 +258,9 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	g.res = &resources{js: setupJS, replicas: chooseReplicas(cfg.NATS.Replicas, shapeOf(cfg.NATS.Cluster, setupNC, g.ns != nil)),
 		ttl: cfg.Idempotency.TTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup,
 		local: g.localView()}
+	if g.ns != nil {
+		g.res.missingStreams = g.ns.MissingStreams
+	}
 	g.resAt.Store(g.res)
 	// Watched before the setup, so that a deletion during it is not missed.
 	if err := g.res.watchDeletes(setupNC); err != nil {

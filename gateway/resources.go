@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,8 +35,10 @@ type resources struct {
 	maxAckPending int
 	// kick asks for the setup to run again (Gateway.kickSetup).
 	kick func()
-	// local reads a stream's Raft group from the NATS server in this process (nil: none).
-	local replicas.Local
+	// local reads a stream's Raft group from the NATS server in this process, missingStreams
+	// which streams it lacks (both nil: no server in this process).
+	local          replicas.Local
+	missingStreams func([]string) []string
 	// state is what the setups found (setup, lost); until the first one, everything is missing.
 	state setupState
 }
@@ -120,6 +123,20 @@ func (r *resources) Check(ctx context.Context) error {
 		r.kick()
 		return errors.New(missing)
 	}
+	// nats-server's deletion advisory of a stream is not always sent (the stream's send loop
+	// may quit before it), so the streams' presence is also read: from this process's server
+	// when there is one, else by asking (on an external NATS every check asks, as before).
+	var missing []string
+	if r.missingStreams != nil {
+		missing = r.missingStreams(streams)
+	} else if err := r.askMissing(ctx, &missing); err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		why := fmt.Sprintf("JetStream is missing %s (lost with a NATS restart?); recreating", strings.Join(missing, ", "))
+		r.lost(why)
+		return errors.New(why)
+	}
 	for _, a := range admitStreams {
 		if r.local != nil {
 			if v, ok := r.local(a.name); ok {
@@ -135,6 +152,33 @@ func (r *resources) Check(ctx context.Context) error {
 		if err := r.askLeader(ctx, a.name, a.probe); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// askMissing lists the streams and asks for the workers' consumer on JOBS, adding what is
+// missing to missing.
+func (r *resources) askMissing(ctx context.Context, missing *[]string) error {
+	have := map[string]bool{}
+	names := r.js.StreamNames(ctx)
+	for n := range names.Name() {
+		have[n] = true
+	}
+	if err := names.Err(); err != nil {
+		return fmt.Errorf("listing JetStream streams: %w", err)
+	}
+	for _, n := range streams {
+		if !have[n] {
+			*missing = append(*missing, n)
+		}
+	}
+	if len(*missing) > 0 {
+		return nil
+	}
+	if _, err := r.js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		*missing = append(*missing, "consumer "+jobs.JobsStream+"/"+workers.ConsumerName)
+	} else if err != nil {
+		return fmt.Errorf("consumer %s/%s does not answer: %w", jobs.JobsStream, workers.ConsumerName, err)
 	}
 	return nil
 }
@@ -167,13 +211,20 @@ type setupState struct {
 	epoch uint64
 	// missing says what is missing and why ("" when the last setup found everything).
 	missing string
+	// repaired says a setup has run since the loss: missing is reported once more (a loss
+	// repaired within a check period is still seen) and then cleared.
+	repaired bool
 }
 
 // missingNow is what Check reports while something is missing ("" when nothing is).
 func (r *resources) missingNow() string {
 	r.state.mu.Lock()
 	defer r.state.mu.Unlock()
-	return r.state.missing
+	m := r.state.missing
+	if r.state.repaired {
+		r.state.missing, r.state.repaired = "", false
+	}
+	return m
 }
 
 // lost records that something may be gone (a stream, the consumer, or anything after a
@@ -181,7 +232,7 @@ func (r *resources) missingNow() string {
 func (r *resources) lost(why string) {
 	r.state.mu.Lock()
 	r.state.epoch++
-	r.state.missing = why
+	r.state.missing, r.state.repaired = why, false
 	r.state.mu.Unlock()
 	r.kick()
 }
@@ -196,8 +247,8 @@ func (r *resources) setup(ctx context.Context) error {
 	}
 	r.state.mu.Lock()
 	defer r.state.mu.Unlock()
-	if r.state.epoch == epoch {
-		r.state.missing = ""
+	if r.state.epoch == epoch && r.state.missing != "" {
+		r.state.repaired = true
 	}
 	return nil
 }

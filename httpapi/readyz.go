@@ -63,11 +63,10 @@ type ResourceChecker interface {
 // NATS (read on each call), every stream and bucket present (memory streams are lost with a
 // NATS restart until the gateway recreates them), the streams of the IDEM bucket and of JOBS
 // each with a leader that has heard from a quorum of its replicas (it can commit the record and
-// the job) and the workers' consumer on JOBS answering, all within ReadyProbeTimeout; and at
-// least one worker on the status board (a worker posts every 2 s while its pool consumes JOBS
-// and removes its entry when it stops; one that died without stopping drops off when the entry
-// expires, 10 s). It never asks JetStream itself: it answers at once, whatever the cluster
-// does.
+// the job), all within ReadyProbeTimeout (ResourceChecker); and at least one worker posting to
+// the status board (a worker posts every 2 s while its pool consumes JOBS and removes its
+// entry when it stops; one that died without stopping drops off when the entry expires, 10 s).
+// It never asks JetStream itself: it answers at once, whatever the cluster does.
 func (s *Server) readyz(c *fiber.Ctx) error {
 	if s.nc == nil || !s.nc.IsConnected() {
 		return writeAPIError(c, unavailable("not connected to NATS"))

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/replicas"
 )

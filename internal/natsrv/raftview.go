@@ -69,6 +69,8 @@ type raftViews struct {
 	mu     sync.Mutex
 	groups map[string]string     // stream → Raft group name
 	seen   map[string]seenLeader // stream → the leader last seen and since when
+	// streams is the account's stream count when MissingStreams last found every name (0: never).
+	streams int
 }
 
 // seenLeader is a leader as a follower first saw it: a new term is a new election, even of
@@ -137,4 +139,53 @@ func (v *raftViews) view(stream string, g server.RaftzGroup, self string, now ti
 	}
 	v.mu.Unlock()
 	return replicas.View{Leader: p.Name, Since: sl.since, Quorate: true}, true
+}
+
+// MissingStreams is which of names this server's JetStream does not have, read from its
+// memory: on a cluster the meta group's assignments; on a single server its account's stream
+// count, and the streams' names only when the count fell since names were last all found
+// (listing them reads every stream's state). No JetStream request.
+func (s *Server) MissingStreams(names []string) (missing []string) {
+	if s.ns.JetStreamIsClustered() {
+		for _, n := range names {
+			if !s.ns.JetStreamIsStreamAssigned(account, n) {
+				missing = append(missing, n)
+			}
+		}
+		return missing
+	}
+	count := -1
+	if acc := s.ns.GlobalAccount(); acc != nil {
+		count = acc.JetStreamUsage().Streams
+	}
+	s.views.mu.Lock()
+	seen := s.views.streams
+	if count >= seen && seen > 0 {
+		s.views.streams = count
+	}
+	s.views.mu.Unlock()
+	if count >= seen && seen > 0 {
+		return nil
+	}
+	det, err := s.ns.JszAccount(&server.JSzOptions{Account: account, Streams: true})
+	if err != nil {
+		return names
+	}
+	defer func() {
+		if len(missing) == 0 {
+			s.views.mu.Lock()
+			s.views.streams = len(det.Streams)
+			s.views.mu.Unlock()
+		}
+	}()
+	have := map[string]bool{}
+	for _, sd := range det.Streams {
+		have[sd.Name] = true
+	}
+	for _, n := range names {
+		if !have[n] {
+			missing = append(missing, n)
+		}
+	}
+	return missing
 }
