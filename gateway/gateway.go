@@ -95,7 +95,9 @@ type Gateway struct {
 
 	// res is the JetStream setup; kick asks resLoop to run it again (a connection reconnected,
 	// or /readyz found a stream missing).
-	res     *resources
+	res *resources
+	// resAt is res for the connections' reconnect handlers, which may run while Start sets it.
+	resAt   atomic.Pointer[resources]
 	kick    chan struct{}
 	stopRes context.CancelFunc
 	resDone chan struct{}
@@ -207,7 +209,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		if err == nil {
 			g.conns = append(g.conns, nc)
 			// A reconnect may be to a server that restarted and lost the memory streams.
-			nc.SetReconnectHandler(func(*nats.Conn) { g.kickSetup() })
+			nc.SetReconnectHandler(func(*nats.Conn) { g.reconnected() })
 		}
 		return nc, err
 	}
@@ -258,7 +260,16 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	g.res = &resources{js: setupJS, replicas: chooseReplicas(cfg.NATS.Replicas, shapeOf(cfg.NATS.Cluster, setupNC, g.ns != nil)),
-		ttl: cfg.Idempotency.TTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup}
+		ttl: cfg.Idempotency.TTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup,
+		local: g.localView()}
+	if g.ns != nil {
+		g.res.missingStreams = g.ns.MissingStreams
+	}
+	g.resAt.Store(g.res)
+	// Watched before the setup, so that a deletion during it is not missed.
+	if err := g.res.watchDeletes(setupNC); err != nil {
+		return err
+	}
 	if err := g.ensureResourcesRetried(ctx); err != nil {
 		var re *replicas.Error
 		if errors.As(err, &re) {
@@ -333,7 +344,7 @@ func (g *Gateway) ensureResourcesRetried(parent context.Context) error {
 	retry := g.cfg.NATS.URL != "" || g.cfg.NATS.Cluster.Enabled()
 	deadline := time.Now().Add(clusterSetupWindow)
 	for {
-		err := g.res.ensure(ctx)
+		err := g.res.setup(ctx)
 		if ctx.Err() != nil && err != nil {
 			return ended(err)
 		}
@@ -415,6 +426,24 @@ func (g *Gateway) leaveIsolatedServer(nc *nats.Conn, name string) {
 	}
 }
 
+// localView reads a stream's Raft group from the embedded server (nil on an external NATS).
+func (g *Gateway) localView() replicas.Local {
+	if g.ns == nil {
+		return nil
+	}
+	return g.ns.StreamView
+}
+
+// reconnected is a connection's reconnect: the server may have restarted and lost the memory
+// streams, so they count as missing until the setup, asked for now, has run.
+func (g *Gateway) reconnected() {
+	if res := g.resAt.Load(); res != nil {
+		res.lost("reconnected to NATS: recreating what a restarted server loses")
+		return
+	}
+	g.kickSetup()
+}
+
 // side is one role's own connection and the JetStream handles on it.
 type side struct {
 	nc    *nats.Conn
@@ -442,6 +471,9 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	board, err := status.Open(ctx, js, statusTTL, g.res.replicas)
 	if err != nil {
 		return nil, err
+	}
+	if local := g.localView(); local != nil {
+		store.UseLocal(local)
 	}
 	g.quorum = append(g.quorum, startLoop(ctx, func(ctx context.Context) {
 		store.WatchQuorum(ctx, func() { g.leaveIsolatedServer(nc, name) })
@@ -545,7 +577,12 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
-	g.api = httpapi.New(httpapi.Deps{Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board, Tenants: g.cfg.Tenants,
+	posts, err := status.WatchPosts(nc, statusTTL)
+	if err != nil {
+		return err
+	}
+	g.api = httpapi.New(httpapi.Deps{Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board,
+		Workers: posts, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects})
 	if err := g.listenAPI(); err != nil {

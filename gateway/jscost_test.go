@@ -114,7 +114,9 @@ func report(t *testing.T, what string, k map[string]int, per float64, unit strin
 // TestClusterJetStreamCost (issue 44) counts what a three-node cluster of embedded servers
 // (docs/operations/cluster.md's deployment, R3) asks of JetStream: idle for -jscost.idle, and
 // per new intent over -jscost.intents sent one after another to node 1 (each fresh key, a
-// non-stream chat completion, the built-in mock). It prints the counts per kind.
+// non-stream chat completion, the built-in mock). It prints the counts per kind, and fails
+// when the idle cluster asks more than idleBudget API requests per second per node
+// (advisories are not requests) or creates a consumer (issue 44 item 3: quiet when idle).
 func TestClusterJetStreamCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("counts a 30 s idle cluster")
@@ -136,6 +138,13 @@ func TestClusterJetStreamCost(t *testing.T) {
 	idle := c.take()
 	secs := costIdle.Seconds()
 	report(t, fmt.Sprintf("idle three-node cluster, %s", *costIdle), idle, secs*3, "/s/node")
+	requests := total(idle, "") - total(idle, "ADVISORY.")
+	if perNode := float64(requests) / secs / 3; perNode > idleBudget {
+		t.Errorf("idle: %.2f JetStream API requests per second per node, want at most %g", perNode, float64(idleBudget))
+	}
+	if n := idle["CONSUMER.CREATE"]; n > 0 {
+		t.Errorf("idle: %d consumers created, want none", n)
+	}
 
 	n := *costIntents
 	before := storedMessages(t, gws[0].NATSURL())
@@ -181,6 +190,9 @@ func storedMessages(t *testing.T, url string) uint64 {
 	}
 	return sum
 }
+
+// idleBudget is the most JetStream API requests per second per node an idle cluster may ask.
+const idleBudget = 1
 
 func waitReady(t *testing.T, base string) {
 	t.Helper()

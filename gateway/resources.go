@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,6 +35,12 @@ type resources struct {
 	maxAckPending int
 	// kick asks for the setup to run again (Gateway.kickSetup).
 	kick func()
+	// local reads a stream's Raft group from the NATS server in this process, missingStreams
+	// which streams it lacks (both nil: no server in this process).
+	local          replicas.Local
+	missingStreams func([]string) []string
+	// state is what the setups found (setup, lost); until the first one, everything is missing.
+	state setupState
 }
 
 // streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
@@ -100,13 +107,58 @@ func (r *resources) leaderAnswers(ctx context.Context, stream, probe string) err
 }
 
 // Check is /readyz's question, asked by the API's readiness loop (never by a request): nil
-// when this node can admit a request, else an error that says why not. It can when every
-// stream exists, IDEM's and JOBS's streams each answer a stream info request from a leader
-// that has heard from a quorum of its replicas (replicas.Quorate: a leader that can commit the
-// record's create and the job's publish), and the workers' consumer on JOBS answers from its
-// leader. When a stream or the consumer is missing, it also asks for the setup to run again,
-// so a lost stream comes back even without a reconnect to notice. ctx bounds the whole check.
+// when this node can admit a request, else an error that says why not. It can when the last
+// setup found every stream, bucket and the workers' consumer on JOBS and nothing has said
+// since that one is gone (a reconnect, a deletion advisory: watchDeletes), and IDEM's and
+// JOBS's streams each have a leader that has heard from a quorum of its replicas
+// (replicas.Quorate: a leader that can commit the record's create and the job's publish).
+// While something is missing it asks for the setup to run again.
+//
+// It asks JetStream nothing when the NATS server in this process holds a replica of both
+// streams (an embedded node: their Raft groups say it, see natsrv.StreamView), so an idle
+// node is quiet (issue 44); otherwise it asks each stream's leader (stream info, and a
+// message get only the leader answers). ctx bounds the whole check.
 func (r *resources) Check(ctx context.Context) error {
+	if missing := r.missingNow(); missing != "" {
+		r.kick()
+		return errors.New(missing)
+	}
+	// nats-server's deletion advisory of a stream is not always sent (the stream's send loop
+	// may quit before it), so the streams' presence is also read: from this process's server
+	// when there is one, else by asking (on an external NATS every check asks, as before).
+	var missing []string
+	if r.missingStreams != nil {
+		missing = r.missingStreams(streams)
+	} else if err := r.askMissing(ctx, &missing); err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		why := fmt.Sprintf("JetStream is missing %s (lost with a NATS restart?); recreating", strings.Join(missing, ", "))
+		r.lost(why)
+		return errors.New(why)
+	}
+	for _, a := range admitStreams {
+		if r.local != nil {
+			if v, ok := r.local(a.name); ok {
+				switch {
+				case v.Leader == "":
+					return fmt.Errorf("stream %s has no leader this node hears from", a.name)
+				case !v.Quorate:
+					return fmt.Errorf("stream %s has no leader with a quorum of its replicas (leader %q)", a.name, v.Leader)
+				}
+				continue
+			}
+		}
+		if err := r.askLeader(ctx, a.name, a.probe); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// askMissing lists the streams and asks for the workers' consumer on JOBS, adding what is
+// missing to missing.
+func (r *resources) askMissing(ctx context.Context, missing *[]string) error {
 	have := map[string]bool{}
 	names := r.js.StreamNames(ctx)
 	for n := range names.Name() {
@@ -115,39 +167,118 @@ func (r *resources) Check(ctx context.Context) error {
 	if err := names.Err(); err != nil {
 		return fmt.Errorf("listing JetStream streams: %w", err)
 	}
-	var missing []string
 	for _, n := range streams {
 		if !have[n] {
-			missing = append(missing, n)
+			*missing = append(*missing, n)
 		}
 	}
-	if len(missing) == 0 {
-		if _, err := r.js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName); errors.Is(err, jetstream.ErrConsumerNotFound) {
-			missing = append(missing, "consumer "+jobs.JobsStream+"/"+workers.ConsumerName)
-		} else if err != nil {
-			return fmt.Errorf("consumer %s/%s does not answer: %w", jobs.JobsStream, workers.ConsumerName, err)
-		}
+	if len(*missing) > 0 {
+		return nil
 	}
-	if len(missing) > 0 {
-		r.kick()
-		return fmt.Errorf("JetStream is missing %s (lost with a NATS restart?); recreating", strings.Join(missing, ", "))
-	}
-	for _, a := range admitStreams {
-		st, err := r.js.Stream(ctx, a.name)
-		if err != nil {
-			return fmt.Errorf("stream %s does not answer: %w", a.name, err)
-		}
-		if cl := st.CachedInfo().Cluster; !replicas.Quorate(cl) {
-			return fmt.Errorf("stream %s has no leader with a quorum of its replicas (leader %q)", a.name, cl.Leader)
-		}
-		// A stream's info can be stale (the meta leader's assignment still names a one-replica
-		// stream's stopped server; a follower's view still names a leader that just stopped:
-		// CI saw /readyz ready in both outages), so the stream's leader is asked too.
-		if err := r.leaderAnswers(ctx, a.name, a.probe); err != nil {
-			return err
-		}
+	if _, err := r.js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName); errors.Is(err, jetstream.ErrConsumerNotFound) {
+		*missing = append(*missing, "consumer "+jobs.JobsStream+"/"+workers.ConsumerName)
+	} else if err != nil {
+		return fmt.Errorf("consumer %s/%s does not answer: %w", jobs.JobsStream, workers.ConsumerName, err)
 	}
 	return nil
+}
+
+// askLeader is Check's question about one stream when no server in this process can answer
+// it: the stream's info, then its leader.
+func (r *resources) askLeader(ctx context.Context, stream, probe string) error {
+	st, err := r.js.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		why := "JetStream is missing stream " + stream + " (lost with a NATS restart?); recreating"
+		r.lost(why)
+		return errors.New(why)
+	}
+	if err != nil {
+		return fmt.Errorf("stream %s does not answer: %w", stream, err)
+	}
+	if cl := st.CachedInfo().Cluster; !replicas.Quorate(cl) {
+		return fmt.Errorf("stream %s has no leader with a quorum of its replicas (leader %q)", stream, cl.Leader)
+	}
+	// A stream's info can be stale (the meta leader's assignment still names a one-replica
+	// stream's stopped server; a follower's view still names a leader that just stopped:
+	// CI saw /readyz ready in both outages), so the stream's leader is asked too.
+	return r.leaderAnswers(ctx, stream, probe)
+}
+
+// setupState is what the last setup found, and whether anything has been lost since.
+type setupState struct {
+	mu sync.Mutex
+	// epoch counts the losses (lost); a setup clears missing only when none came while it ran.
+	epoch uint64
+	// missing says what is missing and why ("" when the last setup found everything).
+	missing string
+	// repaired says a setup has run since the loss: missing is reported once more (a loss
+	// repaired within a check period is still seen) and then cleared.
+	repaired bool
+}
+
+// missingNow is what Check reports while something is missing ("" when nothing is).
+func (r *resources) missingNow() string {
+	r.state.mu.Lock()
+	defer r.state.mu.Unlock()
+	m := r.state.missing
+	if r.state.repaired {
+		r.state.missing, r.state.repaired = "", false
+	}
+	return m
+}
+
+// lost records that something may be gone (a stream, the consumer, or anything after a
+// reconnect), so /readyz says why until a setup succeeds, and asks for that setup.
+func (r *resources) lost(why string) {
+	r.state.mu.Lock()
+	r.state.epoch++
+	r.state.missing, r.state.repaired = why, false
+	r.state.mu.Unlock()
+	r.kick()
+}
+
+// setup is ensure, and on success the end of what lost recorded before it began.
+func (r *resources) setup(ctx context.Context) error {
+	r.state.mu.Lock()
+	epoch := r.state.epoch
+	r.state.mu.Unlock()
+	if err := r.ensure(ctx); err != nil {
+		return err
+	}
+	r.state.mu.Lock()
+	defer r.state.mu.Unlock()
+	if r.state.epoch == epoch && r.state.missing != "" {
+		r.state.repaired = true
+	}
+	return nil
+}
+
+// Deletion advisories of the streams and of the workers' consumer (nats-server publishes them
+// when a stream or consumer is deleted, by a request or by its limits).
+const (
+	streamDeleted   = "$JS.EVENT.ADVISORY.STREAM.DELETED."
+	consumerDeleted = "$JS.EVENT.ADVISORY.CONSUMER.DELETED."
+)
+
+// watchDeletes listens on nc for the deletion of any stream or of the workers' consumer and
+// records it (lost), so a deletion under a connected gateway (no reconnect to notice it) is
+// seen without asking JetStream what exists every second. The subscription lives as long as
+// nc (nats.go renews it after a reconnect).
+func (r *resources) watchDeletes(nc *nats.Conn) error {
+	ours := map[string]string{consumerDeleted + jobs.JobsStream + "." + workers.ConsumerName: "consumer " + jobs.JobsStream + "/" + workers.ConsumerName}
+	for _, n := range streams {
+		ours[streamDeleted+n] = "stream " + n
+	}
+	for _, subj := range []string{streamDeleted + "*", consumerDeleted + jobs.JobsStream + ".*"} {
+		if _, err := nc.Subscribe(subj, func(m *nats.Msg) {
+			if what, ok := ours[m.Subject]; ok {
+				r.lost("JetStream is missing " + what + " (deleted); recreating")
+			}
+		}); err != nil {
+			return fmt.Errorf("subscribing to JetStream's deletion advisories: %w", err)
+		}
+	}
+	return nc.Flush()
 }
 
 // Setup attempts after a reconnect: a restarted server (or a cluster electing leaders) may take
@@ -189,7 +320,7 @@ func (g *Gateway) resetup(ctx context.Context) {
 	wait := resFirstWait
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, resAttemptTime)
-		err := g.res.ensure(actx)
+		err := g.res.setup(actx)
 		if hub := g.resyncHub.Load(); err == nil && hub != nil {
 			err = hub.Resync(actx)
 		}

@@ -63,11 +63,10 @@ type ResourceChecker interface {
 // NATS (read on each call), every stream and bucket present (memory streams are lost with a
 // NATS restart until the gateway recreates them), the streams of the IDEM bucket and of JOBS
 // each with a leader that has heard from a quorum of its replicas (it can commit the record and
-// the job) and the workers' consumer on JOBS answering, all within ReadyProbeTimeout; and at
-// least one worker on the status board (a worker posts every 2 s while its pool consumes JOBS
-// and removes its entry when it stops; one that died without stopping drops off when the entry
-// expires, 10 s). It never asks JetStream itself: it answers at once, whatever the cluster
-// does.
+// the job), all within ReadyProbeTimeout (ResourceChecker); and at least one worker posting to
+// the status board (a worker posts every 2 s while its pool consumes JOBS and removes its
+// entry when it stops; one that died without stopping drops off when the entry expires, 10 s).
+// It never asks JetStream itself: it answers at once, whatever the cluster does.
 func (s *Server) readyz(c *fiber.Ctx) error {
 	if s.nc == nil || !s.nc.IsConnected() {
 		return writeAPIError(c, unavailable("not connected to NATS"))
@@ -116,13 +115,14 @@ func (s *Server) WatchReadiness(ctx context.Context) {
 	}
 }
 
-// checkReady is one readiness check: "" when this node can admit, else why not.
+// checkReady is one readiness check: "" when this node can admit, else why not. While the
+// cluster is idle it asks JetStream nothing (issue 44): the resources check answers from
+// what the node already holds, and the workers are counted from their posts as they cross
+// this node's connection; the board is read (a KV watcher: a consumer) only while no post
+// has been seen, at start or with no worker running.
 func (s *Server) checkReady(ctx context.Context) string {
 	if s.nc == nil || !s.nc.IsConnected() {
 		return "not connected to NATS"
-	}
-	if _, err := s.js.AccountInfo(ctx); err != nil {
-		return "JetStream is not available"
 	}
 	if s.resources != nil {
 		if err := s.resources.Check(ctx); err != nil {
@@ -130,6 +130,9 @@ func (s *Server) checkReady(ctx context.Context) string {
 		}
 	}
 	if s.status == nil { // no board (a bare API in unit tests): nothing to say about workers
+		return ""
+	}
+	if s.workers != nil && s.workers.Workers() > 0 {
 		return ""
 	}
 	ws, err := s.status.Read(ctx)

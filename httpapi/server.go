@@ -50,6 +50,11 @@ type StatusReader interface {
 	Read(ctx context.Context) (map[string]json.RawMessage, error)
 }
 
+// WorkerCounter counts the workers that posted to the status board lately (status.Posts).
+type WorkerCounter interface {
+	Workers() int
+}
+
 // Deps is what the API needs.
 type Deps struct {
 	// NC and JS are for readiness only (WatchReadiness; /readyz reads NC's state).
@@ -60,6 +65,9 @@ type Deps struct {
 	Router  Router
 	// Status reads the workers' backend health (circuit breakers, retry budgets).
 	Status StatusReader
+	// Workers counts the workers seen posting to the status board lately, without reading it
+	// (WatchReadiness reads the board only while it counts none); optional.
+	Workers WorkerCounter
 	// Resources says whether the streams and buckets exist and can take an admission's writes
 	// (WatchReadiness); optional.
 	Resources ResourceChecker
@@ -96,6 +104,7 @@ type Server struct {
 	intents   *intent.Core
 	router    Router
 	status    StatusReader
+	workers   WorkerCounter
 	resources ResourceChecker
 	tenants   []tenantKeys
 	ledger    LedgerReader
@@ -132,7 +141,7 @@ const anonymousTenant = "anonymous"
 
 // New builds the app and its routes.
 func New(d Deps) *Server {
-	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, resources: d.Resources, idem: d.Idem, log: d.Log,
+	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, workers: d.Workers, resources: d.Resources, idem: d.Idem, log: d.Log,
 		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, keys: d.Keys, catalog: d.Models, metrics: d.Metrics, tracer: d.Tracer,
 		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally, dialects: d.Dialects}
 	if s.now == nil {

@@ -18,6 +18,11 @@ import (
 // from the one queue), read with one consumer info request and, when jobs wait, one message
 // read per sample. An API node sheds new intents while it is over a bound (intent's
 // MaxQueueWait). Safe for concurrent use; Run's goroutine belongs to the caller.
+//
+// It samples only while the answer can matter (issue 44: an idle node asks JetStream
+// nothing): while Wait was asked within askedFor, or the last sample found jobs waiting. The
+// first Wait after a quiet spell gets the last sample (an empty queue: nothing was admitted
+// here since, and every other node sheds on its own samples) and wakes the sampling at once.
 type QueueWatch struct {
 	js       jetstream.JetStream
 	consumer string
@@ -26,6 +31,9 @@ type QueueWatch struct {
 	now      func() time.Time
 
 	wait atomic.Int64 // nanoseconds, the last sample's head wait
+	// asked is when Wait was last called (unix nanoseconds); wake wakes a sleeping Run.
+	asked atomic.Int64
+	wake  chan struct{}
 
 	mu sync.Mutex
 	st jetstream.Stream // JOBS, once looked up (a handle stays valid when the stream is recreated)
@@ -34,20 +42,30 @@ type QueueWatch struct {
 // NewQueueWatch watches the JOBS queue of the durable consumer named consumer, sampling
 // every interval once Run runs.
 func NewQueueWatch(js jetstream.JetStream, consumer string, every time.Duration, log zerolog.Logger) *QueueWatch {
-	return &QueueWatch{js: js, consumer: consumer, every: every, log: log, now: time.Now}
+	return &QueueWatch{js: js, consumer: consumer, every: every, log: log, now: time.Now, wake: make(chan struct{}, 1)}
 }
 
-// Wait is the head job's wait at the last sample: 0 when the queue was empty, before the
-// first sample, or when the last sample could not be read.
-func (q *QueueWatch) Wait() time.Duration { return time.Duration(q.wait.Load()) }
+// askedFor is how long after the last Wait the watch keeps sampling an empty queue.
+const askedFor = time.Second
 
-// Run samples every interval until ctx ends.
+// Wait is the head job's wait at the last sample: 0 when the queue was empty, before the
+// first sample, or when the last sample could not be read. It keeps the sampling going.
+func (q *QueueWatch) Wait() time.Duration {
+	q.asked.Store(q.now().UnixNano())
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return time.Duration(q.wait.Load())
+}
+
+// Run samples every interval while the answer can matter (see QueueWatch) until ctx ends.
 func (q *QueueWatch) Run(ctx context.Context) {
 	t := time.NewTicker(q.every)
 	defer t.Stop()
 	for {
 		sctx, cancel := context.WithTimeout(ctx, q.every)
-		wait, _, err := q.Read(sctx)
+		wait, pending, err := q.Read(sctx)
 		cancel()
 		switch {
 		case err == nil:
@@ -62,6 +80,14 @@ func (q *QueueWatch) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if pending > 0 || q.now().Sub(time.Unix(0, q.asked.Load())) < askedFor {
+			continue
+		}
+		select { // quiet: nothing waits and nobody asks; sleep until Wait is called
+		case <-ctx.Done():
+			return
+		case <-q.wake:
 		}
 	}
 }

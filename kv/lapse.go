@@ -2,10 +2,9 @@ package kv
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/replicas"
@@ -54,6 +53,19 @@ type leaderClock struct {
 	watched bool
 	// cut says the last read was answered by a leader that has not heard from a quorum.
 	cut bool
+	// local, when set, reads the leader from the NATS server in this process (UseLocal).
+	local replicas.Local
+}
+
+// UseLocal makes the store read the bucket's leader from the NATS server in this process
+// (an embedded server that holds a replica of the bucket) instead of asking the leader with a
+// stream info request, whenever local can tell: the same answer, read from the Raft group's
+// memory, so that WatchQuorum's reads every watchEvery cost no JetStream request (issue 44).
+// Call it before WatchQuorum.
+func (s *Store) UseLocal(local replicas.Local) {
+	s.leader.mu.Lock()
+	defer s.leader.mu.Unlock()
+	s.leader.local = local
 }
 
 // minGrace is the least time a bucket must have had its current leader before a lapsed lease
@@ -157,32 +169,56 @@ func (s *Store) leaderSince(ctx context.Context) (time.Time, bool) {
 	return s.readLeader(ctx)
 }
 
-// readLeader reads the bucket's stream info from its leader and records what it says.
+// readLeader reads the bucket's leader, from the server in this process when it can tell
+// (UseLocal), else from the leader's stream info, and records what it says.
 func (s *Store) readLeader(ctx context.Context) (time.Time, bool) {
 	start := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, leaderReadTimeout)
-	defer cancel()
-	st, err := s.js.Stream(rctx, BucketStream)
-	var cl *jetstream.ClusterInfo
-	if err == nil {
-		cl = st.CachedInfo().Cluster
-	}
+	v, err := s.leaderView(ctx)
 	s.leader.mu.Lock()
 	defer s.leader.mu.Unlock()
 	prev := s.leader.readAt
-	s.leader.readAt, s.leader.since, s.leader.ok, s.leader.name = time.Now(), time.Time{}, err == nil, ""
-	if cl != nil {
-		s.leader.name = cl.Leader
-		if cl.LeaderSince != nil {
-			s.leader.since = *cl.LeaderSince
-		}
-	}
-	s.leader.cut = err == nil && !replicas.Quorate(cl)
+	s.leader.readAt, s.leader.since, s.leader.ok, s.leader.name = time.Now(), v.Since, err == nil, v.Leader
+	s.leader.cut = err == nil && !v.Quorate
 	switch {
-	case err != nil || !replicas.Quorate(cl):
+	case err != nil || !v.Quorate:
 		s.leader.steady = time.Time{}
 	case s.leader.steady.IsZero() || start.Sub(prev) > watchGap:
 		s.leader.steady = start // a run starts with this read, not at the last one
 	}
 	return s.leader.since, s.leader.ok
+}
+
+// errNoLeaderHeard is leaderView's error when the server in this process hears from no leader
+// of the bucket: as a request would, the read fails.
+var errNoLeaderHeard = errors.New("kv: no leader of the bucket is heard from")
+
+// leaderView is the bucket's leader: from the server in this process when it can tell, else
+// from the leader's stream info (Quorate as replicas.Quorate reads it).
+func (s *Store) leaderView(ctx context.Context) (replicas.View, error) {
+	s.leader.mu.Lock()
+	local := s.leader.local
+	s.leader.mu.Unlock()
+	if local != nil {
+		if v, ok := local(BucketStream); ok {
+			if v.Leader == "" {
+				return v, errNoLeaderHeard
+			}
+			return v, nil
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, leaderReadTimeout)
+	defer cancel()
+	st, err := s.js.Stream(rctx, BucketStream)
+	if err != nil {
+		return replicas.View{}, err
+	}
+	cl := st.CachedInfo().Cluster
+	v := replicas.View{Quorate: replicas.Quorate(cl)}
+	if cl != nil {
+		v.Leader = cl.Leader
+		if cl.LeaderSince != nil {
+			v.Since = *cl.LeaderSince
+		}
+	}
+	return v, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -119,6 +120,9 @@ func scanStream(ctx context.Context, st jetstream.Stream, subject string, sp spa
 	if target < start || target == 0 {
 		return nil
 	}
+	if sp.since.IsZero() && target-start < smallScan {
+		return scanByGet(ctx, st, subject, start, target, fn)
+	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: 30 * time.Second}
 	switch {
 	case !sp.since.IsZero():
@@ -170,6 +174,33 @@ func scanStream(ctx context.Context, st jetstream.Stream, subject string, sp spa
 			return nil
 		}
 	}
+}
+
+// smallScan is the most sequences a scan reads one message get at a time instead of through
+// an ordered consumer: on a cluster a consumer is a meta-group change on every server, which
+// a reconcile of the few entries a quiet minute added should not cost (issue 44).
+const smallScan = 32
+
+// scanByGet is scanStream's read of sequences start to target one message get each, keeping
+// those on subject (a literal subject, or a prefix ending in ".>").
+func scanByGet(ctx context.Context, st jetstream.Stream, subject string, start, target uint64, fn func(data []byte, seq uint64) error) error {
+	prefix, wild := strings.CutSuffix(subject, ">")
+	for seq := start; seq <= target; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue // deleted, or a gap
+		}
+		if err != nil {
+			return fmt.Errorf("ledger: read %s: %w", subject, err)
+		}
+		if m.Subject != subject && (!wild || !strings.HasPrefix(m.Subject, prefix)) {
+			continue
+		}
+		if err := fn(m.Data, m.Sequence); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // follow calls fn for the entries on subject from sequence start: one direct read per entry

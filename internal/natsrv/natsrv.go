@@ -100,6 +100,8 @@ var ErrNoQuorum = errors.New("natsrv: JetStream cluster not formed")
 type Server struct {
 	ns   *server.Server
 	lock *dirLock
+	// views keeps what StreamView has seen of each stream's Raft group.
+	views raftViews
 }
 
 // Start takes the store directory's lock (see [LockFile]; [*LockedError] names the process
