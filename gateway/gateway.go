@@ -498,12 +498,17 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		backends[b.Name] = c
 	}
 	id := processID()
+	// The pools that post to the board run: the charge sweep leaves their records to them.
+	posts, err := status.WatchPosts(side.nc, statusTTL)
+	if err != nil {
+		return err
+	}
 	pool := workers.New(js, store, workers.Options{
 		ID: id, Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
-		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects,
+		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects, Running: posts.Posting,
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	g.pool = pool

@@ -28,9 +28,12 @@ type Finished struct {
 	Key     string
 	Rev     uint64
 	Written time.Time
+	// Worker is the pool that stored the outcome and charges it ("" when no pool's execution
+	// did: a takeover's or a cancel's record).
+	Worker string
 }
 
-func (w *LeaseWatch) noteBillable(key string, written time.Time, rev uint64) {
+func (w *LeaseWatch) noteBillable(key string, written time.Time, rev uint64, worker string) {
 	if written.Before(w.billSince) {
 		return
 	}
@@ -38,7 +41,7 @@ func (w *LeaseWatch) noteBillable(key string, written time.Time, rev uint64) {
 		w.billDropped++
 		return
 	}
-	w.billable[key] = Finished{Key: key, Rev: rev, Written: written}
+	w.billable[key] = Finished{Key: key, Rev: rev, Written: written, Worker: worker}
 }
 
 // Billable takes the billable finished records that the last Expired read and that were

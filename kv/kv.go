@@ -77,6 +77,9 @@ const (
 	hdrState = "Og-State"
 	hdrLease = "Og-Lease" // unix milliseconds; PENDING only
 	hdrBill  = "Og-Bill"  // "1" on a finished record that has something to charge (Billable)
+	// hdrWorker names the worker pool that stored a billable outcome, and charges it: the other
+	// pools' charge sweeps leave the record to it while it runs (Finished.Worker).
+	hdrWorker = "Og-Worker"
 )
 
 // Store is the IDEM bucket.
@@ -562,6 +565,9 @@ func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte,
 	}
 	if rec.Billable() {
 		m.Header.Set(hdrBill, "1")
+		if rec.Worker != "" {
+			m.Header.Set(hdrWorker, rec.Worker)
+		}
 	}
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	ack, err := jspub.Publish(ctx, s.js.Conn(), m)

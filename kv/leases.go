@@ -200,7 +200,7 @@ func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream) error {
 // state, a delete or purge marker, a job index entry) as not pending.
 func (w *LeaseWatch) apply(key string, h nats.Header, written time.Time, rev uint64) {
 	if h.Get(hdrBill) != "" && h.Get(kvOperation) == "" {
-		w.noteBillable(key, written, rev)
+		w.noteBillable(key, written, rev, h.Get(hdrWorker))
 	}
 	if h.Get(kvOperation) != "" || h.Get(hdrState) != string(Pending) {
 		delete(w.pending, key)

@@ -18,9 +18,13 @@ import (
 // repeat semantics: entry ids are deterministic and looked up first, so a charge that exists
 // is not written again.
 //
-// Cost: the records this pool charged itself (noteCharged) are skipped with no read; each
-// other billable record costs one record read and one ledger id lookup (in memory within the
-// ledger's dedup horizon) per pool. The watch holds at most one ChargeGrace + SweepEvery of
+// Cost: the records this pool charged itself (noteCharged) are skipped with no read, and so
+// are those another pool stored while that pool still runs (Options.Running: its status posts
+// are seen); each other billable record costs one record read and one ledger id lookup (in
+// memory within the ledger's dedup horizon) per pool. What that leaves open: a pool whose own
+// charge failed (the ledger had no leader for longer than the charge's retries) and that dies
+// after the other pools' sweeps saw it running but before its own sweep charged the record
+// (a double fault: that charge is missing; docs/operations/availability.md). The watch holds at most one ChargeGrace + SweepEvery of
 // billable records (kv.LeaseWatch.Billable); after a restart, those written in the last
 // kv.BillableWindow.
 
@@ -81,6 +85,9 @@ func (p *Pool) sweepCharges(ctx context.Context, now time.Time) int {
 		}
 		if p.selfCharged(f.Key, f.Rev) {
 			continue
+		}
+		if f.Worker != "" && f.Worker != p.opts.ID && p.opts.Running != nil && p.opts.Running(f.Worker) {
+			continue // its own pool runs, and charges it (or sweeps it itself)
 		}
 		rec, rev, err := p.store.Get(ctx, f.Key)
 		if errors.Is(err, kv.ErrNotFound) {

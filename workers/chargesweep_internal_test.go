@@ -67,6 +67,16 @@ func TestChargeSweepChargesWhatACrashSkipped(t *testing.T) {
 		t.Fatalf("charged before the grace passed (the worker could still be charging): %+v", es)
 	}
 	offset.Store(int64(next.opts.ChargeGrace + time.Second))
+	// A pool that sees w1 still posting leaves the record to it (issue 44: on a cluster every
+	// other pool read every record); this one does not, and w1 is gone.
+	trusting := New(srv.JS, store, Options{ID: "w3", Concurrency: 1, Lease: opts.Lease, RenewEvery: opts.RenewEvery,
+		Backends: opts.Backends, Ledger: l, Now: opts.Now, Running: func(w string) bool { return w == "w1" }})
+	if _, err := trusting.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if es := entries(); len(es) != 0 {
+		t.Fatalf("charged by a pool that sees the record's own pool running: %+v", es)
+	}
 	for i := 0; i < 3; i++ {
 		sweep()
 		es := entries()

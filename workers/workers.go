@@ -75,6 +75,12 @@ type Options struct {
 	// billable record is charged within ChargeGrace + SweepEvery while a pool runs; 0 means
 	// 30 seconds.
 	ChargeGrace time.Duration
+	// Running, when set, says whether the worker pool of that id runs (it posts to the status
+	// board: status.Posts.Posting). The charge sweep leaves a billable record to the pool that
+	// stored it while that pool runs: it charged the record at once, or sweeps it itself if
+	// that failed. Without it every pool's sweep reads every billable record another pool
+	// stored, on a cluster two record reads and ledger lookups per intent (issue 44).
+	Running func(worker string) bool
 	// DiscardChunksAfter is how long a finished execution's chunks stay in CHUNKS after its
 	// terminal chunk (later copies answer from the record); 0 keeps them for the stream's
 	// retention.

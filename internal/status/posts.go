@@ -69,3 +69,12 @@ func (p *Posts) Workers() int {
 	}
 	return len(p.last)
 }
+
+// Posting reports whether worker posted within ttl and has not removed its entry since: its
+// pool runs (as far as this process has seen since it subscribed).
+func (p *Posts) Posting(worker string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.last[worker]
+	return ok && p.now().Sub(at) <= p.ttl
+}
