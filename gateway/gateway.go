@@ -216,8 +216,9 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	if cfg.NATS.URL == "" {
 		storeDir := filepath.Join(cfg.DataDir, "jetstream")
 		var syncEvery time.Duration
-		if cfg.NATS.Sync != "always" {
-			syncEvery, _ = time.ParseDuration(cfg.NATS.Sync)
+		sync := cfg.NATS.EffectiveSync()
+		if sync != "always" {
+			syncEvery, _ = time.ParseDuration(sync)
 		}
 		cl := cfg.NATS.Cluster
 		opts := natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload,
@@ -240,7 +241,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 			g.recovery.srv.Restored()
 		}
 		abs, _ := filepath.Abs(storeDir)
-		ev := log.Info().Str("data_dir", abs).Str("sync", cfg.NATS.Sync)
+		ev := log.Info().Str("data_dir", abs).Str("sync", cfg.NATS.EffectiveSync())
 		if cl.Enabled() {
 			ev = ev.Str("nats_cluster", cl.Name).Str("nats_server_name", ns.Name())
 		}

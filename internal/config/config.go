@@ -108,12 +108,29 @@ type Tracing struct {
 	SampleRatio float64 `yaml:"sample_ratio"`
 }
 
+// SyncAuto is nats.sync's default: every write fsynced on one server ("always"), once a second
+// on an embedded cluster node ("1s"), whose writes are on three servers' disks when acked.
+// docs/operations/cluster.md gives the figures behind it (issue 44).
+const SyncAuto = "auto"
+
+// EffectiveSync is what nats.sync means for this configuration: "always" or a duration.
+func (n NATS) EffectiveSync() string {
+	if n.Sync != SyncAuto {
+		return n.Sync
+	}
+	if n.Cluster.Enabled() {
+		return "1s"
+	}
+	return "always"
+}
+
 // NATS configures the connection to NATS, or the embedded server.
 type NATS struct {
-	URL        string `yaml:"url"`         // empty = start the embedded server; else nats://... external
-	Listen     string `yaml:"listen"`      // embedded server client listener; empty = no network port
-	Sync       string `yaml:"sync"`        // "always" or a duration like "1s" (embedded only)
-	MaxPayload int32  `yaml:"max_payload"` // bytes
+	URL    string `yaml:"url"`    // empty = start the embedded server; else nats://... external
+	Listen string `yaml:"listen"` // embedded server client listener; empty = no network port
+	Sync   string `yaml:"sync"`   // "auto", "always" or a duration like "1s" (embedded only); auto: always on one server, 1s on a cluster node
+
+	MaxPayload int32 `yaml:"max_payload"` // bytes
 	// Replicas of every stream and bucket: 1, 3 or 5; 0 (the default) picks 1 on a single
 	// server and 3 on a cluster of 3 or more. A start never lowers a count an operator raised.
 	Replicas int `yaml:"replicas"`
@@ -598,7 +615,7 @@ func Default() *Config {
 		LogLevel: "info",
 		Role:     "all",
 		NATS: NATS{
-			Sync:       "always",
+			Sync:       SyncAuto,
 			MaxPayload: 8 << 20,
 		},
 		HTTP: HTTP{

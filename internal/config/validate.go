@@ -181,9 +181,9 @@ func (v *validator) nats(n *NATS) {
 	if n.Listen != "" {
 		v.hostPort("nats.listen", n.Listen)
 	}
-	if n.Sync != "always" {
+	if n.Sync != "always" && n.Sync != SyncAuto {
 		if d, err := time.ParseDuration(n.Sync); err != nil || d <= 0 {
-			v.add("nats.sync", `must be "always" or a positive duration like "1s", got %q`, n.Sync)
+			v.add("nats.sync", `must be "auto", "always" or a positive duration like "1s", got %q`, n.Sync)
 		}
 	}
 	switch n.Replicas {
