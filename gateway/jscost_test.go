@@ -142,7 +142,7 @@ func TestClusterJetStreamCost(t *testing.T) {
 	time.Sleep(chargeSettle) // what the warm-up left to do
 
 	n := *costIntents
-	before := storedMessages(t, gws[0].NATSURL())
+	before, beforeEach := storedMessages(t, gws[0].NATSURL())
 	c.take() // the warm-up's, and the read of the streams' sequences
 	for i := range n {
 		chat(t, base, fmt.Sprintf("jscost-%04d", i))
@@ -150,8 +150,14 @@ func TestClusterJetStreamCost(t *testing.T) {
 	// Their cost includes what other nodes do for them later: every worker pool's charge
 	// sweep reads a billable record another pool wrote once it is ChargeGrace (30 s) old.
 	time.Sleep(chargeSettle)
-	stored := storedMessages(t, gws[0].NATSURL()) - before
+	after, afterEach := storedMessages(t, gws[0].NATSURL())
+	stored := after - before
 	busy := c.take()
+	each := map[string]int{}
+	for name, last := range afterEach {
+		each["stored on "+name] = int(last - beforeEach[name])
+	}
+	report(t, "stored messages", each, float64(n), "/intent")
 	report(t, fmt.Sprintf("%d new intents on node 1 (%.2f stored messages per intent), and %s after them", n, float64(stored)/float64(n), chargeSettle), busy, float64(n), "/intent")
 	requests := total(busy, "") - total(busy, "ADVISORY.")
 	if created := total(busy, "CONSUMER.CREATE"); created != 0 {
@@ -180,8 +186,8 @@ func TestClusterJetStreamCost(t *testing.T) {
 const chargeSettle = 40 * time.Second
 
 // storedMessages is the number of messages every stream of the account has stored so far (the
-// sum of their last sequences).
-func storedMessages(t *testing.T, url string) uint64 {
+// sum of their last sequences), and each stream's.
+func storedMessages(t *testing.T, url string) (uint64, map[string]uint64) {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.Name("jscost-streams"))
 	if err != nil {
@@ -195,14 +201,16 @@ func storedMessages(t *testing.T, url string) uint64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var sum uint64
+	each := map[string]uint64{}
 	streams := js.ListStreams(ctx)
 	for info := range streams.Info() {
 		sum += info.State.LastSeq
+		each[info.Config.Name] = info.State.LastSeq
 	}
 	if err := streams.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return sum
+	return sum, each
 }
 
 // idleBudget is the most JetStream API requests per second per node an idle cluster may ask.

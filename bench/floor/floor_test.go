@@ -93,7 +93,7 @@ func BenchmarkClusterIntent(b *testing.B) {
 		name string
 		sync testkit.ClusterOption
 	}{{"sync_1s", testkit.SyncInterval(time.Second)}, {"synced", testkit.SyncAlways()}} {
-		for _, c := range []int{64, 1} {
+		for _, c := range []int{64, 16, 4, 1} {
 			b.Run(mode.name+"/c"+strconv.Itoa(c), func(b *testing.B) { benchClusterIntent(b, mode.sync, c) })
 		}
 	}
