@@ -18,8 +18,8 @@
 # intents/s are the bench's. The table gives the cluster's CPU per intent (summed over its nodes)
 # over the one node's at the same C.
 #
-# Environment: SYNC (always | 1s: nats.sync of every node in both setups; default always, the
-# default configuration's), WARMUP (3s), ONCEGATE (a built binary; default: built here from this
+# Environment: SYNC (auto | always | 1s: nats.sync of every node in both setups; default auto, the
+# default configuration's: always on the one node, 1s on the cluster's), WARMUP (3s), ONCEGATE (a built binary; default: built here from this
 # checkout). The ONCEGATE_* and OPENAI_* variables are unset (they would override the default
 # configuration). Nothing is pinned: the load tool and the nodes share the machine, as the issue
 # measured. Run it on a quiet machine. Raw outputs, node logs and table.md go to OUT.
@@ -29,7 +29,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 CONCURRENCIES=${1:-1 4 16}
 DURATION=${2:-20s}
 OUT=${3:-$here/results/i44/cluster-cost-$(date -u +%Y%m%dT%H%M%SZ)}
-SYNC=${SYNC:-always}
+SYNC=${SYNC:-auto}
 WARMUP=${WARMUP:-3s}
 HZ=$(getconf CLK_TCK)
 
@@ -40,7 +40,7 @@ NATS_BASE=14221
 ROUTE_BASE=16221
 
 die() { echo "cluster-cost.sh: $*" >&2; exit 1; }
-case $SYNC in always | 1s) ;; *) die "SYNC must be always or 1s, got '$SYNC'" ;; esac
+case $SYNC in auto | always | 1s) ;; *) die "SYNC must be auto, always or 1s, got '$SYNC'" ;; esac
 command -v curl >/dev/null || die "curl not found"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)

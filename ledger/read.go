@@ -18,8 +18,12 @@ const scanBatch = 4096
 // scanHeartbeat is how often the server tells a scan's consumer that it is alive.
 const scanHeartbeat = 2 * time.Second
 
-// followMax is how many entries follow reads one by one before it switches to a scan.
-const followMax = 64
+// followMax is how many entries follow reads one by one before it switches to a scan. A scan
+// makes an ordered consumer, on a cluster a meta-group change that took seconds under load:
+// with 64, a chain three nodes append to fell that far behind at c=16, its scans held every
+// charge, and the unacked jobs filled the workers' consumer (stalls of 4-8 s; issue 44). A
+// message get is one leader round trip, under a millisecond.
+const followMax = 1024
 
 // entryAt reads the entry stored at seq, riding out an election (jsretry: a read is the same
 // read each time). Row 3a's long run saw 22 charges fail on one such read, the chain's
