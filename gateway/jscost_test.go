@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 )
 
@@ -127,7 +127,7 @@ func TestClusterJetStreamCost(t *testing.T) {
 	gws := embeddedCluster(t, 3, func(cfg *config.Config) { cfg.Ledger.ReconcileEvery = config.Duration(time.Hour) })
 	base := "http://" + gws[0].Addr()
 	for _, gw := range gws {
-		waitReady(t, "http://"+gw.Addr())
+		testkit.CheckFor(t, time.Minute, 50*time.Millisecond, func() error { return testkit.Ready(gatewaykit.Client(), "http://"+gw.Addr()) })
 	}
 	// What is made once per process is made before the count: the tail of each node's hub,
 	// and each ledger's first read of a tenant's chain (a scan through an ordered consumer, on
@@ -215,21 +215,3 @@ func storedMessages(t *testing.T, url string) (uint64, map[string]uint64) {
 
 // idleBudget is the most JetStream API requests per second per node an idle cluster may ask.
 const idleBudget = 1
-
-func waitReady(t *testing.T, base string) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := gatewaykit.Client().Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready after 60 s: %v", base, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}

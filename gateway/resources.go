@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/jobs"
@@ -86,24 +86,15 @@ var admitStreams = []struct{ name, probe string }{
 // direct get any replica answers) for the last message on probe: "no message" or a message
 // both say a leader serves the stream.
 func (r *resources) leaderAnswers(ctx context.Context, stream, probe string) error {
-	req, _ := json.Marshal(map[string]string{"last_by_subj": probe})
-	m, err := r.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return fmt.Errorf("stream %s: no leader answers: %w", stream, err)
+	_, err := jsleader.Get(ctx, r.js.Conn(), jetstream.DefaultAPIPrefix, stream, jsleader.Request{LastBySubject: probe})
+	var apiErr *jetstream.APIError
+	switch {
+	case err == nil, errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil
+	case errors.As(err, &apiErr):
+		return fmt.Errorf("stream %s: leader answers %q", stream, apiErr.Description)
 	}
-	var resp struct {
-		Error *struct {
-			ErrCode int    `json:"err_code"`
-			Desc    string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return fmt.Errorf("stream %s: leader's answer: %w", stream, err)
-	}
-	if resp.Error != nil && resp.Error.ErrCode != int(jetstream.JSErrCodeMessageNotFound) {
-		return fmt.Errorf("stream %s: leader answers %q", stream, resp.Error.Desc)
-	}
-	return nil
+	return fmt.Errorf("stream %s: no leader answers: %w", stream, err)
 }
 
 // Check is /readyz's question, asked by the API's readiness loop (never by a request): nil

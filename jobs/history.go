@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
@@ -110,46 +111,19 @@ func directBatch(ctx context.Context, nc *nats.Conn, subject string, from uint64
 	}
 }
 
-// leaderNext asks the stream's leader (a message get, which only the leader answers) for the
-// first chunk of subject at or after stream sequence from: the chunk and its sequence, or
-// jetstream.ErrMsgNotFound.
+// leaderNext asks the stream's leader (jsleader) for the first chunk of subject at or after
+// stream sequence from: the chunk and its sequence, or jetstream.ErrMsgNotFound.
 func leaderNext(ctx context.Context, nc *nats.Conn, subject string, from uint64) (Chunk, uint64, error) {
-	req, _ := json.Marshal(struct {
-		Seq     uint64 `json:"seq,omitempty"`
-		NextFor string `json:"next_by_subj"`
-	}{from, subject})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+ChunksStream, req)
+	m, err := jsleader.Get(ctx, nc, jetstream.DefaultAPIPrefix, ChunksStream, jsleader.Request{Seq: from, NextBySubject: subject})
 	if err != nil {
 		return Chunk{}, 0, err
 	}
-	var resp struct {
-		Error *struct {
-			ErrCode int    `json:"err_code"`
-			Desc    string `json:"description"`
-		} `json:"error"`
-		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return Chunk{}, 0, fmt.Errorf("jobs: leader's answer: %w", err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
-		return Chunk{}, 0, jetstream.ErrMsgNotFound
-	case resp.Error != nil:
-		return Chunk{}, 0, fmt.Errorf("jobs: leader's answer: %s (%d)", resp.Error.Desc, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return Chunk{}, 0, errors.New("jobs: leader's answer holds no message")
-	}
 	var h nats.Header
-	if len(resp.Message.Hdrs) > 0 {
-		if h, err = nats.DecodeHeadersMsg(resp.Message.Hdrs); err != nil {
+	if len(m.Headers) > 0 {
+		if h, err = nats.DecodeHeadersMsg(m.Headers); err != nil {
 			return Chunk{}, 0, fmt.Errorf("jobs: leader's answer: headers: %w", err)
 		}
 	}
-	c, err := decodeChunk(h, resp.Message.Data)
-	return c, resp.Message.Seq, err
+	c, err := decodeChunk(h, m.Data)
+	return c, m.Seq, err
 }

@@ -349,18 +349,17 @@ func (f *feed) catchUp(ctx context.Context) error {
 	pending := append(past, f.early...)
 	f.joining, f.early = false, nil
 	for _, c := range pending {
-		switch {
-		case c.Kind == KindStored:
+		switch place(&c, len(f.chunks)) {
+		case placeStored:
 			f.mu.Unlock()
 			f.finish(ErrStored)
 			return nil
-		case c.Idx == -1 && c.Terminal():
-			c.Idx = len(f.chunks)
-		case c.Idx < len(f.chunks):
+		case placeHave:
 			continue
-		case c.Idx > len(f.chunks):
+		case placeAhead:
+			missing := len(f.chunks)
 			f.mu.Unlock()
-			f.hub.log.Warn().Str("subject", f.subject).Int("want", len(f.chunks)).Int("got", c.Idx).Msg("chunk history lost")
+			f.hub.log.Warn().Str("subject", f.subject).Int("want", missing).Int("got", c.Idx).Msg("chunk history lost")
 			f.finish(ErrHistoryLost)
 			return nil
 		}
@@ -378,6 +377,32 @@ func (f *feed) catchUp(ctx context.Context) error {
 	return nil
 }
 
+// placement is what a feed that holds n chunks does with a chunk (place).
+type placement int
+
+const (
+	placeNext   placement = iota // the feed's next chunk
+	placeHave                    // held already (history overlapping live)
+	placeAhead                   // chunks before it are missing
+	placeStored                  // KindStored: the outcome is in the record, the chunks may not hold all of it
+)
+
+// place says where c goes in a feed holding n chunks; a terminal chunk with index -1, written
+// by a taker or a canceller and not the owner, becomes the next one (c.Idx is set).
+func place(c *Chunk, n int) placement {
+	switch {
+	case c.Kind == KindStored:
+		return placeStored
+	case c.Idx == -1 && c.Terminal():
+		c.Idx = n
+	case c.Idx < n:
+		return placeHave
+	case c.Idx > n:
+		return placeAhead
+	}
+	return placeNext
+}
+
 func (f *feed) deliver(h nats.Header, data []byte) {
 	c, err := decodeChunk(h, data)
 	if err != nil {
@@ -389,21 +414,20 @@ func (f *feed) deliver(h nats.Header, data []byte) {
 		f.mu.Unlock()
 		return
 	}
-	switch {
-	case c.Kind == KindStored: // the outcome is in the record; the chunks may not hold all of it
-		f.mu.Unlock()
-		f.finish(ErrStored)
-		return
-	case f.joining && (c.Idx > len(f.chunks) || c.Idx == -1):
+	if f.joining && c.Kind != KindStored && (c.Idx > len(f.chunks) || c.Idx == -1) {
 		f.early = append(f.early, c) // after the history (catchUp)
 		f.mu.Unlock()
 		return
-	case c.Idx == -1 && c.Terminal(): // written by a taker or a canceller, not the owner
-		c.Idx = len(f.chunks)
-	case c.Idx < len(f.chunks):
+	}
+	switch place(&c, len(f.chunks)) {
+	case placeStored:
 		f.mu.Unlock()
-		return // already have it (history overlapping live)
-	case c.Idx > len(f.chunks):
+		f.finish(ErrStored)
+		return
+	case placeHave:
+		f.mu.Unlock()
+		return
+	case placeAhead:
 		// A gap on a core subscription (a slow consumer); or on the tail, whose chunks come
 		// in stream order, chunks that came before the feed (it was opened after its job
 		// was published): read what is missing from the stream.

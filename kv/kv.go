@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/replicas"
@@ -512,44 +513,18 @@ func leaderLast(ctx context.Context, js jetstream.JetStream, stream, subject str
 	return m.Data, m.Seq, nil
 }
 
-// leaderMsg is a message as the stream API's get returns it.
-type leaderMsg struct {
-	Seq     uint64 `json:"seq"`
-	Headers []byte `json:"hdrs"` // as on the wire (nats.DecodeHeadersMsg reads them)
-	Data    []byte `json:"data"`
-}
-
 // leaderLastMsg is leaderLast with the message's headers.
-func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*leaderMsg, error) {
-	req, err := json.Marshal(struct {
-		LastBySubject string `json:"last_by_subj"`
-	}{subject})
-	if err != nil {
-		return nil, err
-	}
-	m, err := js.Conn().RequestWithContext(ctx, apiPrefix(js)+"STREAM.MSG.GET."+stream, req)
-	if err != nil {
-		return nil, err
-	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *leaderMsg          `json:"message"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, fmt.Errorf("kv: leader read of %s: %w", subject, err)
-	}
+func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jsleader.Msg, error) {
+	m, err := jsleader.Get(ctx, js.Conn(), apiPrefix(js), stream, jsleader.Request{LastBySubject: subject})
 	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, errGone
-	case resp.Error != nil:
-		return nil, resp.Error
-	case resp.Message == nil:
-		return nil, fmt.Errorf("kv: leader read of %s: no message in the answer", subject)
-	case bytes.Contains(resp.Message.Headers, []byte("KV-Operation")) || bytes.Contains(resp.Message.Headers, []byte("Nats-Marker-Reason")):
-		// a delete or purge, or the marker of an expiry
-		return nil, errGone
+	case err != nil:
+		return nil, fmt.Errorf("kv: leader read of %s: %w", subject, err)
+	case bytes.Contains(m.Headers, []byte("KV-Operation")) || bytes.Contains(m.Headers, []byte("Nats-Marker-Reason")):
+		return nil, errGone // a delete or purge, or the marker of an expiry
 	}
-	return resp.Message, nil
+	return m, nil
 }
 
 var errWrongLast = errors.New("wrong last sequence")
