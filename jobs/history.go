@@ -2,14 +2,13 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jsdirect"
 	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/jsretry"
 )
@@ -61,54 +60,24 @@ func history(ctx context.Context, nc *nats.Conn, subject string, fromLeader bool
 	return out, nil
 }
 
-// directBatch is one batched direct get of up to historyBatch chunks of subject from stream
-// sequence from on: the chunks, the sequence of the last one (0: none), and whether the batch
-// was full (more may follow).
+// directBatch is one batched direct get (jsdirect) of up to historyBatch chunks of subject
+// from stream sequence from on: the chunks, the sequence of the last one (0: none), and
+// whether the batch was full (more may follow).
 func directBatch(ctx context.Context, nc *nats.Conn, subject string, from uint64) ([]Chunk, uint64, bool, error) {
-	inbox := nc.NewRespInbox()
-	sub, err := nc.SubscribeSync(inbox)
+	msgs, full, err := jsdirect.Batch(ctx, nc, jetstream.DefaultAPIPrefix, ChunksStream, subject, from, historyBatch)
 	if err != nil {
-		return nil, 0, false, err
+		return nil, 0, false, err // a timeout is transient: the read is tried again
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	_ = sub.SetPendingLimits(-1, -1)
-	req, _ := json.Marshal(struct {
-		Seq     uint64 `json:"seq,omitempty"`
-		NextFor string `json:"next_by_subj"`
-		Batch   int    `json:"batch"`
-	}{from, subject, historyBatch})
-	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+ChunksStream, inbox, req); err != nil {
-		return nil, 0, false, err
-	}
-	var out []Chunk
+	out := make([]Chunk, 0, len(msgs))
 	var last uint64
-	for {
-		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return nil, 0, false, err // a timeout is transient: the read is tried again
-		}
-		if status := m.Header.Get("Status"); len(m.Data) == 0 && status != "" {
-			switch status {
-			case "503":
-				return nil, 0, false, nats.ErrNoResponders
-			case "404": // nothing (more) on the subject
-				return out, last, false, nil
-			case "204": // the end of the batch
-				return out, last, len(out) == historyBatch, nil
-			default:
-				return nil, 0, false, fmt.Errorf("jobs: direct get: %s %s", status, m.Header.Get("Description"))
-			}
-		}
+	for _, m := range msgs {
 		c, err := decodeChunk(m.Header, m.Data)
 		if err != nil {
 			return nil, 0, false, err
 		}
-		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
-		if err != nil {
-			return nil, 0, false, fmt.Errorf("jobs: direct get: sequence %q: %w", m.Header.Get(jetstream.SequenceHeader), err)
-		}
-		out, last = append(out, c), seq
+		out, last = append(out, c), m.Seq
 	}
+	return out, last, full, nil
 }
 
 // leaderNext asks the stream's leader (jsleader) for the first chunk of subject at or after

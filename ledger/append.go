@@ -171,7 +171,7 @@ func (l *Ledger) commit(ctx context.Context, c *chain, group []*pending) {
 		}
 	}
 	if !c.loaded {
-		if err := c.sync(ctx, l); err != nil {
+		if err := c.sync(ctx, l, 0); err != nil {
 			failAll(group, err)
 			return
 		}
@@ -212,7 +212,7 @@ func (l *Ledger) commit(ctx context.Context, c *chain, group []*pending) {
 			failAll(todo, err)
 			return
 		case wrongLast(err):
-			if serr := c.sync(ctx, l); serr != nil {
+			if serr := c.sync(ctx, l, headIn(err)); serr != nil {
 				failAll(todo, serr)
 				return
 			}

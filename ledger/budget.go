@@ -253,7 +253,7 @@ func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, 
 	}()
 	subject := Subject(tenant)
 	if tb.loaded {
-		return b.l.follow(ctx, subject, tb.lastSeq+1, count)
+		return b.l.follow(ctx, subject, tb.lastSeq+1, 0, count)
 	}
 	st, err := b.l.stream(ctx)
 	if err != nil {
@@ -261,7 +261,7 @@ func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, 
 	}
 	var head uint64
 	if st != nil {
-		if head, _, err = last(ctx, st, subject); err != nil {
+		if head, _, err = b.l.last(ctx, st, subject); err != nil {
 			return err
 		}
 	}

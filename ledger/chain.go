@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -262,10 +263,12 @@ func (c *chain) add(e *Entry) error {
 }
 
 // sync brings the chain state up to the stream: on first use the head and the ids (all of
-// them, or those within the dedup horizon), the new entries after. The caller holds c.mu.
-func (c *chain) sync(ctx context.Context, l *Ledger) error {
+// them, or those within the dedup horizon), the new entries after, up to the leader's head,
+// or at least to upTo when it is not zero (a head a refused publish named). The caller holds
+// c.mu.
+func (c *chain) sync(ctx context.Context, l *Ledger, upTo uint64) error {
 	if c.loaded {
-		return l.follow(ctx, c.subject, c.lastSeq+1, c.add)
+		return l.follow(ctx, c.subject, c.lastSeq+1, upTo, c.add)
 	}
 	c.ids, c.byTime = map[idDigest]uint64{}, nil
 	c.lastSeq, c.lastHash = 0, ""
@@ -283,7 +286,7 @@ func (c *chain) sync(ctx context.Context, l *Ledger) error {
 		}
 		return err
 	}
-	head, headTime, err := last(ctx, st, c.subject)
+	head, headTime, err := l.last(ctx, st, c.subject)
 	if err != nil {
 		return err
 	}
@@ -323,7 +326,7 @@ func (c *chain) lookup(ctx context.Context, l *Ledger, id string, after time.Tim
 	seq, ok := c.ids[d]
 	var err error
 	if !ok || !c.loaded {
-		if err = c.sync(ctx, l); err == nil {
+		if err = c.sync(ctx, l, 0); err == nil {
 			seq, ok = c.ids[d]
 		}
 	}
@@ -358,6 +361,21 @@ func wrongLast(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// headIn is the subject's last sequence that a refusal for a stale head names (nats-server
+// says "wrong last sequence: N"); 0 when it names none.
+func headIn(err error) uint64 {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+		return 0
+	}
+	_, n, _ := strings.Cut(apiErr.Description, ":")
+	seq, perr := strconv.ParseUint(strings.TrimSpace(n), 10, 64)
+	if perr != nil {
+		return 0
+	}
+	return seq
 }
 
 // ChainError says where and why Check found the chain broken. It matches ErrChainBroken.

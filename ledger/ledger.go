@@ -35,7 +35,8 @@
 // canonical bytes saying "v" 2; unkeyed entries written before still verify (see Check, and
 // Heads for anchoring each tenant's head outside the ledger). An append publishes with
 // Nats-Msg-Id = the entry id and WithExpectLastSequencePerSubject(the tenant's last sequence);
-// on a conflict it re-reads the tenant's new entries, recomputes PrevHash and tries again, so
+// on a conflict it re-reads the tenant's new entries (one batched direct get from the local
+// replica, then the leader for what that replica lacks), recomputes PrevHash and tries again, so
 // a tenant's chain never forks, across goroutines, connections and processes. Before each
 // publish it looks the id up in the tenant's entries (an index of ids it keeps in memory,
 // loaded from the stream on first use: the whole history, or the entries stored within

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jsdirect"
+	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/jsretry"
 )
 
@@ -18,16 +20,20 @@ const scanBatch = 4096
 // scanHeartbeat is how often the server tells a scan's consumer that it is alive.
 const scanHeartbeat = 2 * time.Second
 
-// followMax is how many entries follow reads one by one before it switches to a scan. A scan
+// followBatch is how many entries one of follow's direct gets returns.
+const followBatch = 256
+
+// followMax is how many entries follow reads by message gets before it switches to a scan. A scan
 // makes an ordered consumer, on a cluster a meta-group change that took seconds under load:
 // with 64, a chain three nodes append to fell that far behind at c=16, its scans held every
 // charge, and the unacked jobs filled the workers' consumer (stalls of 4-8 s; issue 44). A
 // message get is one leader round trip, under a millisecond.
 const followMax = 1024
 
-// entryAt reads the entry stored at seq, riding out an election (jsretry: a read is the same
-// read each time). Row 3a's long run saw 22 charges fail on one such read, the chain's
-// re-read after a stale head, while LEDGER had no leader.
+// entryAt reads the entry stored at seq from LEDGER's leader, riding out an election
+// (jsretry: a read is the same read each time). Row 3a's long run saw 22 charges fail on one
+// such read, the chain's re-read after a stale head, while LEDGER had no leader. The leader,
+// not any replica: the sequence may be one the stream acknowledged a moment ago.
 func (l *Ledger) entryAt(ctx context.Context, seq uint64) (Entry, error) {
 	st, err := l.stream(ctx)
 	if err != nil {
@@ -36,23 +42,31 @@ func (l *Ledger) entryAt(ctx context.Context, seq uint64) (Entry, error) {
 	if st == nil {
 		return Entry{}, fmt.Errorf("ledger: read seq %d: %w", seq, ErrNotFound)
 	}
-	var m *jetstream.RawStreamMsg
-	err = jsretry.Within(ctx, func(ctx context.Context) (err error) {
-		m, err = st.GetMsg(ctx, seq)
-		return err
-	})
+	m, err := l.leaderGet(ctx, st, jsleader.Request{Seq: seq})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return Entry{}, fmt.Errorf("ledger: read seq %d: %w", seq, ErrNotFound)
 		}
 		return Entry{}, fmt.Errorf("ledger: read seq %d: %w", seq, err)
 	}
-	return decodeStored(m.Data, m.Sequence)
+	return decodeStored(m.Data, m.Seq)
+}
+
+// leaderGet reads req from st's leader (jsleader), riding out an election. LEDGER allows
+// direct gets (follow's batches), which nats.go's Stream.GetMsg would send to any replica;
+// the reads that must see every acknowledged write ask the leader here.
+func (l *Ledger) leaderGet(ctx context.Context, st jetstream.Stream, req jsleader.Request) (*jsleader.Msg, error) {
+	var m *jsleader.Msg
+	err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
+		m, err = jsleader.Get(ctx, l.js.Conn(), jsleader.Prefix(l.js), st.CachedInfo().Config.Name, req)
+		return err
+	})
+	return m, err
 }
 
 // last is the sequence and store time of the last message on subject (allSubjects, or
 // allTallySubjects: of the stream); seq 0 if there is none.
-func last(ctx context.Context, st jetstream.Stream, subject string) (uint64, time.Time, error) {
+func (l *Ledger) last(ctx context.Context, st jetstream.Stream, subject string) (uint64, time.Time, error) {
 	if subject == allSubjects || subject == allTallySubjects {
 		var info *jetstream.StreamInfo
 		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
@@ -67,18 +81,14 @@ func last(ctx context.Context, st jetstream.Stream, subject string) (uint64, tim
 		}
 		return info.State.LastSeq, info.State.LastTime, nil
 	}
-	var m *jetstream.RawStreamMsg
-	err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
-		m, err = st.GetLastMsgForSubject(ctx, subject)
-		return err
-	})
+	m, err := l.leaderGet(ctx, st, jsleader.Request{LastBySubject: subject})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, time.Time{}, nil
 	}
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("ledger: last entry of %s: %w", subject, err)
 	}
-	return m.Sequence, m.Time, nil
+	return m.Seq, m.Time, nil
 }
 
 // span bounds a scan: from sequence start, or from the first message the stream stored at or
@@ -100,7 +110,7 @@ func (l *Ledger) scan(ctx context.Context, subject string, sp span, fn func(*Ent
 	if err != nil || st == nil {
 		return err
 	}
-	return scanStream(ctx, st, subject, sp, func(data []byte, seq uint64) error {
+	return l.scanStream(ctx, st, subject, sp, func(data []byte, seq uint64) error {
 		e, err := decodeStored(data, seq)
 		if err != nil {
 			return err
@@ -112,8 +122,8 @@ func (l *Ledger) scan(ctx context.Context, subject string, sp span, fn func(*Ent
 // scanStream calls fn with the data and sequence of every message on subject of st in sp, in
 // order (scan's reader, for any stream whose subjects end in ".>" like LEDGER's and
 // OG_TALLY's: the whole stream is read through its Info).
-func scanStream(ctx context.Context, st jetstream.Stream, subject string, sp span, fn func(data []byte, seq uint64) error) error {
-	target, lastTime, err := last(ctx, st, subject)
+func (l *Ledger) scanStream(ctx context.Context, st jetstream.Stream, subject string, sp span, fn func(data []byte, seq uint64) error) error {
+	target, lastTime, err := l.last(ctx, st, subject)
 	if err != nil {
 		return err
 	}
@@ -125,7 +135,7 @@ func scanStream(ctx context.Context, st jetstream.Stream, subject string, sp spa
 		return nil
 	}
 	if sp.since.IsZero() && target-start < smallScan {
-		return scanByGet(ctx, st, subject, start, target, fn)
+		return l.scanByGet(ctx, st, subject, start, target, fn)
 	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}, InactiveThreshold: 30 * time.Second}
 	switch {
@@ -187,10 +197,10 @@ const smallScan = 32
 
 // scanByGet is scanStream's read of sequences start to target one message get each, keeping
 // those on subject (a literal subject, or a prefix ending in ".>").
-func scanByGet(ctx context.Context, st jetstream.Stream, subject string, start, target uint64, fn func(data []byte, seq uint64) error) error {
+func (l *Ledger) scanByGet(ctx context.Context, st jetstream.Stream, subject string, start, target uint64, fn func(data []byte, seq uint64) error) error {
 	prefix, wild := strings.CutSuffix(subject, ">")
 	for seq := start; seq <= target; seq++ {
-		m, err := st.GetMsg(ctx, seq)
+		m, err := l.leaderGet(ctx, st, jsleader.Request{Seq: seq})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue // deleted, or a gap
 		}
@@ -200,40 +210,66 @@ func scanByGet(ctx context.Context, st jetstream.Stream, subject string, start, 
 		if m.Subject != subject && (!wild || !strings.HasPrefix(m.Subject, prefix)) {
 			continue
 		}
-		if err := fn(m.Data, m.Sequence); err != nil {
+		if err := fn(m.Data, m.Seq); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// follow calls fn for the entries on subject from sequence start: one direct read per entry
-// for the first few, a scan for the rest. For catching up with a few new entries.
-func (l *Ledger) follow(ctx context.Context, subject string, start uint64, fn func(*Entry) error) error {
+// follow calls fn for the entries on subject from sequence start on, up to the last the
+// leader holds, or, when upTo is non-zero, up to upTo at least (a head the caller knows exists):
+// batched direct gets first, answered by this server's replica without Raft or a route hop
+// (on a cluster, the leader message gets one per entry that follow made before were most of the
+// JetStream requests of an intent: issue 44), then message gets from the leader past what the
+// replica held, which may be behind by the last few writes. Past followMax entries it scans.
+// For catching up with a few new entries.
+func (l *Ledger) follow(ctx context.Context, subject string, start, upTo uint64, fn func(*Entry) error) error {
 	st, err := l.stream(ctx)
 	if err != nil || st == nil {
 		return err
 	}
-	for i := 0; i < followMax; i++ {
-		var m *jetstream.RawStreamMsg
+	each := func(data []byte, seq uint64) error {
+		e, err := decodeStored(data, seq)
+		if err != nil {
+			return err
+		}
+		start = seq + 1
+		return fn(&e)
+	}
+	read := 0
+	for full := st.CachedInfo().Config.AllowDirect; full; {
+		var msgs []jsdirect.Msg
 		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
-			m, err = st.GetMsg(ctx, start, jetstream.WithGetMsgSubject(subject))
+			msgs, full, err = jsdirect.Batch(ctx, l.js.Conn(), jsleader.Prefix(l.js), StreamName, subject, start, followBatch)
 			return err
 		})
+		if err != nil {
+			return fmt.Errorf("ledger: read %s from %d: %w", subject, start, err)
+		}
+		for _, m := range msgs {
+			if err := each(m.Data, m.Seq); err != nil {
+				return err
+			}
+		}
+		if read += len(msgs); read >= followMax {
+			return l.scan(ctx, subject, span{start: start}, fn)
+		}
+	}
+	for ; read < followMax; read++ {
+		if upTo != 0 && start > upTo {
+			return nil
+		}
+		m, err := l.leaderGet(ctx, st, jsleader.Request{Seq: start, NextBySubject: subject})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("ledger: read %s from %d: %w", subject, start, err)
 		}
-		e, err := decodeStored(m.Data, m.Sequence)
-		if err != nil {
+		if err := each(m.Data, m.Seq); err != nil {
 			return err
 		}
-		if err := fn(&e); err != nil {
-			return err
-		}
-		start = m.Sequence + 1
 	}
 	return l.scan(ctx, subject, span{start: start}, fn)
 }

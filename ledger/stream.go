@@ -33,7 +33,10 @@ func StreamConfig() jetstream.StreamConfig {
 		// Appends are committed in atomic batches (append.go); a server before 2.12
 		// ignores the setting and gets them one by one.
 		AllowAtomicPublish: true,
-		Replicas:           1,
+		// A chain's catch-up reads the entries other nodes appended in one batched direct
+		// get from the local replica (read.go's follow).
+		AllowDirect: true,
+		Replicas:    1,
 	}
 }
 
@@ -119,6 +122,7 @@ func tighten(cur jetstream.StreamConfig) (jetstream.StreamConfig, error) {
 	next.AllowMsgTTL, next.SubjectDeleteMarkerTTL = false, 0
 	next.PersistMode = jetstream.DefaultPersistMode
 	next.AllowAtomicPublish = true
+	next.AllowDirect = true
 	next.Duplicates = max(cur.Duplicates, DuplicateWindow)
 	if next.MaxMsgs == 0 {
 		next.MaxMsgs = -1

@@ -352,7 +352,7 @@ func (l *Ledger) Tallies(ctx context.Context, tenant string, from, to time.Time)
 	}
 	seen := map[string]bool{}
 	var out []TallyReport
-	err = scanStream(ctx, st, subject, sp, func(data []byte, seq uint64) error {
+	err = l.scanStream(ctx, st, subject, sp, func(data []byte, seq uint64) error {
 		var r TallyReport
 		if err := json.Unmarshal(data, &r); err != nil || r.ID == "" {
 			return fmt.Errorf("%w: %s seq %d is not a tally report", ErrCorrupt, TallyStreamName, seq)

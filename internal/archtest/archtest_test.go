@@ -26,6 +26,7 @@ var floors = map[string]int{
 	"internal/docgen":           0,
 	"internal/jsonscan":         0,
 	"internal/jsonscan/jsonref": 0,
+	"internal/jsdirect":         0,
 	"internal/jsleader":         0,
 	"internal/jspub":            0,
 	"internal/jsretry":          0,

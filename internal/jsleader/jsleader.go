@@ -9,6 +9,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,9 +26,11 @@ type Request struct {
 
 // Msg is a message as the stream API's get returns it.
 type Msg struct {
-	Seq     uint64 `json:"seq"`
-	Headers []byte `json:"hdrs"` // as on the wire (nats.DecodeHeadersMsg reads them)
-	Data    []byte `json:"data"`
+	Subject string    `json:"subject"`
+	Seq     uint64    `json:"seq"`
+	Time    time.Time `json:"time"` // when the stream stored it (the server's clock)
+	Headers []byte    `json:"hdrs"` // as on the wire (nats.DecodeHeadersMsg reads them)
+	Data    []byte    `json:"data"`
 }
 
 // Get asks stream's leader for req under the JetStream API prefix apiPrefix ("$JS.API."
@@ -58,4 +62,16 @@ func Get(ctx context.Context, nc *nats.Conn, apiPrefix, stream string, req Reque
 		return nil, fmt.Errorf("jsleader: %s's answer holds no message", stream)
 	}
 	return resp.Message, nil
+}
+
+// Prefix is the subject prefix of js's JetStream API requests, as nats.go makes it (a
+// jetstream.NewWithAPIPrefix prefix, a domain's, or $JS.API.), for a request sent by hand.
+func Prefix(js jetstream.JetStream) string {
+	switch o := js.Options(); {
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	}
+	return jetstream.DefaultAPIPrefix
 }

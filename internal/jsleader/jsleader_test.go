@@ -69,6 +69,9 @@ func TestGet(t *testing.T) {
 				if string(m.Data) != tc.data || m.Seq != tc.seq || herr != nil || h.Get("X-Body") != tc.data {
 					t.Fatalf("got seq %d %q headers %v (%v); want seq %d %q", m.Seq, m.Data, h, herr, tc.seq, tc.data)
 				}
+				if m.Subject != "s."+tc.data[:1] || m.Time.IsZero() {
+					t.Fatalf("got subject %q, stored at %v; want s.%s and its store time", m.Subject, m.Time, tc.data[:1])
+				}
 			}
 		})
 	}

@@ -1,16 +1,17 @@
-package kv
+package jsleader_test
 
 import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
-// TestAPIPrefix: the leader read goes to the API prefix the JetStream handle uses: the default,
+// TestPrefix: a request sent by hand goes to the API prefix the JetStream handle uses: the default,
 // an explicit prefix (with or without its dot), or a domain's.
-func TestAPIPrefix(t *testing.T) {
+func TestPrefix(t *testing.T) {
 	srv := testkit.RunJetStream(t, 0)
 	for _, tc := range []struct {
 		name string
@@ -27,8 +28,8 @@ func TestAPIPrefix(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := apiPrefix(js); got != tc.want {
-				t.Fatalf("apiPrefix = %q, want %q", got, tc.want)
+			if got := jsleader.Prefix(js); got != tc.want {
+				t.Fatalf("Prefix = %q, want %q", got, tc.want)
 			}
 		})
 	}
