@@ -27,7 +27,7 @@ func (g *Gateway) newDashboard(ctx context.Context, js jetstream.JetStream) http
 // the copies following executions on its API, its counters) every dashboard.PostEvery, for
 // every node's dashboard, until Stop.
 func (g *Gateway) startDashboardPublisher(ctx context.Context, js jetstream.JetStream) {
-	src := dashboard.Sources{Node: processID(), Roles: g.cfg.Role, Tally: g.dashTally, Metrics: g.metrics}
+	src := dashboard.Sources{Node: g.id, Roles: g.cfg.Role, Tally: g.dashTally, Metrics: g.metrics}
 	if g.ns != nil {
 		src.Server = g.ns.Name()
 	}

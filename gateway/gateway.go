@@ -7,7 +7,9 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -46,6 +48,8 @@ import (
 
 // Gateway is one running oncegate process: NATS (embedded or not), the API, the workers.
 type Gateway struct {
+	// id is gatewayID's, made once.
+	id    string
 	cfg   *config.Config
 	log   zerolog.Logger
 	ns    *natsrv.Server
@@ -149,7 +153,7 @@ func (e *StartError) Unwrap() error { return e.Err }
 // embedded server takes the data directory's lock (natsrv.LockFile) before it reads the store.
 func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1), metrics: newMetrics(cfg),
-		dialects: dialects.Registry()}
+		dialects: dialects.Registry(), id: gatewayID()}
 	if err := g.start(ctx, getenv); err != nil {
 		if serr := g.Stop(context.Background()); serr != nil {
 			log.Warn().Err(serr).Msg("stopping after a failed start")
@@ -498,7 +502,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		g.backends[b.Name] = c
 		backends[b.Name] = c
 	}
-	id := processID()
+	id := g.id
 	// The pools that post to the board run: the charge sweep leaves their records to them.
 	posts, err := status.WatchPosts(side.nc, statusTTL)
 	if err != nil {
@@ -622,16 +626,22 @@ func (g *Gateway) listenAPI() error {
 	return nil
 }
 
-// processID names this process to the others: host-pid.
-func processID() string {
+// gatewayID names this gateway on the status board, in the tally and as its worker pool's id:
+// the host, the process and a random suffix. The suffix tells apart gateways that share a
+// process (the test kit's clusters): each pool's charge sweep leaves the records of pools that
+// still post to the board to them, and with one id for all, every sweep read every record the
+// others wrote (issue 44's count: two record reads per intent).
+func gatewayID() string {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("%s-%d", host, os.Getpid())
+	var r [3]byte
+	_, _ = rand.Read(r[:]) // never fails (crypto/rand)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(r[:]))
 }
 
 // startTally runs the API's tally of executions avoided (flushed to OG_TALLY every
 // ledger.tally_every) until Stop, which ends it after the last response and before NATS.
 func (g *Gateway) startTally(ctx context.Context, js jetstream.JetStream) *ledger.Tally {
-	tally := ledger.NewTally(js, ledger.TallyOptions{Node: processID(), Every: g.cfg.Ledger.TallyEvery.D(), Log: g.log})
+	tally := ledger.NewTally(js, ledger.TallyOptions{Node: g.id, Every: g.cfg.Ledger.TallyEvery.D(), Log: g.log})
 	g.tally = startLoop(ctx, func(ctx context.Context) {
 		_ = tally.Run(ctx) // it logs its own failures
 	})
