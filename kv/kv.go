@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -484,19 +483,6 @@ func (s *Store) landed(ctx context.Context, key string, data []byte, rev uint64)
 // errGone: the key has no record (never written, deleted, or expired).
 var errGone = errors.New("no record")
 
-// apiPrefix is the subject prefix of js's JetStream API requests, as nats.go makes it (a
-// jetstream.NewWithAPIPrefix prefix, a domain's, or $JS.API.), for the one request kv sends
-// itself.
-func apiPrefix(js jetstream.JetStream) string {
-	switch o := js.Options(); {
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "."
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	}
-	return jetstream.DefaultAPIPrefix
-}
-
 // leaderLast reads key's last message from the bucket stream's leader, which a message get
 // of the stream API (unlike a direct get, answered by any replica) always is.
 func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, error) {
@@ -515,7 +501,7 @@ func leaderLast(ctx context.Context, js jetstream.JetStream, stream, subject str
 
 // leaderLastMsg is leaderLast with the message's headers.
 func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jsleader.Msg, error) {
-	m, err := jsleader.Get(ctx, js.Conn(), apiPrefix(js), stream, jsleader.Request{LastBySubject: subject})
+	m, err := jsleader.Get(ctx, js.Conn(), jsleader.APIPrefix(js), stream, jsleader.Request{LastBySubject: subject})
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, errGone

@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -58,4 +59,16 @@ func Get(ctx context.Context, nc *nats.Conn, apiPrefix, stream string, req Reque
 		return nil, fmt.Errorf("jsleader: %s's answer holds no message", stream)
 	}
 	return resp.Message, nil
+}
+
+// APIPrefix is the subject prefix of js's JetStream API requests, as nats.go makes it (a
+// jetstream.NewWithAPIPrefix prefix, a domain's, or $JS.API.), for Get's requests.
+func APIPrefix(js jetstream.JetStream) string {
+	switch o := js.Options(); {
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	}
+	return jetstream.DefaultAPIPrefix
 }

@@ -1,10 +1,11 @@
-package kv
+package jsleader_test
 
 import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
@@ -27,8 +28,8 @@ func TestAPIPrefix(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := apiPrefix(js); got != tc.want {
-				t.Fatalf("apiPrefix = %q, want %q", got, tc.want)
+			if got := jsleader.APIPrefix(js); got != tc.want {
+				t.Fatalf("APIPrefix = %q, want %q", got, tc.want)
 			}
 		})
 	}
