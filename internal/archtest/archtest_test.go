@@ -52,9 +52,11 @@ var floors = map[string]int{
 	"dialect/gemini":    1,
 	"dialect/openai":    1,
 	"dialect/responses": 1,
-	// 2: the stores, and the dashboard's snapshots of every process (its bucket and their
-	// aggregation; intent, workers and httpapi feed it or read it).
+	// 2: the stores (the effects ledger among them: httpapi's effects API is its only user),
+	// and the dashboard's snapshots of every process (its bucket and their aggregation;
+	// intent, workers and httpapi feed it or read it).
 	"kv":        2,
+	"effects":   2,
 	"jobs":      2,
 	"ledger":    2,
 	"dashboard": 2,
@@ -93,6 +95,7 @@ var keepOut = map[string][]string{
 	"kv":        {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"jobs":      {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"ledger":    {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"effects":   {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"workers":   {"github.com/gofiber/fiber/v2"},
 	"dashboard": {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"httpapi":   {module + "/internal/backend"},
