@@ -84,7 +84,8 @@ type ClaimRequest struct {
 	// downstream system deduplicates by the effect key): an entry that needs reconciling, or
 	// whose claim lapsed, is claimed again and run.
 	Reconciled bool
-	// Nonce identifies this claim (Store.Claim sets it).
+	// Nonce identifies this claim, so the same claim sent again after a lost answer is
+	// recognised as its own (empty: Store.Claim draws one).
 	Nonce string
 }
 

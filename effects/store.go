@@ -119,10 +119,13 @@ func isHex(s string, n int) bool {
 // (State Claimed: run the effect, then Complete with its Fence) or when it completed before
 // (State Completed: Result is the recorded result); the entry and ErrInProgress while another
 // caller holds it, or ErrNeedsReconcile while its outcome is unknown; ErrFingerprint when it
-// was claimed with other arguments.
+// was claimed with other arguments. A claim sent again with the same req.Nonce (a client's
+// retry after a lost answer) is recognised as the same claim; without one, Claim draws one.
 func (s *Store) Claim(ctx context.Context, id ID, req ClaimRequest) (*Entry, error) {
 	req.Name = id.Name
-	req.Nonce = rand.Text()
+	if req.Nonce == "" {
+		req.Nonce = rand.Text()
+	}
 	return s.apply(ctx, id, func(cur *Entry, now time.Time) (*Entry, error) { return claim(cur, req, now) })
 }
 
