@@ -144,7 +144,7 @@ func decodeEffectBody(c *fiber.Ctx, v any) error {
 
 // claimEffect is POST /v1/idempotency/{key}/effects/{name} {"fingerprint", "lease_ms",
 // "reconciled", "claim_id"}: 201 claimed (run the effect), 200 completed (the recorded
-// result, byte for byte), 409 in_progress with Retry-After, 409 needs_reconcile (with the
+// result, byte for byte), 409 in_progress with Retry-After (1 s), 409 needs_reconcile (with the
 // fence a reconciler completes it with), 422 when the arguments differ.
 func (s *Server) claimEffect(c *fiber.Ctx) error {
 	var body struct {
@@ -178,8 +178,9 @@ func (s *Server) claimEffect(c *fiber.Ctx) error {
 	switch {
 	case errors.Is(err, effects.ErrInProgress):
 		s.metrics.Effect(telemetry.EffectInProgress)
-		secs := max(1, int((e.LeaseUntil.Sub(s.now())+time.Second-1)/time.Second))
-		setRetryHeaders(c, retryYes, secs)
+		// Come back in a second: an effect usually completes well before its lease ends (the
+		// body's lease_until says when the claim lapses at the latest).
+		setRetryHeaders(c, retryYes, 1)
 		return writeEffect(c, http.StatusConflict, id, e, "in_progress")
 	case errors.Is(err, effects.ErrNeedsReconcile):
 		s.metrics.Effect(telemetry.EffectNeedsReconcile)
