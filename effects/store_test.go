@@ -192,14 +192,37 @@ func TestRules(t *testing.T) {
 // TestClaimRace: many claims of one effect at once: exactly one holds it, the others are
 // told it is in progress.
 func TestClaimRace(t *testing.T) {
-	s := openStore(t, time.Hour, newClock())
+	claimRace(t, []*effects.Store{openStore(t, time.Hour, newClock())})
+}
+
+// TestClaimRaceR3: the same on a three-server cluster, the bucket on three replicas, each
+// claimant on a server of its own: a lost compare-and-set there is another error code (10164),
+// and a direct read may come from a replica behind its leader.
+func TestClaimRaceR3(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	var stores []*effects.Store
+	for i := range c.Size() {
+		_, js := c.ConnectTo(t, i)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		s, err := effects.Open(ctx, js, effects.Config{TTL: time.Hour, Replicas: 3})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores = append(stores, s)
+	}
+	claimRace(t, stores)
+}
+
+// claimRace claims one effect 16 times at once, through the stores in turn.
+func claimRace(t *testing.T, stores []*effects.Store) {
 	id := effects.ID{Tenant: "t1", Intent: intentA, Name: "call_race"}
 	const n = 16
 	var claimed, busy atomic.Int32
 	var wg sync.WaitGroup
-	for range n {
+	for i := range n {
 		wg.Go(func() {
-			_, err := s.Claim(context.Background(), id, effects.ClaimRequest{Fingerprint: "f", Lease: lease})
+			_, err := stores[i%len(stores)].Claim(context.Background(), id, effects.ClaimRequest{Fingerprint: "f", Lease: lease})
 			switch {
 			case err == nil:
 				claimed.Add(1)
