@@ -404,3 +404,39 @@ func TestEffectsAPIRefusals(t *testing.T) {
 		t.Fatalf("the list: %d %s, want call_1 claimed (its fence not shown)", list.Status, list.Body)
 	}
 }
+
+// TestEffectsLeaseRenewed: a tool that runs several of its claim's leases long keeps the
+// effect (Do renews the lease while it runs): another caller's claim meanwhile is told
+// in_progress, never needs_reconcile, and the tool's result is recorded with its fence.
+func TestEffectsLeaseRenewed(t *testing.T) {
+	t.Parallel()
+	up := toolUpstream(t)
+	gw := gatewaykit.StartGateway(t, toolGateway(t, up))
+	first := do(t, http.MethodPost, gw.URL+chatPath, askTool("slow report"), map[string]string{"Idempotency-Key": "slow-step1"})
+	call, err := toolCallOf(first.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 300 * time.Millisecond
+	c := &effects.Client{BaseURL: gw.URL, HTTP: httpClient, Lease: lease}
+	fp, err := effects.Fingerprint(json.RawMessage(call.Function.Arguments))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other result
+	out, err := c.Do(context.Background(), "slow-step1", call.ID, json.RawMessage(call.Function.Arguments), func(ctx context.Context, _ string) (any, error) {
+		select { // the scenario: a tool that outlasts four leases (not a synchronisation)
+		case <-time.After(4 * lease):
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		other = send(http.MethodPost, effectURL(gw.URL, "slow-step1", call.ID, ""), fmt.Sprintf(`{"fingerprint":%q}`, fp), nil)
+		return map[string]bool{"slow": true}, nil
+	})
+	if err != nil || string(out) != `{"slow":true}` {
+		t.Fatalf("Do: %s %v, want the slow tool's result", out, err)
+	}
+	if other.Status != http.StatusConflict || !strings.Contains(string(other.Body), `"state":"in_progress"`) {
+		t.Fatalf("a claim four leases into the run: %d %s, want 409 in_progress", other.Status, other.Body)
+	}
+}

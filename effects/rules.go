@@ -37,16 +37,17 @@ var (
 	// ErrNeedsReconcile is returned by Claim when the effect's outcome is unknown and the claim
 	// did not say it was reconciled; the entry returned with it has the current fence.
 	ErrNeedsReconcile = errors.New("effects: the effect's outcome is unknown; reconcile it")
-	// ErrStaleFence is returned by Complete, Unknown and Release when the fence given is not
+	// ErrStaleFence is returned by Complete, Renew, Unknown and Release when the fence given is not
 	// the entry's: another claim took the effect over since.
 	ErrStaleFence = errors.New("effects: stale fence")
 	// ErrCompleted is returned by Complete with a result other than the one recorded, and by
-	// Unknown and Release, once the effect is completed.
+	// Renew, Unknown and Release, once the effect is completed.
 	ErrCompleted = errors.New("effects: the effect is already completed")
 	// ErrNotFound is returned when the effect was never claimed (or its entry expired).
 	ErrNotFound = errors.New("effects: no such effect")
-	// ErrNotClaimed is returned by Complete on a released entry, and by Unknown and Release
-	// on an entry that is neither claimed nor already in the state they report.
+	// ErrNotClaimed is returned by Complete on a released entry, by Renew on an entry that is
+	// not claimed, and by Unknown and Release on one that is neither claimed nor already in
+	// the state they report.
 	ErrNotClaimed = errors.New("effects: the effect is not claimed")
 )
 
@@ -148,6 +149,23 @@ func complete(cur *Entry, fence uint64, result []byte, now time.Time) (*Entry, e
 	next := *cur
 	next.State, next.LeaseUntil, next.Result, next.Updated, next.CompletedAt = Completed, time.Time{}, result, now, now
 	return &next, nil
+}
+
+// renew decides the holder of fence's renewal of its claim's lease to now+lease. A lease that
+// has run out is renewed too while nobody has claimed since (the fence is still current).
+func renew(cur *Entry, fence uint64, lease time.Duration, now time.Time) (*Entry, error) {
+	if err := holds(cur, fence); err != nil {
+		return nil, err
+	}
+	switch cur.State {
+	case Completed:
+		return nil, ErrCompleted
+	case Claimed:
+		next := *cur
+		next.LeaseUntil, next.Updated = now.Add(lease), now
+		return &next, nil
+	}
+	return nil, ErrNotClaimed
 }
 
 // unknown decides the holder of fence's report that it cannot tell whether the effect ran.

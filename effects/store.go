@@ -138,6 +138,12 @@ func (s *Store) Complete(ctx context.Context, id ID, fence uint64, result []byte
 	return s.apply(ctx, id, func(cur *Entry, now time.Time) (*Entry, error) { return complete(cur, fence, result, now) })
 }
 
+// Renew extends the claim held by fence to lease from now, for an effect that runs longer
+// than its first lease.
+func (s *Store) Renew(ctx context.Context, id ID, fence uint64, lease time.Duration) (*Entry, error) {
+	return s.apply(ctx, id, func(cur *Entry, now time.Time) (*Entry, error) { return renew(cur, fence, lease, now) })
+}
+
 // Unknown records, for the holder of fence, that it cannot tell whether the effect ran: the
 // entry needs reconciling.
 func (s *Store) Unknown(ctx context.Context, id ID, fence uint64) (*Entry, error) {

@@ -48,7 +48,7 @@ const (
 
 // step is one call of a rules table: op on the effect named name of intentA (tenant "t1").
 type step struct {
-	op      string // claim, reclaim (Reconciled), complete, unknown, release, advance
+	op      string // claim, reclaim (Reconciled), complete, unknown, release, renew, advance
 	fp      string
 	fence   uint64 // for complete/unknown/release: 0 means "the fence of the last claim"
 	result  string
@@ -119,6 +119,20 @@ func TestRules(t *testing.T) {
 			{op: "claim", fp: "f1", err: effects.ErrNeedsReconcile},
 			{op: "reclaim", fp: "f1", state: effects.Claimed, attempt: 2, wantFen: 2},
 		}},
+		{"renewed: the claim holds past its first lease; a lapsed one is renewed while nobody took it", []step{
+			{op: "claim", fp: "f1", state: effects.Claimed, wantFen: 1},
+			{op: "advance", advance: lease - time.Second},
+			{op: "renew", fence: 1, state: effects.Claimed, wantFen: 1},
+			{op: "advance", advance: lease - time.Second},
+			{op: "claim", fp: "f1", err: effects.ErrInProgress},
+			{op: "advance", advance: 2 * time.Second},
+			{op: "renew", fence: 1, state: effects.Claimed, wantFen: 1},
+			{op: "claim", fp: "f1", err: effects.ErrInProgress},
+			{op: "advance", advance: lease},
+			{op: "claim", fp: "f1", err: effects.ErrNeedsReconcile, wantFen: 2},
+			{op: "renew", fence: 1, err: effects.ErrStaleFence},
+			{op: "renew", fence: 2, err: effects.ErrNotClaimed},
+		}},
 		{"released: surely did not run, the next claim runs it", []step{
 			{op: "claim", fp: "f1", state: effects.Claimed, attempt: 1, wantFen: 1},
 			{op: "release", fence: 1, state: effects.Released},
@@ -167,6 +181,8 @@ func TestRules(t *testing.T) {
 					e, err = s.Unknown(ctx, id, f)
 				case "release":
 					e, err = s.Release(ctx, id, f)
+				case "renew":
+					e, err = s.Renew(ctx, id, f, lease)
 				}
 				where := fmt.Sprintf("step %d (%s)", i+1, st.op)
 				if !errors.Is(err, st.err) {

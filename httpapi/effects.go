@@ -28,6 +28,7 @@ type EffectLedger interface {
 	Complete(ctx context.Context, id effects.ID, fence uint64, result []byte) (*effects.Entry, error)
 	Unknown(ctx context.Context, id effects.ID, fence uint64) (*effects.Entry, error)
 	Release(ctx context.Context, id effects.ID, fence uint64) (*effects.Entry, error)
+	Renew(ctx context.Context, id effects.ID, fence uint64, lease time.Duration) (*effects.Entry, error)
 	List(ctx context.Context, tenant, intentKey string) ([]*effects.Entry, error)
 	TTL() time.Duration
 }
@@ -66,6 +67,7 @@ func (s *Server) routesEffects(r fiber.Router) {
 	r.Put("/idempotency/:key/effects/:name", s.completeEffect)
 	r.Post("/idempotency/:key/effects/:name/unknown", s.unknownEffect)
 	r.Post("/idempotency/:key/effects/:name/release", s.releaseEffect)
+	r.Post("/idempotency/:key/effects/:name/renew", s.renewEffect)
 }
 
 // effectTarget is the caller's tenant and the record key of the intent a request names
@@ -142,6 +144,19 @@ func decodeEffectBody(c *fiber.Ctx, v any) error {
 	return nil
 }
 
+// effectLease is a body's lease_ms (nil: the default): 100 ms to an hour, and no longer than
+// the idempotency TTL (an entry must outlive its claim).
+func (s *Server) effectLease(ms *int64) (time.Duration, error) {
+	if ms == nil {
+		return defaultEffectLease, nil
+	}
+	lease := time.Duration(*ms) * time.Millisecond
+	if *ms < minEffectLease.Milliseconds() || *ms > maxEffectLease.Milliseconds() || lease > s.effects.TTL() {
+		return 0, errEffectLease
+	}
+	return lease, nil
+}
+
 // claimEffect is POST /v1/idempotency/{key}/effects/{name} {"fingerprint", "lease_ms",
 // "reconciled", "claim_id"}: 201 claimed (run the effect), 200 completed (the recorded
 // result, byte for byte), 409 in_progress with Retry-After (1 s), 409 needs_reconcile (with the
@@ -162,12 +177,9 @@ func (s *Server) claimEffect(c *fiber.Ctx) error {
 	if body.ClaimID != "" && !printable(body.ClaimID, maxClaimID) {
 		return errEffectClaimID
 	}
-	lease := defaultEffectLease
-	if body.LeaseMS != nil {
-		lease = time.Duration(*body.LeaseMS) * time.Millisecond
-		if *body.LeaseMS < minEffectLease.Milliseconds() || *body.LeaseMS > maxEffectLease.Milliseconds() || lease > s.effects.TTL() {
-			return errEffectLease
-		}
+	lease, err := s.effectLease(body.LeaseMS)
+	if err != nil {
+		return err
 	}
 	id, err := s.effectID(c)
 	if err != nil {
@@ -224,41 +236,68 @@ func (s *Server) completeEffect(c *fiber.Ctx) error {
 		return err
 	}
 	e, err := s.effects.Complete(c.UserContext(), id, body.Fence, body.Result) // Result is the decoder's copy
+	return s.answerHolder(c, id, e, err, telemetry.EffectCompleted)
+}
+
+// renewEffect is POST /v1/idempotency/{key}/effects/{name}/renew {"fence", "lease_ms"}: the
+// holder extends its claim's lease to lease_ms from now (default a minute): 200 claimed.
+func (s *Server) renewEffect(c *fiber.Ctx) error {
+	id, fence, lease, err := s.holderRequest(c, true)
 	if err != nil {
-		return s.countFenced(err)
+		return err
 	}
-	s.metrics.Effect(telemetry.EffectCompleted)
-	return writeEffect(c, http.StatusOK, id, e, "")
+	e, err := s.effects.Renew(c.UserContext(), id, fence, lease)
+	return s.answerHolder(c, id, e, err, telemetry.EffectRenewed)
 }
 
 // unknownEffect is POST /v1/idempotency/{key}/effects/{name}/unknown {"fence"}: the holder
 // cannot tell whether the effect ran; it needs reconciling before anyone runs it again.
 func (s *Server) unknownEffect(c *fiber.Ctx) error {
-	return s.settleEffect(c, EffectLedger.Unknown, telemetry.EffectUnknown)
+	id, fence, _, err := s.holderRequest(c, false)
+	if err != nil {
+		return err
+	}
+	e, err := s.effects.Unknown(c.UserContext(), id, fence)
+	return s.answerHolder(c, id, e, err, telemetry.EffectUnknown)
 }
 
 // releaseEffect is POST /v1/idempotency/{key}/effects/{name}/release {"fence"}: the holder
 // knows the effect did not run (it failed before reaching anything); the next claim runs it.
 func (s *Server) releaseEffect(c *fiber.Ctx) error {
-	return s.settleEffect(c, EffectLedger.Release, telemetry.EffectReleased)
-}
-
-// settleEffect is a holder's report on its claim ({"fence"}) by report.
-func (s *Server) settleEffect(c *fiber.Ctx, report func(EffectLedger, context.Context, effects.ID, uint64) (*effects.Entry, error), ev telemetry.EffectEvent) error {
-	var body struct {
-		Fence uint64 `json:"fence"`
-	}
-	if err := decodeEffectBody(c, &body); err != nil {
-		return err
-	}
-	if body.Fence == 0 {
-		return errEffectFence
-	}
-	id, err := s.effectID(c)
+	id, fence, _, err := s.holderRequest(c, false)
 	if err != nil {
 		return err
 	}
-	e, err := report(s.effects, c.UserContext(), id, body.Fence)
+	e, err := s.effects.Release(c.UserContext(), id, fence)
+	return s.answerHolder(c, id, e, err, telemetry.EffectReleased)
+}
+
+// holderRequest reads a holder's request on its claim: {"fence"}, and with withLease
+// {"fence", "lease_ms"}.
+func (s *Server) holderRequest(c *fiber.Ctx, withLease bool) (effects.ID, uint64, time.Duration, error) {
+	var body struct {
+		Fence   uint64 `json:"fence"`
+		LeaseMS *int64 `json:"lease_ms"`
+	}
+	if err := decodeEffectBody(c, &body); err != nil {
+		return effects.ID{}, 0, 0, err
+	}
+	if body.LeaseMS != nil && !withLease {
+		return effects.ID{}, 0, 0, errEffectBody
+	}
+	if body.Fence == 0 {
+		return effects.ID{}, 0, 0, errEffectFence
+	}
+	lease, err := s.effectLease(body.LeaseMS)
+	if err != nil {
+		return effects.ID{}, 0, 0, err
+	}
+	id, err := s.effectID(c)
+	return id, body.Fence, lease, err
+}
+
+// answerHolder answers a holder's request: the entry (200, counted as ev), or err.
+func (s *Server) answerHolder(c *fiber.Ctx, id effects.ID, e *effects.Entry, err error, ev telemetry.EffectEvent) error {
 	if err != nil {
 		return s.countFenced(err)
 	}

@@ -239,7 +239,7 @@ var errorTable = []struct {
 	{errBadPeriod, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")},
 	{errKeyNotPathText, badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")},
 	{errEffectBody, badRequest("invalid_request", "",
-		`the body must be one JSON object with this route's members only: {"fingerprint", "lease_ms", "reconciled", "claim_id"} to claim, {"fence", "result"} to complete, {"fence"} to report`)},
+		`the body must be one JSON object with this route's members only: {"fingerprint", "lease_ms", "reconciled", "claim_id"} to claim, {"fence", "result"} to complete, {"fence", "lease_ms"} to renew, {"fence"} to report`)},
 	{errEffectName, badRequest("invalid_effect_name", "", "an effect's name is 1 to 128 characters: letters, digits, _ - . :")},
 	{errEffectFingerprint, badRequest("missing_required_parameter", "fingerprint",
 		"fingerprint is required: 1 to 256 printable ASCII characters without spaces (a hash of the effect's canonical arguments)")},

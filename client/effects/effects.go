@@ -20,7 +20,10 @@
 // reports the outcome unknown (the effect then needs reconciling, and nobody runs it again
 // silently) and returns ErrOutcomeUnknown. An fn that knows it did nothing (it failed before
 // it reached the downstream system) returns NotRun(err): Do releases the claim, and the next
-// Do runs the effect. A panicking fn, or a caller that dies, leaves the claim to its lease:
+// Do runs the effect. While fn runs, Do renews the claim's lease; should the claim be lost
+// all the same (the gateway unreachable past the lease, and another caller found it lapsed),
+// fn's context is cancelled with ErrStaleFence. A panicking fn, or a caller that dies, leaves
+// the claim to its lease:
 // after it the effect needs reconciling too. An effect that needs reconciling is given to
 // Client.Reconcile when it is set (look downstream with the effect key: found, its result is
 // recorded; not found, the effect runs), else Do returns a *ReconcileError.
@@ -101,8 +104,9 @@ type Client struct {
 	APIKey string
 	// HTTP is the client used (nil: http.DefaultClient).
 	HTTP *http.Client
-	// Lease is how long a claim holds the effect without completing it (0: one minute); fn
-	// should finish within it, or another caller may find the claim lapsed.
+	// Lease is how long a claim holds the effect without a renewal (0: one minute, at least
+	// 100 ms): Do renews it every third of it while fn runs, so only a caller that stops
+	// (dies, hangs, loses the gateway) lets it lapse.
 	Lease time.Duration
 	// Reconcile, when set, is asked about an effect whose outcome is unknown: its result
 	// when the effect happened (found), or found false when it surely did not (Do then runs
@@ -191,14 +195,17 @@ func (c *Client) Do(ctx context.Context, intent, name string, args any, fn func(
 
 // run runs fn under the claim v and records what became of it.
 func (c *Client) run(ctx context.Context, intent, name string, v view, fn func(context.Context, string) (any, error)) (json.RawMessage, error) {
-	out, ferr := fn(ctx, v.EffectKey)
+	fctx, lost := context.WithCancelCause(ctx)
+	defer lost(nil)
+	stop := c.keepRenewing(fctx, lost, intent, name, v.Fence)
+	out, ferr := fn(fctx, v.EffectKey)
+	stop()
 	if ferr != nil {
 		report := "unknown"
 		if errors.Is(ferr, ErrNotRun) {
 			report = "release"
 		}
-		// Reported on a context of its own: fn may have failed because ctx ended.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		rctx, cancel := detached(ctx) // fn may have failed because ctx ended
 		defer cancel()
 		if _, _, _, err := c.call(rctx, http.MethodPost, intent, name, "/"+report, map[string]any{"fence": v.Fence}); err != nil {
 			return nil, fmt.Errorf("effects: %s: reporting %s: %w (fn: %w)", name, report, err, ferr)
@@ -219,11 +226,46 @@ func (c *Client) run(ctx context.Context, intent, name string, v view, fn func(c
 		}
 		res = b
 	}
-	// Recorded on a context of its own: the effect happened, its record must not be lost to
-	// a caller's deadline.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	rctx, cancel := detached(ctx) // the effect happened: its record must not be lost to ctx's end
 	defer cancel()
 	return c.complete(rctx, intent, name, v.Fence, res)
+}
+
+// detached is a context for what must be written after fn, whatever became of ctx: its values,
+// not its end, and at most 30 s.
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+}
+
+// keepRenewing renews the claim held by fence every third of the lease until stop is called;
+// when the claim is lost (another claim took it over after a lapse), it cancels fn's context
+// with ErrStaleFence.
+func (c *Client) keepRenewing(ctx context.Context, cancel context.CancelCauseFunc, intent, name string, fence uint64) (stop func()) {
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(c.lease() / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			_, _, _, err := c.call(ctx, http.MethodPost, intent, name, "/renew", map[string]any{"fence": fence, "lease_ms": c.lease().Milliseconds()})
+			var ae *APIError
+			if errors.Is(err, ErrStaleFence) || errors.As(err, &ae) && ae.Status == http.StatusConflict {
+				cancel(fmt.Errorf("%w: %w", ErrStaleFence, err))
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
 }
 
 // complete records res as the effect's result with fence.
@@ -254,7 +296,7 @@ func (c *Client) lease() time.Duration {
 // send again: a claim carries its claim_id, a completion or report its fence).
 const maxTries = 5
 
-// call sends one request of the API (suffix: "", "/unknown" or "/release"; body a value to
+// call sends one request of the API (suffix: "", "/unknown", "/release" or "/renew"; body a value to
 // encode, or a json.RawMessage sent as it is) and decodes its
 // answer: the effect's view for 2xx and the state answers (409 in_progress, needs_reconcile);
 // the sentinels for the errors Do knows; an *APIError for any other.

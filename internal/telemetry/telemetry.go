@@ -185,11 +185,12 @@ const (
 	EffectCompleted                         // a result recorded
 	EffectUnknown                           // a holder reported it cannot tell whether the effect ran
 	EffectReleased                          // a holder reported the effect surely did not run
+	EffectRenewed                           // a holder renewed its claim's lease
 	EffectStaleFence                        // a completion or report refused: another claim holds the effect
 	numEffectEvents
 )
 
-var effectEventNames = [numEffectEvents]string{"claimed", "replayed", "in_progress", "conflict", "needs_reconcile", "completed", "unknown", "released", "stale_fence"}
+var effectEventNames = [numEffectEvents]string{"claimed", "replayed", "in_progress", "conflict", "needs_reconcile", "completed", "unknown", "released", "renewed", "stale_fence"}
 
 // How an execution was avoided.
 const (
