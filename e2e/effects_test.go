@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -438,5 +439,44 @@ func TestEffectsLeaseRenewed(t *testing.T) {
 	}
 	if other.Status != http.StatusConflict || !strings.Contains(string(other.Body), `"state":"in_progress"`) {
 		t.Fatalf("a claim four leases into the run: %d %s, want 409 in_progress", other.Status, other.Body)
+	}
+}
+
+// TestNodeSDKEffects: the official OpenAI Node SDK (testdata/node/effects.mjs) in a
+// tool-calling loop run twice as a whole, its tool through the effects API by plain fetch: one
+// tool call id (through the auto key the answer echoes), one recorded result, and the tool's
+// side effect (a POST to a sink standing for the downstream system) happens once.
+func TestNodeSDKEffects(t *testing.T) {
+	node := requireNodeSDK(t)
+	t.Parallel()
+	up := toolUpstream(t)
+	gw := gatewaykit.StartGateway(t, toolGateway(t, up))
+	var mu sync.Mutex
+	var sunk []string // the Idempotency-Key (effect key) of each side effect the sink saw
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		sunk = append(sunk, r.Header.Get("Idempotency-Key"))
+		mu.Unlock()
+	}))
+	t.Cleanup(sink.Close)
+	type loop struct {
+		Key, CallID, Final string
+		Result             struct {
+			Sent bool
+			Run  int
+		}
+	}
+	var got struct{ First, Second loop }
+	runNodeScript(t, node, "effects.mjs", &got, "ONCEGATE_BASE="+gw.URL, "ONCEGATE_MODEL="+toolModel,
+		"ONCEGATE_TAG="+rand.Text(), "ONCEGATE_SINK="+sink.URL)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sunk) != 1 || len(sunk[0]) != 32 {
+		t.Fatalf("the sink saw %d side effects %q, want one with its effect key", len(sunk), sunk)
+	}
+	f, s := got.First, got.Second
+	if !strings.HasPrefix(f.Key, "auto-") || f.Key != s.Key || f.CallID != s.CallID || f.Final != s.Final ||
+		f.Result.Run != 1 || s.Result.Run != 1 || !f.Result.Sent {
+		t.Fatalf("the two runs: %+v and %+v; want one auto key, one tool call id, the first run's result and answer twice", f, s)
 	}
 }
