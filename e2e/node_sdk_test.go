@@ -37,6 +37,26 @@ func requireNodeSDK(t *testing.T) string {
 	return node
 }
 
+// runNodeScript runs script of testdata/node with env added (within 90 s) and decodes the
+// JSON it prints into out.
+func runNodeScript(t *testing.T, node, script string, out any, env ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Dir = nodeSDKDir
+	cmd.Env = append(os.Environ(), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node %s: %v\n%s", script, err, stderr.String())
+	}
+	if err := json.Unmarshal(stdout, out); err != nil {
+		t.Fatalf("node %s output %q: %v", script, stdout, err)
+	}
+}
+
 // nodeResults is what testdata/node/responses.mjs prints.
 type nodeResults struct {
 	Create struct{ ID, Status, Text string }
@@ -77,21 +97,8 @@ func TestNodeSDKResponses(t *testing.T) {
 	mock := gw.Mock(t, "mock")
 	tag := fmt.Sprint(time.Now().UnixNano())
 	before := mock.Stats().Requests
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "responses.mjs")
-	cmd.Dir = nodeSDKDir
-	cmd.Env = append(os.Environ(), "ONCEGATE_BASE="+gw.URL, "ONCEGATE_MODEL="+config.MockModel, "ONCEGATE_TAG="+tag)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node responses.mjs: %v\n%s", err, stderr.String())
-	}
 	var got nodeResults
-	if err := json.Unmarshal(stdout, &got); err != nil {
-		t.Fatalf("node output %q: %v", stdout, err)
-	}
+	runNodeScript(t, node, "responses.mjs", &got, "ONCEGATE_BASE="+gw.URL, "ONCEGATE_MODEL="+config.MockModel, "ONCEGATE_TAG="+tag)
 	want := func(input string) string { return mockContent(t, input+" "+tag) }
 
 	if got.Create.Status != "completed" || got.Create.Text != want("node create") || !strings.HasPrefix(got.Create.ID, "resp_") {

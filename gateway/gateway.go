@@ -30,6 +30,7 @@ import (
 	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/dialect/dialects"
+	"github.com/oncegate/oncegate/effects"
 	"github.com/oncegate/oncegate/httpapi"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
@@ -591,7 +592,11 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
-	g.api = httpapi.New(httpapi.Deps{Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board,
+	effectLedger, err := effects.Open(ctx, js, effects.Config{TTL: idem.TTL.D(), Replicas: g.res.replicas})
+	if err != nil {
+		return err
+	}
+	g.api = httpapi.New(httpapi.Deps{Effects: effectLedger, Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board,
 		Workers: posts, Tenants: g.cfg.Tenants,
 		Ledger: led, AdminKeysSHA256: g.cfg.Admin.APIKeysSHA256, Idem: idem, HTTP: g.cfg.HTTP, Log: apiLog, Resources: g.res,
 		Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/effects"
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/replicas"
@@ -25,7 +26,7 @@ import (
 
 // allStreams is every stream a gateway sets up (a bucket's stream is KV_<bucket>).
 var allStreams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.ProgressStream, kv.RequestsStream,
-	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream}
+	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream, effects.BucketStream}
 
 // clusterConfig is a gateway on the cluster c (external NATS) with nats.replicas n.
 func clusterConfig(t *testing.T, c *testkit.Cluster, n int) *config.Config {

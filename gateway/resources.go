@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/effects"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/replicas"
@@ -45,7 +46,7 @@ type resources struct {
 
 // streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
 var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.ProgressStream, kv.RequestsStream,
-	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream}
+	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream, effects.BucketStream}
 
 // ensure creates or updates every stream, bucket and the JOBS consumer; idempotent, and it
 // never lowers a replica count.
@@ -69,6 +70,9 @@ func (r *resources) ensure(ctx context.Context) error {
 		return err
 	}
 	if _, err := kv.OpenAPIKeys(ctx, r.js, r.replicas); err != nil {
+		return err
+	}
+	if _, err := effects.Open(ctx, r.js, effects.Config{TTL: r.ttl, Replicas: r.replicas}); err != nil {
 		return err
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/oncegate/oncegate/effects"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/anthropicwire"
 	"github.com/oncegate/oncegate/internal/jsretry"
@@ -176,6 +177,16 @@ var errorTable = []struct {
 	{errRecovering, apiError{Status: http.StatusServiceUnavailable, Type: typeServer, Code: "store_unavailable",
 		Message: "this node is restoring its message store after a restart; nothing of this request was stored or run: retry",
 		Retry:   retryYes, RetryAfter: recoveringRetryAfter}},
+	// The effects API (effects.go): a holder's write or a claim the ledger refused.
+	{effects.ErrFingerprint, apiError{Status: http.StatusUnprocessableEntity, Type: typeInvalid, Code: "effect_arguments_changed", Retry: retryNo,
+		Message: "this effect was claimed with other arguments (another fingerprint); an effect's name stands for one call with one set of arguments"}},
+	{effects.ErrStaleFence, apiError{Status: http.StatusConflict, Type: typeInvalid, Code: "effect_stale_fence", Retry: retryNo,
+		Message: "this fence no longer holds the effect: its lease ran out and another claim took it over; claim it again to see where it stands"}},
+	{effects.ErrCompleted, apiError{Status: http.StatusConflict, Type: typeInvalid, Code: "effect_completed", Retry: retryNo,
+		Message: "the effect is already completed (with another result, for a completion); claim it to read its result"}},
+	{effects.ErrNotClaimed, apiError{Status: http.StatusConflict, Type: typeInvalid, Code: "effect_not_claimed", Retry: retryNo,
+		Message: "the effect is not claimed by this fence's holder any more (released, or needing reconciliation); claim it to see where it stands"}},
+	{effects.ErrNotFound, invalid(http.StatusNotFound, "effect_not_found", "", "this effect was never claimed under this Idempotency-Key (or its record expired)")},
 	{intent.ErrNoJob, notFound("no such job")},
 	{intent.ErrNoRecord, notFound("no record for this Idempotency-Key")},
 
@@ -227,6 +238,16 @@ var errorTable = []struct {
 	{errToBeforeFrom, badRequest("invalid_value", "to", "to must be after from")},
 	{errBadPeriod, badRequest("invalid_value", "period", "period must be YYYY-MM or YYYY-MM-DD")},
 	{errKeyNotPathText, badRequest("invalid_idempotency_key", "", "the key is not valid URL path text")},
+	{errEffectBody, badRequest("invalid_request", "",
+		`the body must be one JSON object with this route's members only: {"fingerprint", "lease_ms", "reconciled", "claim_id"} to claim, {"fence", "result"} to complete, {"fence", "lease_ms"} to renew, {"fence"} to report`)},
+	{errEffectName, badRequest("invalid_effect_name", "", "an effect's name is 1 to 128 characters: letters, digits, _ - . :")},
+	{errEffectFingerprint, badRequest("missing_required_parameter", "fingerprint",
+		"fingerprint is required: 1 to 256 printable ASCII characters without spaces (a hash of the effect's canonical arguments)")},
+	{errEffectLease, badRequest("invalid_value", "lease_ms", "lease_ms must be an integer from 100 to 3600000, and no longer than the idempotency TTL")},
+	{errEffectClaimID, badRequest("invalid_value", "claim_id", "claim_id is 1 to 64 printable ASCII characters without spaces")},
+	{errEffectFence, badRequest("missing_required_parameter", "fence", "fence is required: the positive integer the claim answered")},
+	{errEffectResult, badRequest("missing_required_parameter", "result", "result is required: the effect's result, any JSON value")},
+	{errEffectResultSize, badRequest("invalid_value", "result", "result is larger than 512 KiB")},
 
 	{errNoInput, badRequest("missing_required_parameter", "input", "you must provide an input parameter")},
 	{errBadInput, badRequest("invalid_type", "input",

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -153,13 +154,9 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	raw, err := url.PathUnescape(c.Params("key"))
+	key, err := pathKey(c)
 	if err != nil {
-		return errKeyNotPathText
-	}
-	key, err := parseIdempotencyKey(raw)
-	if err != nil {
-		return keyPathInvalid(err)
+		return err
 	}
 	v, err := s.intents.KeyStatus(c.UserContext(), tenant, key)
 	if err != nil {
@@ -192,6 +189,20 @@ func (s *Server) getIdempotency(c *fiber.Ctx) error {
 	}
 	out["dedup"] = s.dedupOf(v)
 	return c.JSON(out)
+}
+
+// pathKey is the Idempotency-Key a status route names ({key}, URL-escaped), checked and
+// owned (not Fiber's memory).
+func pathKey(c *fiber.Ctx) (string, error) {
+	raw, err := url.PathUnescape(c.Params("key"))
+	if err != nil {
+		return "", errKeyNotPathText
+	}
+	key, err := parseIdempotencyKey(raw)
+	if err != nil {
+		return "", keyPathInvalid(err)
+	}
+	return strings.Clone(key), nil
 }
 
 // jobEvents is GET /v1/jobs/{id}/events: the job's output as SSE, replayed from the start then

@@ -72,6 +72,9 @@ type Deps struct {
 	// (WatchReadiness); optional.
 	Resources ResourceChecker
 	Tenants   []config.Tenant
+	// Effects is the effects ledger (the effects API, /v1/idempotency/{key}/effects); nil: no
+	// effects API.
+	Effects EffectLedger
 	// Ledger and AdminKeys enable the admin API (entries, bills); optional.
 	Ledger          LedgerReader
 	AdminKeysSHA256 []string
@@ -108,6 +111,7 @@ type Server struct {
 	resources ResourceChecker
 	tenants   []tenantKeys
 	ledger    LedgerReader
+	effects   EffectLedger // nil: no effects API
 	adminKeys [][]byte
 	keys      KeyStore     // nil: no run-time keys
 	catalog   ModelCatalog // nil: no catch-all backend's list
@@ -143,7 +147,7 @@ const anonymousTenant = "anonymous"
 func New(d Deps) *Server {
 	s := &Server{nc: d.NC, js: d.JS, intents: d.Intents, router: d.Router, status: d.Status, workers: d.Workers, resources: d.Resources, idem: d.Idem, log: d.Log,
 		now: d.Now, writeTimeout: d.HTTP.WriteTimeout.D(), ledger: d.Ledger, keys: d.Keys, catalog: d.Models, metrics: d.Metrics, tracer: d.Tracer,
-		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally, dialects: d.Dialects}
+		accessSample: d.HTTP.AccessLogSample, dash: d.Dashboard, dashTally: d.Dashboard.Tally, dialects: d.Dialects, effects: d.Effects}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -192,6 +196,7 @@ func New(d Deps) *Server {
 	s.routesPassthrough()
 	s.routesResponses(v1)
 	s.routesJobs(v1)
+	s.routesEffects(v1)
 	s.routesAdmin(v1)
 	s.routesDashboard()
 	return s

@@ -105,13 +105,7 @@ type Store struct {
 // index and the progress stream. It never lowers a replica count an operator raised, and it is
 // also how a gateway recreates the two memory streams after a NATS restart lost them.
 func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store, error) {
-	kvs, err := replicas.EnsureKV(ctx, js, jetstream.KeyValueConfig{
-		Bucket:   Bucket,
-		History:  1,
-		TTL:      cfg.TTL,
-		Storage:  jetstream.FileStorage,
-		Replicas: cfg.Replicas,
-	})
+	kvs, err := replicas.EnsureKV(ctx, js, replicas.RecordsKV(Bucket, cfg.TTL, cfg.Replicas))
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
@@ -501,7 +495,7 @@ func leaderLast(ctx context.Context, js jetstream.JetStream, stream, subject str
 
 // leaderLastMsg is leaderLast with the message's headers.
 func leaderLastMsg(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jsleader.Msg, error) {
-	m, err := jsleader.Get(ctx, js.Conn(), jsleader.Prefix(js), stream, jsleader.Request{LastBySubject: subject})
+	m, err := jsleader.Get(ctx, js.Conn(), jsleader.APIPrefix(js), stream, jsleader.Request{LastBySubject: subject})
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, errGone

@@ -58,7 +58,7 @@ func (l *Ledger) entryAt(ctx context.Context, seq uint64) (Entry, error) {
 func (l *Ledger) leaderGet(ctx context.Context, st jetstream.Stream, req jsleader.Request) (*jsleader.Msg, error) {
 	var m *jsleader.Msg
 	err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
-		m, err = jsleader.Get(ctx, l.js.Conn(), jsleader.Prefix(l.js), st.CachedInfo().Config.Name, req)
+		m, err = jsleader.Get(ctx, l.js.Conn(), jsleader.APIPrefix(l.js), st.CachedInfo().Config.Name, req)
 		return err
 	})
 	return m, err
@@ -241,7 +241,7 @@ func (l *Ledger) follow(ctx context.Context, subject string, start, upTo uint64,
 	for full := st.CachedInfo().Config.AllowDirect; full; {
 		var msgs []jsdirect.Msg
 		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
-			msgs, full, err = jsdirect.Batch(ctx, l.js.Conn(), jsleader.Prefix(l.js), StreamName, subject, start, followBatch)
+			msgs, full, err = jsdirect.Batch(ctx, l.js.Conn(), jsleader.APIPrefix(l.js), StreamName, subject, start, followBatch)
 			return err
 		})
 		if err != nil {

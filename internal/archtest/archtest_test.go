@@ -18,7 +18,10 @@ var floors = map[string]int{
 	// 0: leaves: provider adapters and wire formats, config, the embedded server, the JSON
 	// scanner, resilience, the mock backend, the bench tool, the status board, the metrics, the
 	// test kit, the configuration reference generator.
-	"internal/anthropicwire":    0,
+	"internal/anthropicwire": 0,
+	// The Go client of the effects API (client/effects): a leaf for callers, free of NATS
+	// and of the server (keepOut).
+	"client/effects":            0,
 	"internal/backend":          0,
 	"internal/bench":            0,
 	"internal/clock":            0,
@@ -53,9 +56,11 @@ var floors = map[string]int{
 	"dialect/gemini":    1,
 	"dialect/openai":    1,
 	"dialect/responses": 1,
-	// 2: the stores, and the dashboard's snapshots of every process (its bucket and their
-	// aggregation; intent, workers and httpapi feed it or read it).
+	// 2: the stores (the effects ledger among them: httpapi's effects API is its only user),
+	// and the dashboard's snapshots of every process (its bucket and their aggregation;
+	// intent, workers and httpapi feed it or read it).
 	"kv":        2,
+	"effects":   2,
 	"jobs":      2,
 	"ledger":    2,
 	"dashboard": 2,
@@ -94,9 +99,12 @@ var keepOut = map[string][]string{
 	"kv":        {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"jobs":      {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"ledger":    {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
+	"effects":   {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"workers":   {"github.com/gofiber/fiber/v2"},
 	"dashboard": {"github.com/gofiber/fiber/v2", module + "/internal/config", module + "/internal/backend"},
 	"httpapi":   {module + "/internal/backend"},
+	// A caller's program imports the client: nothing of the server's, nothing but the wire.
+	"client/effects": {"github.com/gofiber/fiber/v2", "github.com/nats-io/nats.go", module + "/internal/config", module + "/internal/jsonscan"},
 	// The dialects speak to backends for the workers: no HTTP server, no NATS (and, by their
 	// floor, no room above them: workers, httpapi, intent, gateway, jobs, kv, ledger, dashboard).
 	"dialect":           dialectKeepOut,

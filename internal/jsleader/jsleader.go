@@ -64,9 +64,9 @@ func Get(ctx context.Context, nc *nats.Conn, apiPrefix, stream string, req Reque
 	return resp.Message, nil
 }
 
-// Prefix is the subject prefix of js's JetStream API requests, as nats.go makes it (a
-// jetstream.NewWithAPIPrefix prefix, a domain's, or $JS.API.), for a request sent by hand.
-func Prefix(js jetstream.JetStream) string {
+// APIPrefix is the subject prefix of js's JetStream API requests, as nats.go makes it (a
+// jetstream.NewWithAPIPrefix prefix, a domain's, or $JS.API.), for Get's requests.
+func APIPrefix(js jetstream.JetStream) string {
 	switch o := js.Options(); {
 	case o.APIPrefix != "":
 		return strings.TrimSuffix(o.APIPrefix, ".") + "."

@@ -193,3 +193,10 @@ func EnsureKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValu
 	}
 	return kvs, nil
 }
+
+// RecordsKV is the configuration of a bucket of records that must survive a crash (the
+// idempotency records, the effects ledger): file storage, one value per key, kept ttl after
+// its last write, on n replicas (for EnsureKV).
+func RecordsKV(bucket string, ttl time.Duration, n int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: bucket, History: 1, TTL: ttl, Storage: jetstream.FileStorage, Replicas: n}
+}

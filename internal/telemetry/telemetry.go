@@ -171,6 +171,27 @@ const (
 
 var breakerStateNames = [numBreakerStates]string{"closed", "half_open", "open"}
 
+// EffectEvent is the event label of oncegate_effects_total: what became of one call of the
+// effects API (httpapi's /v1/idempotency/{key}/effects).
+type EffectEvent uint8
+
+// Effect events.
+const (
+	EffectClaimed        EffectEvent = iota // a claim that runs the effect (the first, or after a release or a reconcile)
+	EffectReplayed                          // a claim answered with the recorded result
+	EffectInProgress                        // a claim refused: another caller holds a live claim
+	EffectConflict                          // a claim refused: the effect was claimed with other arguments (422)
+	EffectNeedsReconcile                    // a claim refused: the effect's outcome is unknown (its lease lapsed, or reported)
+	EffectCompleted                         // a result recorded
+	EffectUnknown                           // a holder reported it cannot tell whether the effect ran
+	EffectReleased                          // a holder reported the effect surely did not run
+	EffectRenewed                           // a holder renewed its claim's lease
+	EffectStaleFence                        // a completion or report refused: another claim holds the effect
+	numEffectEvents
+)
+
+var effectEventNames = [numEffectEvents]string{"claimed", "replayed", "in_progress", "conflict", "needs_reconcile", "completed", "unknown", "released", "renewed", "stale_fence"}
+
 // How an execution was avoided.
 const (
 	howJoined = iota
@@ -219,6 +240,7 @@ type Metrics struct {
 	spend           cells[prometheus.Counter]  // tenant, model
 	reversals       cells[prometheus.Counter]  // tenant
 	tenantRefusals  cells[prometheus.Counter]  // tenant
+	effects         cells[prometheus.Counter]  // event
 	duplicates      prometheus.Counter
 	takeovers       prometheus.Counter
 	fenced          prometheus.Counter
@@ -266,6 +288,8 @@ func New(l Labels) *Metrics {
 	m.spend = counterVec(m.reg, "spend_micros_total", "Charges appended to the ledger, in micro-units.", []string{"tenant", "model"}, tn, md)
 	m.reversals = counterVec(m.reg, "ledger_reversals_total", "Reversal entries appended to the ledger.", []string{"tenant"}, tn)
 	m.tenantRefusals = counterVec(m.reg, "budget_refusals_total", "New intents refused by the tenant's budget.", []string{"tenant"}, tn)
+	m.effects = counterVec(m.reg, "effects_total", "Calls of the effects API, by what became of them (claims, replays, conflicts, unknown outcomes...).",
+		[]string{"event"}, effectEventNames[:])
 	m.duplicates = counter(m.reg, "duplicate_executions_total", "Intents the reconciler found charged more than once (should stay 0).")
 	m.takeovers = counter(m.reg, "takeovers_total", "Records taken over after a lapsed lease.")
 	m.fenced = counter(m.reg, "fenced_writes_total", "Writes refused because another epoch owns the record.")
@@ -313,6 +337,9 @@ func (m *Metrics) zeroes() {
 		}
 		m.retries.at(b)
 		m.budgetRefusals.at(b)
+	}
+	for e := range int(numEffectEvents) {
+		m.effects.at(e)
 	}
 	for t := range m.tenants.values {
 		m.reversals.at(t)
@@ -461,6 +488,13 @@ func (m *Metrics) BudgetRefused(tenant string) {
 		return
 	}
 	m.tenantRefusals.at(m.tenants.index(tenant)).Inc()
+}
+
+// Effect counts one call of the effects API by what became of it.
+func (m *Metrics) Effect(e EffectEvent) {
+	if m != nil && e < numEffectEvents {
+		m.effects.at(int(e)).Inc()
+	}
 }
 
 // Takeover counts a record taken over after its lease lapsed.

@@ -9,9 +9,9 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
-// TestPrefix: a request sent by hand goes to the API prefix the JetStream handle uses: the default,
+// TestAPIPrefix: a request sent by hand goes to the API prefix the JetStream handle uses: the default,
 // an explicit prefix (with or without its dot), or a domain's.
-func TestPrefix(t *testing.T) {
+func TestAPIPrefix(t *testing.T) {
 	srv := testkit.RunJetStream(t, 0)
 	for _, tc := range []struct {
 		name string
@@ -28,8 +28,8 @@ func TestPrefix(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := jsleader.Prefix(js); got != tc.want {
-				t.Fatalf("Prefix = %q, want %q", got, tc.want)
+			if got := jsleader.APIPrefix(js); got != tc.want {
+				t.Fatalf("APIPrefix = %q, want %q", got, tc.want)
 			}
 		})
 	}
