@@ -106,6 +106,11 @@ type Tracing struct {
 	// SampleRatio samples traces that start here (0 < r <= 1; 0: 1); a client's sampled flag
 	// is followed either way.
 	SampleRatio float64 `yaml:"sample_ratio"`
+	// CaptureContent puts prompts and answers on the exported spans (the OpenTelemetry GenAI
+	// attributes gen_ai.input.messages, gen_ai.system_instructions and gen_ai.output.messages,
+	// text parts only). Off by default, as the conventions advise: spans then carry model
+	// names, token counts and finish reasons, never content.
+	CaptureContent bool `yaml:"capture_content"`
 }
 
 // SyncAuto is nats.sync's default: every write fsynced on one server ("always"), once a second
