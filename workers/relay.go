@@ -88,7 +88,7 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
-		er := openaiwire.NewEventReader(body)
+		er := dialect.Events(r.st, body) // SSE, or the dialect's own framing
 		for {
 			name, data, err := er.NextEvent()
 			ev := sseEvent{name: name, data: bytes.Clone(data), err: err}
