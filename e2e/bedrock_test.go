@@ -107,6 +107,11 @@ func TestBedrockStream(t *testing.T) {
 		t.Errorf("stream %q: want chat chunks with an id, a stop finish chunk and the usage chunk asked for", st.Data)
 	}
 	checkSigned(t, up, "/model/"+bedrockModelID+"/converse-stream")
+	// The GenAI client metrics name the provider as the conventions do.
+	if n, sum := histogram(t, gw.Metrics(), "gen_ai_client_token_usage", map[string]string{"gen_ai_provider_name": "aws.bedrock",
+		"gen_ai_request_model": bedrockModel, "gen_ai_token_type": "output"}); n != 1 || int(sum) != usageChunk(st.Data) {
+		t.Errorf("gen_ai_client_token_usage of aws.bedrock: %d samples summing to %g, want 1 of %d", n, sum, usageChunk(st.Data))
+	}
 	expectReplayedOnce(t, gw.URL, body, key, resp, up)
 }
 
@@ -162,5 +167,25 @@ func TestBedrockBadSignature(t *testing.T) {
 	assertOpenAIError(t, resp, "AccessDeniedException")
 	if !strings.Contains(string(resp.Body), "signature we calculated does not match") {
 		t.Errorf("body %s", resp.Body)
+	}
+}
+
+// The Responses API reaches a Bedrock backend translated to Chat Completions, streamed or not.
+func TestBedrockResponses(t *testing.T) {
+	gw, up := startBedrock(t, bedrockSecret)
+	for _, stream := range []bool{false, true} {
+		r := do(t, http.MethodPost, gw.URL+"/v1/responses", `{"model":"`+bedrockModel+`","input":"bedrock: a response","stream":`+map[bool]string{false: "false", true: "true"}[stream]+`}`,
+			map[string]string{"Idempotency-Key": "bedrock-responses-" + map[bool]string{false: "0", true: "1"}[stream]})
+		want := `"object":"response"`
+		if stream {
+			want = "event: response.completed"
+		}
+		if r.Status != http.StatusOK || !strings.Contains(string(r.Body), want) || !strings.Contains(string(r.Body), `"output_text"`) {
+			t.Errorf("stream %v: %d %s", stream, r.Status, r.Body)
+		}
+	}
+	// (The gateway runs a Responses request as a stream whatever the client asked.)
+	if reqs := up.requests(); len(reqs) != 2 || reqs[0].path != "/model/"+bedrockModelID+"/converse-stream" || reqs[1].path != reqs[0].path {
+		t.Errorf("upstream requests %+v, want two ConverseStream calls", reqs)
 	}
 }
