@@ -148,6 +148,9 @@ func TestBedrockErrorBody(t *testing.T) {
 	expectStatus(t, resp, http.StatusBadRequest)
 	assertOpenAIError(t, resp, "ValidationException")
 	expectReplayedOnce(t, gw.URL, body, "bedrock-400", resp, up)
+	if n, _ := histogram(t, gw.Metrics(), "gen_ai_client_operation_duration_seconds", map[string]string{"gen_ai_provider_name": "aws.bedrock", "error_type": "400"}); n != 1 {
+		t.Errorf("gen_ai_client_operation_duration_seconds{error_type=400}: %d samples, want 1", n)
+	}
 
 	up.setFaults(map[string]string{"X-Mock-Fault": "error_event_after", "X-Mock-Fault-After": "3"})
 	streamed := postChat(t, gw.URL, wireChat(bedrockModel, "bedrock: an exception mid-stream", true), map[string]string{"Idempotency-Key": "bedrock-exception"})
