@@ -5,9 +5,10 @@
 // after a break, how a non-stream answer and an error body read, and where the usage is.
 //
 // The dialects themselves live in the packages below this one (dialect/openai,
-// dialect/anthropic, dialect/responses, dialect/gemini, dialect/azure), and the table naming
-// them all in dialect/dialects. A Registry is built once and never changed, so it is safe
-// for concurrent use; a Stream belongs to one execution's relay and is not.
+// dialect/anthropic, dialect/responses, dialect/gemini, dialect/azure, dialect/bedrock), and
+// the table naming them all in dialect/dialects. A Registry is built once and never changed,
+// so it is safe for concurrent use; a Stream belongs to one execution's relay and is not. A
+// Stream reads SSE events unless it is Framed (Bedrock's binary event stream).
 //
 // Dialects import no room above them (workers, httpapi, intent, gateway, jobs, kv):
 // internal/archtest enforces it.
@@ -17,9 +18,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/openaiwire"
 )
 
 // Client APIs: the wire format a client called, which is the format of the frames stored.
@@ -129,6 +132,28 @@ type StreamOptions struct {
 	Model string // the route's model
 }
 
+// EventReader reads a backend stream's events one at a time. At the end of the body it
+// returns openaiwire.ErrTruncated (the relay takes that as a clean end once the Stream says
+// Ended, as for an SSE stream without [DONE]); any other error is a break of the stream.
+type EventReader interface {
+	NextEvent() (name string, data []byte, err error)
+}
+
+// Framed is a Stream whose backend does not frame its events as SSE (Bedrock's
+// application/vnd.amazon.eventstream): the relay reads the answer's body with its Events.
+// Every other Stream's body is read as SSE (openaiwire.EventReader).
+type Framed interface {
+	Events(body io.Reader) EventReader
+}
+
+// Events is the reader of a stream's body for st: st's own when it is Framed, else SSE.
+func Events(st Stream, body io.Reader) EventReader {
+	if f, ok := st.(Framed); ok {
+		return f.Events(body)
+	}
+	return openaiwire.NewEventReader(body)
+}
+
 // Stream decodes one execution's backend stream (and its continuations) into frames.
 type Stream interface {
 	// Opening reports whether ev is an opening event, held back until the first content.
@@ -148,6 +173,22 @@ type Stream interface {
 	// sent; the Stream decodes the continuation's events as part of the same answer.
 	Continuation(body []byte) ([]byte, error)
 }
+
+// ErrNotContinued is the Continuation error of a Stream that is never continued.
+var ErrNotContinued = errors.New("dialect: a stream of this backend is not continued")
+
+// NotContinued is the continuation side of a Stream whose backend cannot continue a given
+// answer (embedded): no continuation usage, CanContinue false, Continuation ErrNotContinued.
+type NotContinued struct{}
+
+// ContinuationUsage is none.
+func (NotContinued) ContinuationUsage() []Usage { return nil }
+
+// CanContinue is false.
+func (NotContinued) CanContinue(config.Backend) bool { return false }
+
+// Continuation is never called (CanContinue is false): ErrNotContinued.
+func (NotContinued) Continuation([]byte) ([]byte, error) { return nil, ErrNotContinued }
 
 // Dialect is one backend API.
 type Dialect interface {

@@ -42,7 +42,13 @@ type seenRequest struct {
 
 func startWireUpstream(t testing.TB, models ...string) *wireUpstream {
 	t.Helper()
-	u := &wireUpstream{Mock: mockllm.New(mockllm.Options{Models: models}), faults: map[string]string{}}
+	return startWireUpstreamWith(t, mockllm.Options{Models: models})
+}
+
+// startWireUpstreamWith is startWireUpstream with the mock's options.
+func startWireUpstreamWith(t testing.TB, opts mockllm.Options) *wireUpstream {
+	t.Helper()
+	u := &wireUpstream{Mock: mockllm.New(opts), faults: map[string]string{}}
 	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body bytes.Buffer
 		_, _ = body.ReadFrom(r.Body)

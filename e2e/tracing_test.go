@@ -13,6 +13,7 @@ import (
 	"time"
 
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
@@ -166,7 +167,8 @@ func (o *otlpReceiver) byKind(kind tracepb.Span_SpanKind) []*tracepb.Span {
 
 // TestTracesExportedOverOTLP: with an OTLP endpoint, one traced request exports the request's
 // server span under the client's parent, the execution's span under it, and the backend
-// attempt's client span under that, whose id is the parent the backend was sent.
+// attempt's client span under that, whose id is the parent the backend was sent; the GenAI
+// attributes arrive over OTLP (e2e/genai_test.go checks each of them).
 func TestTracesExportedOverOTLP(t *testing.T) {
 	otlp := startOTLPReceiver(t)
 	gw, up := tracedGateway(t, otlp.URL)
@@ -198,5 +200,18 @@ func TestTracesExportedOverOTLP(t *testing.T) {
 	parents, _ := up.got()
 	if want := "00-" + traceID + "-" + hex.EncodeToString(attempt.SpanId) + "-01"; len(parents) != 1 || parents[0] != want {
 		t.Errorf("the backend got traceparent %q, want the attempt's %q", parents, want)
+	}
+	for _, s := range []*tracepb.Span{exec, attempt} {
+		got := map[string]string{}
+		for _, kv := range s.Attributes {
+			got[kv.Key] = kv.Value.GetStringValue()
+			if n, ok := kv.Value.Value.(*commonpb.AnyValue_IntValue); ok {
+				got[kv.Key] = fmt.Sprint(n.IntValue)
+			}
+		}
+		if got["gen_ai.operation.name"] != "chat" || got["gen_ai.provider.name"] != "openai" || got["gen_ai.request.model"] != "oncegate-mock" ||
+			got["gen_ai.usage.output_tokens"] == "" || got["gen_ai.usage.output_tokens"] == "0" {
+			t.Errorf("span %q exported without its GenAI attributes: %v", s.Name, got)
+		}
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/dialect"
@@ -94,6 +95,8 @@ type Gateway struct {
 	backends map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
 	tracer *tracing.Tracer
+	// spanExporter, when set (WithSpanExporter), takes the spans instead of an OTLP endpoint.
+	spanExporter sdktrace.SpanExporter
 	// dialects is the one table of the APIs each backend type speaks: the API admits a request
 	// to the backends the workers can send it to.
 	dialects *dialect.Registry
@@ -110,6 +113,15 @@ type Gateway struct {
 	// checked against a stream a restart recreated (jobs.Hub.Resync). Written by startAPI,
 	// read by the setup loop, which starts first.
 	resyncHub atomic.Pointer[jobs.Hub]
+}
+
+// Option adjusts a gateway at Start beyond its configuration (tests, embedding programs).
+type Option func(*Gateway)
+
+// WithSpanExporter sends the spans to exp (e.g. the OpenTelemetry SDK's in-memory exporter),
+// each as it ends, whatever tracing.otlp_endpoint says.
+func WithSpanExporter(exp sdktrace.SpanExporter) Option {
+	return func(g *Gateway) { g.spanExporter = exp }
 }
 
 // Addr is the HTTP address the API listens on ("" for a worker-only process).
@@ -152,9 +164,12 @@ func (e *StartError) Unwrap() error { return e.Err }
 //
 // The HTTP port is bound first, so a taken port fails before the store is opened, and the
 // embedded server takes the data directory's lock (natsrv.LockFile) before it reads the store.
-func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string) (*Gateway, error) {
+func Start(ctx context.Context, cfg *config.Config, log zerolog.Logger, getenv func(string) string, opts ...Option) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, backends: map[string]*backend.Client{}, kick: make(chan struct{}, 1), metrics: newMetrics(cfg),
 		dialects: dialects.Registry(), id: gatewayID()}
+	for _, o := range opts {
+		o(g)
+	}
 	if err := g.start(ctx, getenv); err != nil {
 		if serr := g.Stop(context.Background()); serr != nil {
 			log.Warn().Err(serr).Msg("stopping after a failed start")
@@ -168,7 +183,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	cfg, log := g.cfg, g.log
 	serveAPI := cfg.Role == "all" || cfg.Role == "api"
 	tr, err := tracing.New(tracing.Options{Endpoint: cfg.Tracing.OTLPEndpoint, Service: cmp.Or(cfg.Tracing.ServiceName, "oncegate"),
-		SampleRatio: cfg.Tracing.SampleRatio})
+		SampleRatio: cfg.Tracing.SampleRatio, Exporter: g.spanExporter})
 	if err != nil {
 		return &StartError{Field: "tracing.otlp_endpoint", Err: err}
 	}
@@ -514,7 +529,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
-		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, Dialects: g.dialects, Running: posts.Posting,
+		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, CaptureContent: g.cfg.Tracing.CaptureContent, Dialects: g.dialects, Running: posts.Posting,
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
 	g.pool = pool

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/genai"
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/internal/tracing"
 )
@@ -85,7 +86,17 @@ func (s *Server) finish(o *observation, e ending) {
 	}
 	o.span.SetAttributes(attribute.String("oncegate.outcome", e.outcome.String()), attribute.Int("http.response.status_code", e.status))
 	if e.adm != nil {
-		o.span.SetAttributes(attribute.String("oncegate.job_id", e.adm.JobID))
+		o.span.SetAttributes(attribute.String("oncegate.job_id", e.adm.JobID), attribute.String("oncegate.idem_key_hash", e.adm.Key))
+		if epoch := e.adm.Epoch(); epoch > 0 {
+			o.span.SetAttributes(attribute.Int("oncegate.epoch", epoch))
+		}
+		// What the request asked, in the GenAI conventions; the operation itself (provider,
+		// usage, finish reasons) is the execution's span's: a joined or replayed copy ran none.
+		if rec := e.adm.Rec; rec != nil && o.span.IsRecording() {
+			if op := genai.Operation(rec.API); op != "" {
+				o.span.SetAttributes(genai.OperationName.String(op), genai.RequestModel.String(rec.Model))
+			}
+		}
 	}
 	if e.err != nil {
 		o.span.SetStatus(codes.Error, e.err.Error())

@@ -231,7 +231,8 @@ func (ex *execution) errorBody(status int, code, msg string) []byte {
 func (ex *execution) prepare(b Backend, body []byte) (dialect.Dialect, *backend.Call, error) {
 	switch api := ex.api(); api {
 	case backend.APIEmbeddings, backend.APIPassthrough:
-		return nil, &backend.Call{API: api, Path: ex.job.Path, Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(), Header: ex.job.Header}, nil
+		return nil, &backend.Call{API: api, Path: ex.job.Path, Body: body, Stream: ex.job.Stream, IdemKey: ex.forwardKey(), Header: ex.job.Header,
+			Model: ex.job.Model}, nil
 	}
 	d, err := ex.pool.dialects.For(b.Config().Type, ex.api())
 	if err != nil {
@@ -247,7 +248,8 @@ func (ex *execution) call(d dialect.Dialect, b Backend, body []byte, stream bool
 	if err != nil {
 		return nil, err
 	}
-	return &backend.Call{API: ex.api(), Path: up.Path, Body: up.Body, Stream: stream, IdemKey: idemKey, Header: up.Header, KeyHeader: up.KeyHeader}, nil
+	return &backend.Call{API: ex.api(), Path: up.Path, Body: up.Body, Stream: stream, IdemKey: idemKey, Header: up.Header, KeyHeader: up.KeyHeader,
+		Model: ex.job.Model}, nil
 }
 
 // forwardKey is the Idempotency-Key sent upstream: stable per intent, never client text.

@@ -85,6 +85,11 @@ type execution struct {
 	degraded  bool // the route's degraded answer was given
 
 	tried map[string]int // attempts made per backend (see tryBackends)
+
+	// began is when the first attempt was about to be sent, firstChunk when a stream's first
+	// output reached the relay; observed: the GenAI operation was recorded (genai.go).
+	began, firstChunk time.Time
+	observed          bool
 }
 
 func (ex *execution) run(ctx context.Context) {
@@ -107,6 +112,7 @@ func (ex *execution) run(ctx context.Context) {
 		defer stopProgress()
 	}
 
+	ex.startGenAI(ctx)
 	ans, fail := ex.dispatch(ctx, ex.job.Body)
 	if fail != nil {
 		if ctx.Err() != nil {
@@ -193,6 +199,9 @@ func (ex *execution) answerResult(ctx context.Context, ans *answer, body []byte)
 		return &kv.Result{Status: http.StatusOK, Body: body, Usage: kvUsage(openai.UsageOf(body))}, true
 	}
 	out, usage, err := ans.dialect.Answer(body, ex.job.Model)
+	if err == nil {
+		ex.annotateAttempt(backend.AttemptSpan(ans.resp.Body), false, out, usage)
+	}
 	if err != nil {
 		ex.ambiguous++
 		ex.log.Warn().Err(err).Str("backend", ans.backend.Name()).Msg("the backend's answer could not be read")
@@ -410,6 +419,7 @@ func (ex *execution) writeFinal(ctx context.Context, state kv.State, res *kv.Res
 		return fmt.Errorf("workers: finish %s: %w", ex.job.ID, err)
 	}
 	ex.pool.opts.Metrics.Execution(ex.answeredBy(), state == kv.Completed)
+	ex.finishGenAI(ctx, state, res)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/oncegate/oncegate/internal/clock"
 	"github.com/oncegate/oncegate/internal/resilience"
@@ -37,6 +38,9 @@ func (r *relay) begin() {
 		return
 	}
 	r.started = true
+	if r.ex.firstChunk.IsZero() {
+		r.ex.firstChunk = time.Now()
+	}
 	if len(r.held) > 0 {
 		r.add(r.held)
 		r.held = nil

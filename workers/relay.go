@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/oncegate/oncegate/dialect"
+	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/openaiwire"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -87,7 +88,7 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 	readerDone := make(chan struct{})
 	go func() {
 		defer close(readerDone)
-		er := openaiwire.NewEventReader(body)
+		er := dialect.Events(r.st, body) // SSE, or the dialect's own framing
 		for {
 			name, data, err := er.NextEvent()
 			ev := sseEvent{name: name, data: bytes.Clone(data), err: err}
@@ -103,6 +104,7 @@ func (r *relay) run(ctx context.Context, body io.ReadCloser, continued bool) boo
 	}()
 	defer func() {
 		close(stop)
+		r.ex.annotateAttempt(backend.AttemptSpan(body), true, r.all, r.st.Usage())
 		body.Close() // unblocks a reader waiting on the socket
 		<-readerDone
 	}()

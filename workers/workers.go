@@ -91,6 +91,9 @@ type Options struct {
 	// Tracer exports an execution's spans when tracing is configured (nil: off; the request's
 	// traceparent still reaches the backend).
 	Tracer *tracing.Tracer
+	// CaptureContent puts the request's messages and the answer's text on the execution's and
+	// the attempt's spans (gen_ai.input.messages, gen_ai.output.messages): tracing.capture_content.
+	CaptureContent bool
 }
 
 // Pool runs jobs.
@@ -515,7 +518,8 @@ func (p *Pool) execute(ctx context.Context, ex *execution) {
 	job := ex.job
 	ctx, span := p.opts.Tracer.StartFrom(ctx, job.Header, "oncegate.execution")
 	defer span.End()
-	span.SetAttributes(attribute.String("oncegate.job_id", job.ID), attribute.Int("oncegate.epoch", job.Epoch))
+	span.SetAttributes(attribute.String("oncegate.job_id", job.ID), attribute.Int("oncegate.epoch", job.Epoch),
+		attribute.String("oncegate.tenant", job.Tenant))
 	if id := tracing.TraceID(ctx); id != "" {
 		ex.log = ex.log.With().Str(fieldTraceID, id).Logger()
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/oncegate/oncegate/dialect"
 	"github.com/oncegate/oncegate/dialect/anthropic"
 	"github.com/oncegate/oncegate/dialect/azure"
+	"github.com/oncegate/oncegate/dialect/bedrock"
 	"github.com/oncegate/oncegate/dialect/gemini"
 	"github.com/oncegate/oncegate/dialect/openai"
 	"github.com/oncegate/oncegate/dialect/responses"
@@ -19,6 +20,7 @@ func All() []dialect.Dialect {
 		responses.New(),
 		gemini.New(),
 		azure.New(),
+		bedrock.New(),
 	}
 }
 

@@ -289,19 +289,8 @@ func (Dialect) Answer(body []byte, model string) ([]byte, *dialect.Usage, error)
 	if r.ModelVersion != "" {
 		model = r.ModelVersion
 	}
-	u := usage
-	if u == nil {
-		u = &dialect.Usage{}
-	}
-	out, err := json.Marshal(map[string]any{"id": completionID(r.ResponseID), "object": "chat.completion", "created": time.Now().Unix(), "model": model,
-		"choices": []any{map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text},
-			"logprobs": nil, "finish_reason": finish}},
-		"usage": usageJSON(*u)})
+	out, err := openai.Completion(completionID(r.ResponseID), model, text, finish, usage)
 	return out, usage, err
-}
-
-func usageJSON(u dialect.Usage) map[string]int {
-	return map[string]int{"prompt_tokens": u.PromptTokens, "completion_tokens": u.CompletionTokens, "total_tokens": u.TotalTokens}
 }
 
 // googleError is the error body of Google APIs.
@@ -328,19 +317,21 @@ func (Dialect) ErrorBody(status int, body []byte) []byte {
 }
 
 // NewStream implements dialect.Dialect.
-func (Dialect) NewStream(o dialect.StreamOptions) dialect.Stream { return &Stream{model: o.Model} }
+func (Dialect) NewStream(o dialect.StreamOptions) dialect.Stream {
+	return &Stream{chunks: openai.Chunks{Model: o.Model}}
+}
 
 // ErrStreamError is a Stream's Out.Err for an error object in the stream (a
 // *dialect.EventError with the object's message), or for an event that is not JSON.
 var ErrStreamError = errors.New("gemini: error in the stream")
 
 // Stream decodes a streamGenerateContent (alt=sse) stream into chat.completion.chunk frames.
+// Gemini has no way to continue a given answer: it is never continued.
 type Stream struct {
-	model   string
-	id      string
-	created int64
-	usage   *dialect.Usage
-	ended   bool
+	dialect.NotContinued
+	chunks openai.Chunks
+	usage  *dialect.Usage
+	ended  bool
 }
 
 // Opening: Gemini has no opening event; its first event carries text.
@@ -357,40 +348,27 @@ func (s *Stream) Decode(ev dialect.Event, _ *dialect.Continued) dialect.Out {
 		return dialect.Out{Err: &dialect.EventError{Kind: ErrStreamError, Message: r.Error.Message}}
 	}
 	var out dialect.Out
-	if s.id == "" {
-		s.id, s.created = completionID(r.ResponseID), time.Now().Unix()
+	if s.chunks.ID == "" {
+		s.chunks.ID, s.chunks.Created = completionID(r.ResponseID), time.Now().Unix()
 		if r.ModelVersion != "" {
-			s.model = r.ModelVersion
+			s.chunks.Model = r.ModelVersion
 		}
-		out.Frame = s.chunk(out.Frame, map[string]any{"role": "assistant", "content": ""}, nil)
+		out.Frame = s.chunks.Append(out.Frame, map[string]any{"role": "assistant", "content": ""}, nil)
 	}
 	text, finish, usage := r.read()
 	if usage != nil {
 		s.usage = usage
 	}
 	if text != "" {
-		out.Frame = s.chunk(out.Frame, map[string]any{"content": text}, nil)
+		out.Frame = s.chunks.Append(out.Frame, map[string]any{"content": text}, nil)
 		out.Token = true
 	}
 	if finish != "" && !s.ended {
 		s.ended = true
-		out.Frame = s.chunk(out.Frame, map[string]any{}, &finish)
-		u := s.usage
-		if u == nil {
-			u = &dialect.Usage{}
-		}
-		b, _ := json.Marshal(map[string]any{"id": s.id, "object": "chat.completion.chunk", "created": s.created, "model": s.model,
-			"choices": []any{}, "usage": usageJSON(*u)})
-		out.Usage = openaiwire.Frame(b)
+		out.Frame = s.chunks.Append(out.Frame, map[string]any{}, &finish)
+		out.Usage = s.chunks.Usage(s.usage)
 	}
 	return out
-}
-
-// chunk appends one chat.completion.chunk frame to dst.
-func (s *Stream) chunk(dst []byte, delta map[string]any, finish *string) []byte {
-	b, _ := json.Marshal(map[string]any{"id": s.id, "object": "chat.completion.chunk", "created": s.created, "model": s.model,
-		"choices": []any{map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}}})
-	return openaiwire.AppendFrame(dst, b)
 }
 
 // Ended: the event with a finishReason was seen.
@@ -398,14 +376,3 @@ func (s *Stream) Ended() bool { return s.ended }
 
 // Usage implements dialect.Stream.
 func (s *Stream) Usage() *dialect.Usage { return s.usage }
-
-// ContinuationUsage implements dialect.Stream: never continued.
-func (s *Stream) ContinuationUsage() []dialect.Usage { return nil }
-
-// CanContinue implements dialect.Stream: Gemini has no way to continue a given answer.
-func (s *Stream) CanContinue(config.Backend) bool { return false }
-
-// Continuation implements dialect.Stream; it is never called (CanContinue is false).
-func (s *Stream) Continuation([]byte) ([]byte, error) {
-	return nil, errors.New("gemini: a stream is not continued")
-}

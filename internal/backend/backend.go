@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +27,10 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/genai"
 	"github.com/oncegate/oncegate/internal/jsonscan"
 	"github.com/oncegate/oncegate/internal/mockllm"
 	"github.com/oncegate/oncegate/internal/tracing"
@@ -81,6 +84,8 @@ type Call struct {
 	Header http.Header
 	// Deadline bounds the attempt beyond the backend's own total timeout (the client's).
 	Deadline time.Time
+	// Model is the request's model (the route's), for the attempt's span (gen_ai.request.model).
+	Model string
 }
 
 // Client calls one backend.
@@ -175,10 +180,10 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 		return nil, nil, fmt.Errorf("backend %s: build request: %w", c.cfg.Name, err)
 	}
 	c.setHeaders(req, call)
-	// The attempt's span ends with its response's headers (or its failure); the body's
-	// streaming is the execution's.
-	span := tracing.StartAttempt(ctx, c.cfg.Name, req)
-	defer span.End()
+	// The attempt's span is the GenAI client span of the call: it ends when its answer's body
+	// is closed (the whole stream), or with its failure. The worker adds what the answer says
+	// (AttemptSpan).
+	span := c.startSpan(ctx, req, call)
 
 	waitWatch := func() {} // returns once the first-byte watch, if any, has ended
 	if watch {
@@ -198,14 +203,70 @@ func (c *Client) Send(ctx context.Context, call *Call) (*http.Response, context.
 		waitWatch()
 		err = c.classify(err, written.Load(), actx)
 		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(genai.ErrorType.String(errorType(err)))
+		span.End()
 		return nil, nil, err
 	}
 	waitWatch()
 	span.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
 	if resp.StatusCode >= 400 {
 		span.SetStatus(codes.Error, resp.Status)
+		span.SetAttributes(genai.ErrorType.String(strconv.Itoa(resp.StatusCode)))
 	}
+	resp.Body = &spanBody{ReadCloser: resp.Body, span: span}
 	return resp, stop, nil
+}
+
+// startSpan begins the attempt's span: named and described by the GenAI conventions
+// (gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model, server.address and
+// server.port) for a generation or embeddings call, "backend {name}" for a passthrough.
+func (c *Client) startSpan(ctx context.Context, req *http.Request, call *Call) trace.Span {
+	op := genai.Operation(call.API)
+	if op == "" {
+		return tracing.StartAttempt(ctx, c.cfg.Name, "", req)
+	}
+	attrs := []attribute.KeyValue{genai.OperationName.String(op), genai.ProviderName.String(genai.Provider(c.cfg.Type))}
+	if call.Model != "" {
+		attrs = append(attrs, genai.RequestModel.String(call.Model))
+	}
+	if host, port, ok := genai.Server(c.cfg.BaseURL); ok && !c.inProcess {
+		attrs = append(attrs, genai.ServerAddress.String(host), genai.ServerPort.Int(port))
+	}
+	return tracing.StartAttempt(ctx, c.cfg.Name, genai.SpanName(op, call.Model), req, attrs...)
+}
+
+// errorType is the error.type of an attempt that got no answer.
+func errorType(err error) string {
+	switch {
+	case errors.Is(err, ErrNotSent), errors.Is(err, ErrResendSafe):
+		return "unreachable"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrAmbiguous):
+		return "timeout"
+	}
+	return "_OTHER"
+}
+
+// spanBody ends the attempt's span when the answer's body is closed.
+type spanBody struct {
+	io.ReadCloser
+	span trace.Span
+	once sync.Once
+}
+
+func (b *spanBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(func() { b.span.End() })
+	return err
+}
+
+// AttemptSpan is the span of the attempt whose answer's body is body (a non-recording span
+// for a body Send did not return), for the worker to add what the answer says before it
+// closes the body.
+func AttemptSpan(body io.ReadCloser) trace.Span {
+	if b, ok := body.(*spanBody); ok {
+		return b.span
+	}
+	return trace.SpanFromContext(context.Background())
 }
 
 func (c *Client) setHeaders(req *http.Request, call *Call) {

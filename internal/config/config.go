@@ -39,6 +39,7 @@ const (
 	TypeMock      = "mock"      // the built-in deterministic mock, for tests and demos
 	TypeGemini    = "gemini"    // Google's Gemini API (generateContent), for Chat Completions clients
 	TypeAzure     = "azure"     // Azure OpenAI (deployments, api-version, api-key), for Chat Completions clients
+	TypeBedrock   = "bedrock"   // Amazon Bedrock's Converse API (SigV4, the AWS credential chain), for Chat Completions clients
 )
 
 // DefaultAzureAPIVersion is the api-version an Azure OpenAI backend sends when api_version
@@ -106,6 +107,11 @@ type Tracing struct {
 	// SampleRatio samples traces that start here (0 < r <= 1; 0: 1); a client's sampled flag
 	// is followed either way.
 	SampleRatio float64 `yaml:"sample_ratio"`
+	// CaptureContent puts prompts and answers on the exported spans (the OpenTelemetry GenAI
+	// attributes gen_ai.input.messages, gen_ai.system_instructions and gen_ai.output.messages,
+	// text parts only). Off by default, as the conventions advise: spans then carry model
+	// names, token counts and finish reasons, never content.
+	CaptureContent bool `yaml:"capture_content"`
 }
 
 // SyncAuto is nats.sync's default: every write fsynced on one server ("always"), once a second
@@ -251,7 +257,7 @@ type Admission struct {
 // Backend is an upstream LLM API.
 type Backend struct {
 	Name      string    `yaml:"name"`        // unique; routes[].backends name backends by it
-	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeGemini | TypeAzure | TypeMock
+	Type      string    `yaml:"type"`        // TypeOpenAI | TypeAnthropic | TypeOncegate | TypeGemini | TypeAzure | TypeBedrock | TypeMock
 	BaseURL   string    `yaml:"base_url"`    // the API's base URL, e.g. https://api.openai.com/v1; empty for a mock
 	APIKeyEnv string    `yaml:"api_key_env"` // name of the env var holding the key (never the key itself); required for azure and gemini
 	Models    []string  `yaml:"models"`      // CatchAll = models nobody else serves
@@ -291,6 +297,13 @@ type Backend struct {
 	// APIVersion is the api-version query parameter of an Azure OpenAI backend (type azure):
 	// a dated version, YYYY-MM-DD or YYYY-MM-DD-preview, 2024-09-01 or later.
 	APIVersion string `yaml:"api_version"`
+	// Region is the AWS region a Bedrock backend (type bedrock) signs its requests for; empty:
+	// the region of base_url's host (bedrock-runtime.{region}.amazonaws.com).
+	Region string `yaml:"region"`
+	// ModelIDs maps a model to its Bedrock model id or inference profile (type bedrock only,
+	// e.g. anthropic.claude-3-5-haiku-20241022-v1:0); a model it does not list is sent as the
+	// id of its own name.
+	ModelIDs map[string]string `yaml:"model_ids"`
 	// Passthrough lists other paths this backend serves as they are.
 	Passthrough []Passthrough `yaml:"passthrough"`
 }
@@ -737,7 +750,7 @@ func (c *Config) Resolve(model string) (RouteTarget, bool) {
 // mock. Validation and the backend client both ask it, so a type is added in one place.
 func IsHTTPType(t string) bool {
 	switch t {
-	case TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure:
+	case TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure, TypeBedrock:
 		return true
 	}
 	return false

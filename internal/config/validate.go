@@ -428,7 +428,7 @@ func (v *validator) backends(bs []Backend) {
 				v.add(p+".base_url", "must be empty for a mock backend")
 			}
 		default:
-			v.add(p+".type", "must be one of %s, %s, %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure, TypeMock, b.Type)
+			v.add(p+".type", "must be one of %s, %s, %s, %s, %s, %s, %s; got %q", TypeOpenAI, TypeAnthropic, TypeOncegate, TypeGemini, TypeAzure, TypeBedrock, TypeMock, b.Type)
 		}
 		switch {
 		case b.Responses == "":
@@ -441,6 +441,7 @@ func (v *validator) backends(bs []Backend) {
 		v.passthrough(p, &b)
 		v.azure(p, &b)
 		v.gemini(p, &b)
+		v.bedrock(p, &b)
 		switch {
 		case b.APIKeyEnv != "" && !envNameRE.MatchString(b.APIKeyEnv):
 			v.add(p+".api_key_env", "must be an environment variable name matching [A-Z_][A-Z0-9_]* (the name of the variable holding the key, never the key itself)")

@@ -41,15 +41,11 @@ func (s *Server) serveGemini(w http.ResponseWriter, r *http.Request) {
 	}
 	var req struct {
 		Contents []struct {
-			Role  string `json:"role"`
-			Parts []struct {
-				Text string `json:"text"`
-			} `json:"parts"`
+			Role  string     `json:"role"`
+			Parts []textPart `json:"parts"`
 		} `json:"contents"`
 		SystemInstruction *struct {
-			Parts []struct {
-				Text string `json:"text"`
-			} `json:"parts"`
+			Parts []textPart `json:"parts"`
 		} `json:"systemInstruction"`
 		GenerationConfig struct {
 			MaxOutputTokens *int64 `json:"maxOutputTokens"`
@@ -65,49 +61,69 @@ func (s *Server) serveGemini(w http.ResponseWriter, r *http.Request) {
 	}
 	var msgs []map[string]string
 	if si := req.SystemInstruction; si != nil {
-		var b strings.Builder
-		for _, p := range si.Parts {
-			b.WriteString(p.Text)
-		}
-		msgs = append(msgs, map[string]string{"role": "system", "content": b.String()})
+		msgs = append(msgs, map[string]string{"role": "system", "content": joinText(si.Parts)})
 	}
 	for _, c := range req.Contents {
 		role := "user"
 		if c.Role == "model" {
 			role = "assistant"
 		}
-		var b strings.Builder
-		for _, p := range c.Parts {
-			b.WriteString(p.Text)
-		}
-		msgs = append(msgs, map[string]string{"role": role, "content": b.String()})
+		msgs = append(msgs, map[string]string{"role": role, "content": joinText(c.Parts)})
 	}
+	resp, c, ok := s.chatVia(w, r, model, msgs, req.GenerationConfig.MaxOutputTokens, stream, writeGeminiError)
+	switch {
+	case !ok:
+		return
+	case c != nil:
+		writeJSON(w, http.StatusOK, geminiResponse(c.ID, c.Model, c.Choices[0].Message.Content, c.Choices[0].FinishReason, &c.Usage))
+		return
+	}
+	defer resp.Body.Close()
+	s.geminiStream(w, resp.Body)
+}
+
+// textPart is a text part (Gemini) or block (Bedrock) of a request.
+type textPart struct {
+	Text string `json:"text"`
+}
+
+// joinText is the text of parts, joined.
+func joinText(parts []textPart) string {
+	var b strings.Builder
+	for _, p := range parts {
+		b.WriteString(p.Text)
+	}
+	return b.String()
+}
+
+// chatVia runs the chat request of msgs (max_tokens when maxTokens is set) for a route that
+// speaks another API: ok is false when the chat mock refused it (written with writeErr). A
+// non-stream request's answer is its completion c; a stream's is the live response (whose
+// body the caller closes), with the usage chunk asked for.
+func (s *Server) chatVia(w http.ResponseWriter, r *http.Request, model string, msgs []map[string]string, maxTokens *int64, stream bool,
+	writeErr func(http.ResponseWriter, int, string)) (resp *http.Response, c *completion, ok bool) {
 	chat := map[string]any{"model": model, "messages": msgs, "stream": stream}
-	if n := req.GenerationConfig.MaxOutputTokens; n != nil {
-		chat["max_tokens"] = *n
+	if maxTokens != nil {
+		chat["max_tokens"] = *maxTokens
 	}
 	if stream {
 		chat["stream_options"] = map[string]bool{"include_usage": true}
 	}
-	resp, ok := s.inner(w, r, chat, writeGeminiError)
-	if !ok {
-		return
+	resp, ok = s.inner(w, r, chat, writeErr)
+	if !ok || stream {
+		return resp, nil, ok
 	}
 	defer resp.Body.Close()
-	if !stream {
-		var c completion
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			panic(http.ErrAbortHandler)
-		}
-		if err := json.Unmarshal(b, &c); err != nil || len(c.Choices) == 0 {
-			writeGeminiError(w, http.StatusInternalServerError, "mock: inner answer unreadable")
-			return
-		}
-		writeJSON(w, http.StatusOK, geminiResponse(c.ID, c.Model, c.Choices[0].Message.Content, c.Choices[0].FinishReason, &c.Usage))
-		return
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		panic(http.ErrAbortHandler)
 	}
-	s.geminiStream(w, resp.Body)
+	c = &completion{}
+	if err := json.Unmarshal(b, c); err != nil || len(c.Choices) == 0 {
+		writeErr(w, http.StatusInternalServerError, "mock: inner answer unreadable")
+		return nil, nil, false
+	}
+	return nil, c, true
 }
 
 // inner runs chat on the chat mock with the request's X-Mock-* headers; a refusal is written

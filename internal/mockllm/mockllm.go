@@ -26,6 +26,9 @@
 //	                            Google Gemini (gemini.go)
 //	POST /openai/deployments/{d}/chat/completions?api-version=…
 //	                            Azure OpenAI (azure.go)
+//	POST /model/{id}/converse, /model/{id}/converse-stream
+//	                            Amazon Bedrock's Converse API, SigV4 and the binary
+//	                            event stream (bedrock.go)
 //	GET  /v1/models             OpenAI model list
 //	GET  /v1/models/{model}     one model object
 //	GET  /stats                 Stats as JSON
@@ -69,7 +72,8 @@
 //	                      data: [DONE], as vLLM sends it; Messages event: error with
 //	                      {"type":"error","error":{"type":"overloaded_error",
 //	                      "message":"Overloaded"}} then the end of the body, as Anthropic
-//	                      sends it; Gemini its error object, then the end. Non-stream:
+//	                      sends it; Gemini its error object, Bedrock a
+//	                      modelStreamErrorException message, then the end. Non-stream:
 //	                      answered normally (no fault)
 //	drop_start            send the status line and headers (200), then abort the
 //	                      connection before any event or body byte
@@ -165,6 +169,9 @@ type Options struct {
 	InterToken time.Duration // delay between tokens (stream); non-stream waits TTFT + tokens*InterToken total
 	Tokens     int           // output tokens, default 16 when 0
 	Models     []string      // served model names; default ["oncegate-mock"]
+	// AWSSecretKey, when set, makes the Bedrock routes check each request's SigV4 signature
+	// with it (bedrock.go); empty, they only require one.
+	AWSSecretKey string
 }
 
 // Stats are the Server's counters.
@@ -258,6 +265,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.serveAzure(w, r)
+	case strings.HasPrefix(path, "/model/"):
+		if r.Method != http.MethodPost {
+			methodNotAllowed(w, r, http.MethodPost)
+			return
+		}
+		s.serveBedrock(w, r)
 	case path == "/v1/embeddings":
 		if r.Method != http.MethodPost {
 			methodNotAllowed(w, r, http.MethodPost)

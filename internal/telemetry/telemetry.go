@@ -249,6 +249,8 @@ type Metrics struct {
 	followers       prometheus.Histogram
 	replayCacheHits prometheus.Counter
 	jsErrors        prometheus.Counter
+	// genai are the OpenTelemetry GenAI client histograms (genai.go).
+	genai genAIMetrics
 
 	backlog   atomic.Pointer[func(context.Context) (uint64, error)]
 	connected atomic.Pointer[func() bool]
@@ -304,6 +306,7 @@ func New(l Labels) *Metrics {
 		Help: "1 when every NATS connection of the process is connected, else 0."}, m.natsConnected))
 	m.reg.MustRegister(&backlogCollector{m: m, desc: prometheus.NewDesc(namespace+"_jobs_backlog",
 		"JOBS messages not yet acked (pending and in flight), read from the consumer at scrape time.", nil, nil)})
+	m.registerGenAI()
 	m.zeroes()
 	return m
 }

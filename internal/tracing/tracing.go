@@ -45,6 +45,9 @@ type Options struct {
 	// SampleRatio samples new root traces (a client's sampled flag is honoured either way);
 	// 0 means 1.
 	SampleRatio float64
+	// Exporter, when set, receives the spans instead of an OTLP endpoint, each as it ends
+	// (tests: the SDK's tracetest.InMemoryExporter).
+	Exporter sdktrace.SpanExporter
 }
 
 // Tracer starts spans, or only carries context when off.
@@ -56,25 +59,31 @@ type Tracer struct {
 // New returns a Tracer: off (no provider, no goroutine) without an endpoint.
 func New(opts Options) (*Tracer, error) {
 	t := &Tracer{tracer: noop.NewTracerProvider().Tracer("oncegate")}
-	if opts.Endpoint == "" {
+	var processor sdktrace.SpanProcessor
+	switch {
+	case opts.Exporter != nil:
+		processor = sdktrace.NewSimpleSpanProcessor(opts.Exporter)
+	case opts.Endpoint == "":
 		return t, nil
-	}
-	u, err := url.Parse(opts.Endpoint)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("%w: %q", ErrEndpoint, opts.Endpoint)
-	}
-	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(u.JoinPath("v1", "traces").String()))
-	if err != nil {
-		return nil, fmt.Errorf("tracing: otlp exporter: %w", err)
+	default:
+		u, err := url.Parse(opts.Endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%w: %q", ErrEndpoint, opts.Endpoint)
+		}
+		exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(u.JoinPath("v1", "traces").String()))
+		if err != nil {
+			return nil, fmt.Errorf("tracing: otlp exporter: %w", err)
+		}
+		processor = sdktrace.NewBatchSpanProcessor(exp, sdktrace.WithBatchTimeout(time.Second))
 	}
 	ratio := opts.SampleRatio
 	if ratio <= 0 {
 		ratio = 1
 	}
 	res := resource.NewSchemaless(attribute.String("service.name", opts.Service))
-	t.provider = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(time.Second)),
+	t.provider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(processor),
 		sdktrace.WithResource(res), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
-	t.tracer = t.provider.Tracer("github.com/oncegate/oncegate")
+	t.tracer = t.provider.Tracer(scopeName, trace.WithSchemaURL(SchemaURL))
 	return t, nil
 }
 
@@ -165,13 +174,25 @@ func Inject(ctx context.Context, h map[string][]string) {
 	propagation.TraceContext{}.Inject(ctx, Carrier(h))
 }
 
+// scopeName is the instrumentation scope of oncegate's spans.
+const scopeName = "github.com/oncegate/oncegate"
+
+// SchemaURL is the semantic conventions' schema the spans follow (their gen_ai.* attributes:
+// internal/genai).
+const SchemaURL = "https://opentelemetry.io/schemas/1.41.0"
+
 // StartAttempt begins the client span of one backend attempt under ctx's span, with the
 // provider that span came from (none: ctx's context is kept as it is), and writes its
-// traceparent into req's headers, so the backend's own trace continues the execution's.
-func StartAttempt(ctx context.Context, backend string, req *http.Request) trace.Span {
+// traceparent into req's headers, so the backend's own trace continues the execution's. name
+// is the span's name ("chat gpt-4o" for a GenAI call), attrs its attributes beside
+// oncegate.backend.
+func StartAttempt(ctx context.Context, backend, name string, req *http.Request, attrs ...attribute.KeyValue) trace.Span {
 	parent := trace.SpanFromContext(ctx)
-	_, span := parent.TracerProvider().Tracer("github.com/oncegate/oncegate").Start(ctx, "backend "+backend,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attribute.String("oncegate.backend", backend)))
+	if name == "" {
+		name = "backend " + backend
+	}
+	_, span := parent.TracerProvider().Tracer(scopeName, trace.WithSchemaURL(SchemaURL)).Start(ctx, name,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(append(attrs, attribute.String("oncegate.backend", backend))...))
 	propagation.TraceContext{}.Inject(trace.ContextWithSpan(ctx, span), propagation.HeaderCarrier(req.Header))
 	return span
 }

@@ -61,8 +61,9 @@ func StartGateway(t testing.TB, cfg *config.Config) *Gateway {
 	return StartGatewayEnv(t, cfg, func(string) string { return "" })
 }
 
-// StartGatewayEnv is StartGateway with getenv resolving the backends' api_key_env.
-func StartGatewayEnv(t testing.TB, cfg *config.Config, getenv func(string) string) *Gateway {
+// StartGatewayEnv is StartGateway with getenv resolving the backends' api_key_env, and opts
+// (gateway.WithSpanExporter…).
+func StartGatewayEnv(t testing.TB, cfg *config.Config, getenv func(string) string, opts ...gateway.Option) *Gateway {
 	t.Helper()
 	if cfg == nil {
 		cfg = Config(t)
@@ -76,7 +77,7 @@ func StartGatewayEnv(t testing.TB, cfg *config.Config, getenv func(string) strin
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	gw, err := gateway.Start(ctx, cfg, log, getenv)
+	gw, err := gateway.Start(ctx, cfg, log, getenv, opts...)
 	if err != nil {
 		t.Fatalf("gatewaykit: start: %v", err)
 	}
