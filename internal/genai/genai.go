@@ -36,8 +36,8 @@ const (
 	ResponseModel      attribute.Key = "gen_ai.response.model"
 	ResponseID         attribute.Key = "gen_ai.response.id"
 	FinishReasons      attribute.Key = "gen_ai.response.finish_reasons"
-	InputTokens        attribute.Key = "gen_ai.usage.input_tokens"
-	OutputTokens       attribute.Key = "gen_ai.usage.output_tokens"
+	InputTokens        attribute.Key = "gen_ai.usage.input_tokens"  // #nosec G101 -- an attribute name, not a credential
+	OutputTokens       attribute.Key = "gen_ai.usage.output_tokens" // #nosec G101 -- an attribute name, not a credential
 	InputMessages      attribute.Key = "gen_ai.input.messages"
 	OutputMessages     attribute.Key = "gen_ai.output.messages"
 	SystemInstructions attribute.Key = "gen_ai.system_instructions"
