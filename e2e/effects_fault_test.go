@@ -148,7 +148,7 @@ const (
 	envEffectsDir    = "OG_EFFECTS_DIR"    // the downstream system: a file per effect, named by its effect key
 )
 
-// callerEffect is the effect the caller process runs: its name and arguments.
+// callerEffectName and callerEffectArgs are the effect the caller process runs.
 const callerEffectName = "call_charge_card"
 
 var callerEffectArgs = json.RawMessage(`{"card":"4242","amount_cents":1999}`)
@@ -172,7 +172,11 @@ func TestEffectsCallerProcess(t *testing.T) {
 	c := &effects.Client{BaseURL: base, HTTP: httpClient, Lease: callerLease}
 	_, err := c.Do(context.Background(), os.Getenv(envEffectsKey), callerEffectName, callerEffectArgs, func(_ context.Context, effectKey string) (any, error) {
 		record := fmt.Sprintf(`{"charged":true,"effect_key":%q,"by":"the killed caller"}`, effectKey)
-		if err := os.WriteFile(filepath.Join(os.Getenv(envEffectsDir), effectKey), []byte(record), 0o600); err != nil {
+		path := filepath.Join(os.Getenv(envEffectsDir), effectKey)
+		if err := os.WriteFile(path+".tmp", []byte(record), 0o600); err != nil {
+			return nil, effects.NotRun(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil { // the whole record, or none
 			return nil, effects.NotRun(err)
 		}
 		// Hung after the side effect; the test kills the process. Bounded, so that a caller whose
@@ -208,11 +212,13 @@ func TestEffectsFaultCallerKilled(t *testing.T) {
 			t.Fatalf("the caller exited before its side effect: %v", caller.err)
 		}
 		files, err := os.ReadDir(downstream)
-		if err != nil || len(files) == 0 {
-			return fmt.Errorf("the caller has not done its side effect yet (%v)", err)
+		for _, f := range files {
+			if !strings.HasSuffix(f.Name(), ".tmp") {
+				effectKey = f.Name()
+				return nil
+			}
 		}
-		effectKey = files[0].Name()
-		return nil
+		return fmt.Errorf("the caller has not done its side effect yet (%v)", err)
 	})
 	// Killed once it has renewed its claim: alive and holding it until the kill stops that.
 	reg := gw.Metrics().Registry()
