@@ -25,10 +25,13 @@ var (
 
 // apiCounter counts the JetStream API requests ($JS.API.>) and advisories
 // ($JS.EVENT.ADVISORY.>) of the whole account, per kind, from one subscriber: a request made
-// on any node's server is routed to this subscription as to the API's own.
+// on any node's server is routed to this subscription as to the API's own. It also counts
+// every other message of the account per class (traffic: publishes per stream subject, acks,
+// replies and deliveries), what the servers route besides Raft's own traffic.
 type apiCounter struct {
-	mu    sync.Mutex
-	kinds map[string]int
+	mu      sync.Mutex
+	kinds   map[string]int
+	traffic map[string]int
 }
 
 func countJetStream(t *testing.T, url string) *apiCounter {
@@ -38,11 +41,20 @@ func countJetStream(t *testing.T, url string) *apiCounter {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	c := &apiCounter{kinds: map[string]int{}}
+	c := &apiCounter{kinds: map[string]int{}, traffic: map[string]int{}}
 	for _, subj := range []string{"$JS.API.>", "$JS.EVENT.ADVISORY.>"} {
 		if _, err := nc.Subscribe(subj, func(m *nats.Msg) { c.add(kindOf(m.Subject)) }); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := nc.Subscribe(">", func(m *nats.Msg) {
+		if class := classOf(m.Subject, m.Reply); class != "" {
+			c.mu.Lock()
+			c.traffic[class]++
+			c.mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
@@ -72,6 +84,34 @@ func kindOf(subj string) string {
 	return strings.Join(parts[:verb], ".") + " " + parts[verb]
 }
 
+// classOf is the traffic class of a message that is not a JetStream API request or event ("":
+// those, counted by kind): a consumer's delivery (its reply is an ack subject) or a publish,
+// each by its subject's first token (a KV bucket's by its bucket); an ack by its stream; a reply
+// to an inbox (publish acks, API answers); flow control. A publish without a reply is not
+// acknowledged by a stream (the worker's progress, an ack).
+func classOf(subj, reply string) string {
+	parts := strings.SplitN(subj, ".", 4)
+	name := parts[0]
+	if len(parts) > 1 && subj[0] == '$' {
+		name = parts[0] + "." + parts[1]
+	}
+	switch {
+	case strings.HasPrefix(subj, "$JS.API.") || strings.HasPrefix(subj, "$JS.EVENT."):
+		return ""
+	case strings.HasPrefix(subj, "$JS.ACK.") && len(parts) > 2:
+		return "ack " + parts[2]
+	case strings.HasPrefix(subj, "$JS.FC."):
+		return "flow control"
+	case strings.HasPrefix(subj, "_INBOX."):
+		return "to an inbox (publish acks, API answers)"
+	case strings.HasPrefix(reply, "$JS.ACK."):
+		return "delivery of " + name
+	case reply == "":
+		return "publish " + name + " (unacknowledged)"
+	}
+	return "publish " + name
+}
+
 func (c *apiCounter) add(kind string) {
 	c.mu.Lock()
 	c.kinds[kind]++
@@ -84,6 +124,15 @@ func (c *apiCounter) take() map[string]int {
 	defer c.mu.Unlock()
 	k := c.kinds
 	c.kinds = map[string]int{}
+	return k
+}
+
+// takeTraffic returns the traffic counts since the last take and starts again from zero.
+func (c *apiCounter) takeTraffic() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.traffic
+	c.traffic = map[string]int{}
 	return k
 }
 
@@ -114,7 +163,8 @@ func report(t *testing.T, what string, k map[string]int, per float64, unit strin
 // TestClusterJetStreamCost (issue 44) counts what a three-node cluster of embedded servers
 // (docs/operations/cluster.md's deployment, R3) asks of JetStream: idle for -jscost.idle, and
 // per new intent over -jscost.intents sent one after another to node 1 (each fresh key, a
-// non-stream chat completion, the built-in mock). It prints the counts per kind, and fails
+// non-stream chat completion, the built-in mock). It prints the counts per kind (and the
+// account's other messages per class: publishes, deliveries, acks, replies), and fails
 // when the idle cluster asks more than idleBudget API requests per second per node
 // (advisories are not requests) or creates a consumer (issue 44 item 3: quiet when idle).
 func TestClusterJetStreamCost(t *testing.T) {
@@ -144,6 +194,7 @@ func TestClusterJetStreamCost(t *testing.T) {
 	n := *costIntents
 	before, beforeEach := storedMessages(t, gws[0].NATSURL())
 	c.take() // the warm-up's, and the read of the streams' sequences
+	c.takeTraffic()
 	for i := range n {
 		chat(t, base, fmt.Sprintf("jscost-%04d", i))
 	}
@@ -153,12 +204,14 @@ func TestClusterJetStreamCost(t *testing.T) {
 	after, afterEach := storedMessages(t, gws[0].NATSURL())
 	stored := after - before
 	busy := c.take()
+	traffic := c.takeTraffic()
 	each := map[string]int{}
 	for name, last := range afterEach {
 		each["stored on "+name] = int(last - beforeEach[name])
 	}
 	report(t, "stored messages", each, float64(n), "/intent")
 	report(t, fmt.Sprintf("%d new intents on node 1 (%.2f stored messages per intent), and %s after them", n, float64(stored)/float64(n), chargeSettle), busy, float64(n), "/intent")
+	report(t, "the account's other messages (publishes, acks, replies, deliveries)", traffic, float64(n), "/intent")
 	requests := total(busy, "") - total(busy, "ADVISORY.")
 	if created := total(busy, "CONSUMER.CREATE"); created != 0 {
 		t.Errorf("%d consumers created during %d new intents, want 0", created, n)
