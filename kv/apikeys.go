@@ -24,7 +24,8 @@ import (
 //
 // Every API node keeps the bucket's entries in memory through a watcher (WatchAPIKeys), so an
 // authentication reads no store, and an entry written on any node takes effect on every node
-// as fast as the bucket's stream delivers it (milliseconds on a healthy cluster).
+// as fast as the bucket's stream delivers it (milliseconds on a healthy cluster), and on the
+// node that wrote it before the write returns (learn).
 
 // APIKeysBucket is the name of the run-time API keys bucket; APIKeysStream is its stream.
 const (
@@ -142,6 +143,20 @@ func decodeAPIKey(hash string, data []byte) (APIKey, error) {
 	return key, nil
 }
 
+// learn puts an entry this node has just written in its copy, so that the node that answered
+// an add or a revoke acts on it at once instead of when its watch delivers the write (a
+// request with the new key right after the add was refused 401 in between). A revocation
+// replaces whatever the copy holds (it is final); an added key only fills an empty place: the
+// watch may already have delivered it, or its revocation.
+func (k *APIKeys) learn(key APIKey, revoked bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.keys[key.Hash]; ok && !revoked {
+		return
+	}
+	k.keys[key.Hash] = key
+}
+
 // Lookup is this node's copy of the entry of hash (found: it has one, valid or revoked).
 func (k *APIKeys) Lookup(hash string) (key APIKey, found bool) {
 	k.mu.RLock()
@@ -163,6 +178,7 @@ func (k *APIKeys) Add(ctx context.Context, tenant, hash string, now time.Time) (
 	}
 	_, err = k.kv.Create(ctx, hash, data)
 	if err == nil {
+		k.learn(key, false)
 		return key, nil
 	}
 	if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -215,6 +231,7 @@ func (k *APIKeys) Revoke(ctx context.Context, hash, tenant string, now time.Time
 		if err != nil {
 			return APIKey{}, fmt.Errorf("kv: revoke key %s: %w", hash, err)
 		}
+		k.learn(have, true)
 		return have, nil
 	}
 	return APIKey{}, fmt.Errorf("kv: revoke key %s: %w", hash, ErrConflict)

@@ -90,3 +90,38 @@ func TestAPIKeysStore(t *testing.T) {
 		t.Errorf("list = %+v; want a (created at %s, revoked a minute later), then b of beta, revoked", list, now)
 	}
 }
+
+// TestAPIKeysReadYourWrites: the node that adds or revokes a key acts on it at once, before its
+// watch delivers the write (here no watch runs at all): TestKeyAdminCommands' request with a
+// key just added was refused 401 when it came before the watch's delivery.
+func TestAPIKeysReadYourWrites(t *testing.T) {
+	srv := testkit.RunJetStream(t, 0)
+	_, js := srv.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	keys, err := kv.OpenAPIKeys(ctx, js, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	a := keyHash("key-a")
+	if _, err := keys.Add(ctx, "acme", a, now); err != nil {
+		t.Fatal(err)
+	}
+	if k, found := keys.Lookup(a); !found || !k.Revoked.IsZero() || k.Tenant != "acme" {
+		t.Fatalf("right after the add: %+v found %v, want a valid key of acme", k, found)
+	}
+	if _, err := keys.Revoke(ctx, a, "", now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if k, found := keys.Lookup(a); !found || k.Revoked.IsZero() {
+		t.Fatalf("right after the revocation: %+v found %v, want it revoked", k, found)
+	}
+	// An add that finds the key revoked never puts it back as valid.
+	if _, err := keys.Add(ctx, "acme", a, now); !errors.Is(err, kv.ErrKeyRevoked) {
+		t.Fatalf("add after the revocation: %v, want ErrKeyRevoked", err)
+	}
+	if k, _ := keys.Lookup(a); k.Revoked.IsZero() {
+		t.Fatal("the revoked key is valid again in the copy")
+	}
+}
