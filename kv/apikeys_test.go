@@ -18,17 +18,24 @@ func keyHash(key string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// TestAPIKeysStore: the store's answers on a real JetStream, each step on the state the
-// steps before left, and this node's watched copy following every write.
-func TestAPIKeysStore(t *testing.T) {
+// openAPIKeys is the key store on a fresh embedded JetStream, and a context for the test.
+func openAPIKeys(t *testing.T) (context.Context, *kv.APIKeys) {
+	t.Helper()
 	srv := testkit.RunJetStream(t, 0)
 	_, js := srv.Conn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	keys, err := kv.OpenAPIKeys(ctx, js, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ctx, keys
+}
+
+// TestAPIKeysStore: the store's answers on a real JetStream, each step on the state the
+// steps before left, and this node's watched copy following every write.
+func TestAPIKeysStore(t *testing.T) {
+	ctx, keys := openAPIKeys(t)
 	loaded := make(chan struct{})
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -95,14 +102,7 @@ func TestAPIKeysStore(t *testing.T) {
 // watch delivers the write (here no watch runs at all): TestKeyAdminCommands' request with a
 // key just added was refused 401 when it came before the watch's delivery.
 func TestAPIKeysReadYourWrites(t *testing.T) {
-	srv := testkit.RunJetStream(t, 0)
-	_, js := srv.Conn(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	keys, err := kv.OpenAPIKeys(ctx, js, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, keys := openAPIKeys(t)
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	a := keyHash("key-a")
 	if _, err := keys.Add(ctx, "acme", a, now); err != nil {
