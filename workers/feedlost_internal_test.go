@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/internal/backend"
@@ -52,6 +53,26 @@ func TestLostFeedKeepsTheAnswer(t *testing.T) {
 	if ch, err := fl.Next(ctx); err != nil || ch.Kind != jobs.KindData {
 		t.Fatalf("first chunk %+v, %v; want output", ch, err)
 	}
+	// The follower reads a chunk as it is published (a core subscription on one server), maybe
+	// before CHUNKS stored it: the loss comes once the stream holds it. Lost with the first
+	// publish still in flight, the worker's retry would store that chunk, which expects an
+	// empty subject, in the recreated stream and the rest after it: nothing lost, nothing for
+	// this test to see (a loaded machine did that).
+	subject := jobs.ChunkSubject(key, rec.JobID, rec.Epoch)
+	st, err := r.srv.JS.Stream(ctx, jobs.ChunksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			return err
+		}
+		if info.State.Subjects[subject] == 0 {
+			return errors.New("CHUNKS holds no chunk of the epoch yet")
+		}
+		return nil
+	})
 	if err := r.srv.JS.DeleteStream(ctx, jobs.ChunksStream); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +89,7 @@ func TestLostFeedKeepsTheAnswer(t *testing.T) {
 	// learns the outcome from the record (httpapi's idle check, intent.Admission.Next); one
 	// that follows the epoch now is told by the stored-outcome chunk.
 	fl.Close()
-	late, err := hub.Join(ctx, jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
+	late, err := hub.Join(ctx, subject)
 	if err != nil {
 		t.Fatal(err)
 	}
