@@ -12,9 +12,14 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
 func main() {
+	// The process's memory limit from its container's (serve's start line says which limit
+	// is in effect; a cgroup that cannot be read leaves none).
+	_ = setMemoryLimit(memlimit.FromCgroup)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
 	stop()

@@ -90,6 +90,8 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 		fmt.Fprintln(stderr, startFailure(err))
 		return 1
 	}
+	limit, source := memoryLimit(getenv)
+	log.Info().Int64("go_memory_limit", limit).Str("source", source).Msg("Go memory limit")
 	if ready != nil {
 		ready(gw)
 	}
