@@ -37,6 +37,7 @@ var floors = map[string]int{
 	"internal/mockllm":          0,
 	"internal/natsrv":           0,
 	"internal/openaiwire":       0,
+	"internal/partition":        0,
 	"internal/replicas":         0,
 	"internal/resilience":       0,
 	"internal/responseswire":    0,
