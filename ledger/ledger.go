@@ -12,6 +12,16 @@
 // DenyPurge do not stop UpdateStream or DeleteStream: deny those API subjects to everyone but an
 // admin, and mirror the stream (see shared/notes, D6).
 //
+// # Partitions
+//
+// A store of several partitions has one ledger stream per partition (LEDGER, LEDGER_P1, ...;
+// subjects p<k>.ledger.<hash>), and a Ledger is bound to one (WithPartition). Each
+// partition's stream holds its own chain per tenant: an intent and all its entries live in the
+// partition of its key, nothing needs an order across partitions, and an append stays on its
+// partition's leader. A Set holds one Ledger per partition: writers use the one of their
+// key's partition, readers (bills, exports, verify, Reconcile, Budgets) read them all.
+// OG_TALLY and BudgetBucket are single, tenant-wide, for every partition.
+//
 // # Entries
 //
 // An entry is a charge (one backend execution's usage, priced from a Prices table into integer
