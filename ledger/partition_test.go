@@ -6,6 +6,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -400,5 +401,44 @@ func TestSetReconcileAcrossPartitions(t *testing.T) {
 	}
 	if want := es[0].CostMicros + es[1].CostMicros + es[3].CostMicros + es[4].CostMicros; b.NetMicros != want {
 		t.Errorf("acme's net %d, want %d (j2 once)", b.NetMicros, want)
+	}
+}
+
+// TestHeadsOfPartitions: a heads file holds a tenant once per partition; the same tenant twice
+// in one partition, or a partition out of range, is refused; a head of partition 0 is written
+// without its partition, as before partitions (a file written then still reads, and its MAC
+// still matches).
+func TestHeadsOfPartitions(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	at := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		heads []ledger.Head
+		ok    bool
+	}{
+		{"one per partition", []ledger.Head{{Tenant: "acme", Count: 1, Hash: hash}, {Tenant: "acme", Partition: 1, Count: 1, Hash: hash}}, true},
+		{"twice in partition 1", []ledger.Head{{Tenant: "acme", Partition: 1, Count: 1, Hash: hash}, {Tenant: "acme", Partition: 1, Count: 2, Hash: hash}}, false},
+		{"partition out of range", []ledger.Head{{Tenant: "acme", Partition: partition.Max, Count: 1, Hash: hash}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := ledger.WriteHeads(&buf, ledger.NewHeads(tc.heads, at, testSecret)); err != nil {
+				t.Fatal(err)
+			}
+			h, err := ledger.ReadHeads(&buf)
+			if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ledger.ErrCorrupt)) {
+				t.Fatalf("ReadHeads: %v, want ok %v", err, tc.ok)
+			}
+			if err == nil && !reflect.DeepEqual(h.Heads, tc.heads) {
+				t.Errorf("read back %+v, want %+v", h.Heads, tc.heads)
+			}
+		})
+	}
+	var buf bytes.Buffer
+	if err := ledger.WriteHeads(&buf, ledger.NewHeads([]ledger.Head{{Tenant: "acme", Count: 1, Hash: hash, Time: at}}, at, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "partition") {
+		t.Errorf("a head of partition 0 names its partition:\n%s", buf.String())
 	}
 }
