@@ -187,6 +187,8 @@ const (
 	fieldModel   = "model"
 	fieldKind    = "kind"
 	fieldCost    = "cost_micros"
+	// fieldPartition is on every log line of a ledger of partition k ≥ 1.
+	fieldPartition = "partition"
 )
 
 // Entry is one ledger entry. CostMicros is always ≥ 0; its sign comes from Kind (a reversal
@@ -414,6 +416,9 @@ func New(js jetstream.JetStream, prices Prices, currency string, opts ...Option)
 		o(l)
 	}
 	l.streamName, l.all = l.part.Stream(StreamName), l.part.Subject(allSubjects)
+	if l.part != 0 {
+		l.log = l.log.With().Int(fieldPartition, int(l.part)).Logger()
+	}
 	return l
 }
 
