@@ -11,6 +11,8 @@ import (
 	"io"
 	"slices"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // VerifyOptions say what Check verifies beyond the chain's own links and hashes.
@@ -84,29 +86,45 @@ func (k keys) entryGeneration(e *Entry, from int) (gen int, why string) {
 	return i, ""
 }
 
-// Head is one tenant's chain head: its last entry's sequence, hash and time, and how many
-// entries the chain has.
+// Head is one tenant's chain head in one partition: its last entry's sequence, hash and time,
+// and how many entries the chain has. Partition is 0 in a store of one partition (and then
+// absent from a heads file's JSON, as in files written before partitions).
 type Head struct {
-	Tenant string    `json:"tenant"`
-	Seq    uint64    `json:"seq"`
-	Count  int       `json:"count"`
-	Hash   string    `json:"hash"`
-	Time   time.Time `json:"time"`
+	Tenant    string    `json:"tenant"`
+	Partition int       `json:"partition,omitempty"`
+	Seq       uint64    `json:"seq"`
+	Count     int       `json:"count"`
+	Hash      string    `json:"hash"`
+	Time      time.Time `json:"time"`
 }
 
 // AnchorError is a finding of Check against anchored heads (Tenant empty: about the heads
 // file itself). It matches ErrAnchor.
 type AnchorError struct {
-	Tenant string
-	Reason string
+	Tenant    string
+	Partition int
+	Reason    string
 }
 
 func (e *AnchorError) Error() string {
-	if e.Tenant == "" {
+	switch {
+	case e.Tenant == "":
 		return "ledger: heads: " + e.Reason
+	case e.Partition != 0:
+		return fmt.Sprintf("ledger: tenant %q in partition %d: %s", e.Tenant, e.Partition, e.Reason)
 	}
 	return fmt.Sprintf("ledger: tenant %q: %s", e.Tenant, e.Reason)
 }
+
+// chainOf names a chain: a tenant's entries in one partition (that of their key hash: an
+// intent and all its entries live in the partition of its key).
+type chainOf struct {
+	tenant string
+	part   int
+}
+
+// chainOfEntry is the chain e belongs to.
+func chainOfEntry(e *Entry) chainOf { return chainOf{e.Tenant, int(partition.OfKey(e.KeyHash))} }
 
 // Unwrap makes an AnchorError match ErrAnchor.
 func (e *AnchorError) Unwrap() error { return ErrAnchor }
@@ -163,7 +181,9 @@ type tenantState struct {
 }
 
 // Check verifies a complete export (every entry of each tenant it contains, in stream order)
-// and, with o, its keyed hashes and its anchor:
+// and, with o, its keyed hashes and its anchor. A tenant has one chain per partition (the
+// partition of its entries' key hashes, partition.OfKey), checked apart; an export of several
+// partitions holds each one's entries in its stream order (Set.Scan's order):
 //
 //   - each entry's hash: SHA-256 for an unkeyed entry; for a keyed one the HMAC under
 //     o.Secret (without it, not checked: Report.Unchecked);
@@ -182,23 +202,28 @@ type tenantState struct {
 func Check(entries []Entry, o VerifyOptions) *Report {
 	r := &Report{Entries: len(entries)}
 	ks := newKeys(o)
-	tenants := map[string]*tenantState{}
+	tenants := map[chainOf]*tenantState{}
 	var order []*tenantState
-	anchors := map[string]*Head{}
+	anchors := map[chainOf]*Head{}
 	if o.Heads != nil {
 		for i := range o.Heads.Heads {
-			anchors[o.Heads.Heads[i].Tenant] = &o.Heads.Heads[i]
+			h := &o.Heads.Heads[i]
+			anchors[chainOf{h.Tenant, h.Partition}] = h
 		}
 	}
 	ids := map[idDigest]struct{}{}
-	var lastSeq uint64
+	lastSeq := map[int]*uint64{} // by partition: each has its own stream
 	for i := range entries {
 		e := &entries[i]
-		st := tenants[e.Tenant]
+		k := chainOfEntry(e)
+		st := tenants[k]
 		if st == nil {
-			st = &tenantState{head: Head{Tenant: e.Tenant}, anchor: anchors[e.Tenant]}
-			tenants[e.Tenant] = st
+			st = &tenantState{head: Head{Tenant: e.Tenant, Partition: k.part}, anchor: anchors[k]}
+			tenants[k] = st
 			order = append(order, st)
+		}
+		if lastSeq[k.part] == nil {
+			lastSeq[k.part] = new(uint64)
 		}
 		keyed := Keyed(e)
 		if keyed {
@@ -206,9 +231,9 @@ func Check(entries []Entry, o VerifyOptions) *Report {
 		} else {
 			r.Unkeyed++
 		}
-		if reason := checkEntry(e, st, ks, o.RequireKeyed, &lastSeq, ids); reason != "" && !st.broken {
+		if reason := checkEntry(e, st, ks, o.RequireKeyed, lastSeq[k.part], ids); reason != "" && !st.broken {
 			st.broken = true
-			r.Findings = append(r.Findings, &ChainError{Index: i, Seq: e.Seq, ID: e.ID, Tenant: e.Tenant, Reason: reason})
+			r.Findings = append(r.Findings, &ChainError{Index: i, Seq: e.Seq, ID: e.ID, Tenant: e.Tenant, Partition: k.part, Reason: reason})
 		} else if keyed && len(ks) == 0 && !st.broken {
 			r.Unchecked++
 		}
@@ -281,7 +306,7 @@ func checkEntry(e *Entry, st *tenantState, ks keys, requireKeyed bool, lastSeq *
 }
 
 // checkAnchor adds the findings of the tenants' chains against h.
-func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, ks keys) {
+func (r *Report) checkAnchor(h *Heads, tenants map[chainOf]*tenantState, ks keys) {
 	switch {
 	case h.MAC == "":
 		r.HeadsMAC = MACAbsent
@@ -296,7 +321,7 @@ func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, ks keys)
 	}
 	for i := range h.Heads {
 		a := &h.Heads[i]
-		st := tenants[a.Tenant]
+		st := tenants[chainOf{a.Tenant, a.Partition}]
 		anchored := fmt.Sprintf("%d entries to seq %d, %s", a.Count, a.Seq, short(a.Hash))
 		var reason string
 		switch {
@@ -314,7 +339,7 @@ func (r *Report) checkAnchor(h *Heads, tenants map[string]*tenantState, ks keys)
 			r.After += st.head.Count - a.Count
 			continue
 		}
-		r.Findings = append(r.Findings, &AnchorError{Tenant: a.Tenant, Reason: reason})
+		r.Findings = append(r.Findings, &AnchorError{Tenant: a.Tenant, Partition: a.Partition, Reason: reason})
 	}
 }
 
@@ -413,7 +438,7 @@ func WriteHeads(w io.Writer, h *Heads) error {
 }
 
 // ReadHeads parses a heads file written by WriteHeads. Anything else — an unknown field, a
-// version other than 1, a tenant twice, an empty tenant, a count below 1, a hash or MAC that
+// version other than 1, a tenant twice in one partition, a partition out of range, an empty tenant, a count below 1, a hash or MAC that
 // is not one, trailing data — is an ErrCorrupt. It does not check the MAC (Check does, with
 // the secret).
 func ReadHeads(r io.Reader) (*Heads, error) {
@@ -443,20 +468,23 @@ func ReadHeads(r io.Reader) (*Heads, error) {
 		return nil, bad("the mac is not %s and 64 hex digits", KeyedPrefix)
 	}
 	h.Created = h.Created.UTC()
-	seen := make(map[string]bool, len(h.Heads))
+	seen := make(map[chainOf]bool, len(h.Heads))
 	for i := range h.Heads {
 		hd := &h.Heads[i]
+		k := chainOf{hd.Tenant, hd.Partition}
 		switch {
 		case hd.Tenant == "":
 			return nil, bad("head %d: empty tenant", i)
-		case seen[hd.Tenant]:
+		case hd.Partition < 0 || hd.Partition >= partition.Max:
+			return nil, bad("head %d (tenant %q): partition %d out of range", i, hd.Tenant, hd.Partition)
+		case seen[k]:
 			return nil, bad("head %d: tenant %q twice", i, hd.Tenant)
 		case hd.Count < 1:
 			return nil, bad("head %d (tenant %q): count %d, want at least 1", i, hd.Tenant, hd.Count)
 		case !validHash(hd.Hash, false):
 			return nil, bad("head %d (tenant %q): hash %q is not an entry hash", i, hd.Tenant, hd.Hash)
 		}
-		seen[hd.Tenant] = true
+		seen[k] = true
 		hd.Time = hd.Time.UTC()
 	}
 	return &h, nil

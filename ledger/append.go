@@ -15,6 +15,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // Appends are committed in groups, one tenant's chain at a time.
@@ -100,6 +101,9 @@ func (c *chain) withdraw(p *pending) bool {
 // An append whose context ends while it waits in the queue is withdrawn; once taken into a
 // group it is committed or refused with the group, within the latest deadline of its members.
 func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Context) error, after time.Time) (Entry, bool, error) {
+	if p := partition.OfKey(e.KeyHash); p != l.part {
+		return Entry{}, false, fmt.Errorf("ledger: append %s: %w: key of partition %d, ledger of partition %d", e.ID, ErrInvalid, p, l.part)
+	}
 	c := l.chain(e.Tenant)
 	if !after.IsZero() {
 		// A possible repeat of an entry older than the index: looked up before queueing, so
@@ -332,7 +336,7 @@ func (l *Ledger) publishOne(ctx context.Context, c *chain, p *pending) error {
 	msg := nats.NewMsg(c.subject)
 	msg.Data = encodeStored(e)
 	msg.Header.Set(jetstream.MsgIDHeader, e.ID)
-	msg.Header.Set(jetstream.ExpectedStreamHeader, StreamName)
+	msg.Header.Set(jetstream.ExpectedStreamHeader, l.streamName)
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(c.lastSeq, 10))
 	ack, err := jspub.Publish(ctx, l.js.Conn(), msg)
 	switch {
@@ -371,7 +375,7 @@ func (l *Ledger) publishBatch(ctx context.Context, c *chain, ps []*pending) erro
 		prevHash = e.Hash
 		h := nats.Header{}
 		h.Set(jetstream.MsgIDHeader, e.ID)
-		h.Set(jetstream.ExpectedStreamHeader, StreamName)
+		h.Set(jetstream.ExpectedStreamHeader, l.streamName)
 		if i == 0 {
 			h.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(c.lastSeq, 10))
 		}

@@ -127,18 +127,26 @@ type ModelBill struct {
 // Bill computes the bill of tenant ("" = every tenant together) for entries with Time in
 // [from, to) (zero: open), and the tally reports (Tallies) whose interval ends in [from, to).
 func (l *Ledger) Bill(ctx context.Context, tenant string, from, to time.Time) (*Bill, error) {
+	return billOf(ctx, []*Ledger{l}, tenant, from, to)
+}
+
+// billOf is the bill of the entries of every ledger of ls (Bill, Set.Bill), with the tally
+// reports read once (OG_TALLY is one stream for every partition).
+func billOf(ctx context.Context, ls []*Ledger, tenant string, from, to time.Time) (*Bill, error) {
 	b := newBillBuilder(tenant, from, to)
-	if err := l.Scan(ctx, tenant, from, to, func(e Entry) error { return b.add(&e) }); err != nil {
-		return nil, err
+	for _, l := range ls {
+		if err := l.Scan(ctx, tenant, from, to, func(e Entry) error { return b.add(&e) }); err != nil {
+			return nil, err
+		}
 	}
-	reports, err := l.Tallies(ctx, tenant, from, to)
+	reports, err := ls[0].Tallies(ctx, tenant, from, to)
 	if err != nil {
 		return nil, err
 	}
 	b.addTallies(reports)
 	out := b.finish()
 	if out.Currency == "" {
-		out.Currency = l.currency
+		out.Currency = ls[0].currency
 	}
 	return out, nil
 }

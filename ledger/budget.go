@@ -153,7 +153,8 @@ func WithSettleHold(d time.Duration) BudgetOption { return func(b *Budgets) { b.
 // hour), later ones only the new entries (one read when nothing is new); an entry counts in
 // the period of its Time.
 type Budgets struct {
-	l        *Ledger
+	l        *Ledger   // the first of parts: its JetStream, prices, clock and logger
+	parts    []*Ledger // the ledgers whose entries count: every partition's
 	period   Period
 	limits   map[string]int64
 	now      func() time.Time
@@ -173,17 +174,22 @@ type Budgets struct {
 }
 
 type tenantBudget struct {
-	mu      chanMutex // serializes refresh, admission, release and renewal for the tenant
-	key     string    // in BudgetBucket
-	loaded  bool
-	lastSeq uint64              // last ledger entry of the tenant counted
-	spent   map[time.Time]int64 // net spend by period start (entries read once, incrementally)
+	mu    chanMutex           // serializes refresh, admission, release and renewal for the tenant
+	key   string              // in BudgetBucket
+	read  []partRead          // how far each partition's entries of the tenant were counted
+	spent map[time.Time]int64 // net spend by period start, over every partition (entries read once, incrementally)
 	// charged are the jobs with a charge among the entries counted, and its time: what a
 	// settle hold of the job no longer needs to stand in for. Kept for a hold and a minute.
 	charged map[string]time.Time
 	held    map[string]held // this process's unreleased reservations, by id
 	timer   *time.Timer     // renews held; nil when nothing is held
 	gen     uint64          // which timer is current (a stopped one may still fire)
+}
+
+// partRead is how far a tenant's entries in one partition were counted.
+type partRead struct {
+	loaded  bool
+	lastSeq uint64 // last ledger entry of the tenant counted
 }
 
 // isCharged reports whether the entries counted hold a charge of job. The caller holds tb.mu.
@@ -200,12 +206,19 @@ type held struct {
 
 // NewBudgets enforces limits (tenant -> micro-units per period) over l's entries, with the
 // reservations in BudgetBucket on l's JetStream (created on first use). The limits map is
-// read, never written. Close stops renewing this process's reservations.
+// read, never written. Close stops renewing this process's reservations. Set.Budgets is
+// the same over every partition of a Set.
 func NewBudgets(l *Ledger, period Period, limits map[string]int64, opts ...BudgetOption) (*Budgets, error) {
+	return newBudgets(&Set{parts: []*Ledger{l}}, period, limits, opts...)
+}
+
+// newBudgets is NewBudgets over the ledgers of s.
+func newBudgets(s *Set, period Period, limits map[string]int64, opts ...BudgetOption) (*Budgets, error) {
 	if !period.Valid() {
 		return nil, fmt.Errorf("ledger: budgets: %w: period %q (day or month)", ErrInvalid, period)
 	}
-	b := &Budgets{l: l, period: period, limits: limits, now: l.now, hold: DefaultSettleHold, ttl: DefaultReservationTTL,
+	l := s.parts[0]
+	b := &Budgets{l: l, parts: s.parts, period: period, limits: limits, now: l.now, hold: DefaultSettleHold, ttl: DefaultReservationTTL,
 		maxHold: DefaultReservationMax, tenants: map[string]*tenantBudget{}}
 	for _, o := range opts {
 		o(b)
@@ -221,8 +234,8 @@ func (b *Budgets) tenant(t string) *tenantBudget {
 	defer b.mu.Unlock()
 	tb := b.tenants[t]
 	if tb == nil {
-		tb = &tenantBudget{mu: make(chanMutex, 1), key: reservationKey(t), spent: map[time.Time]int64{}, held: map[string]held{},
-			charged: map[string]time.Time{}}
+		tb = &tenantBudget{mu: make(chanMutex, 1), key: reservationKey(t), read: make([]partRead, len(b.parts)),
+			spent: map[time.Time]int64{}, held: map[string]held{}, charged: map[string]time.Time{}}
 		b.tenants[strings.Clone(t)] = tb // kept: never a caller's borrowed bytes
 	}
 	return tb
@@ -232,18 +245,14 @@ func (b *Budgets) tenant(t string) *tenantBudget {
 // (by the server's store time), for entries stamped by a clock ahead of the server's.
 const budgetMargin = time.Hour
 
-// refresh counts the tenant's entries appended since the last refresh; the first time, those
-// stored since the current period started (less a margin). The caller holds tb.mu.
+// refresh counts the tenant's entries appended since the last refresh, in every partition;
+// the first time, those stored since the current period started (less a margin). The caller
+// holds tb.mu.
+//
+// A tenant's spend is the sum over the partitions, each read up to its head of the moment:
+// a charge appended to a partition after its read is not counted yet, and its settle hold
+// (or reservation) still is, since a hold stops counting only once its charge was read.
 func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, now time.Time) error {
-	count := func(e *Entry) error {
-		tb.lastSeq = e.Seq
-		tb.spent[b.period.start(e.Time)] += e.Signed()
-		b.outputs.Observe(e)
-		if e.Kind == KindCharge && e.JobID != "" {
-			tb.charged[e.JobID] = e.Time
-		}
-		return nil
-	}
 	defer func() { // forget what no live hold can name any more
 		for job, at := range tb.charged {
 			if now.Sub(at) > b.hold+time.Minute {
@@ -251,25 +260,43 @@ func (b *Budgets) refresh(ctx context.Context, tenant string, tb *tenantBudget, 
 			}
 		}
 	}()
-	subject := Subject(tenant)
-	if tb.loaded {
-		return b.l.follow(ctx, subject, tb.lastSeq+1, 0, count)
+	for i, l := range b.parts {
+		if err := b.refreshPart(ctx, l, l.subject(tenant), tb, &tb.read[i], now); err != nil {
+			return err
+		}
 	}
-	st, err := b.l.stream(ctx)
+	return nil
+}
+
+// refreshPart counts the entries on subject of l's stream appended since pr.lastSeq (refresh).
+func (b *Budgets) refreshPart(ctx context.Context, l *Ledger, subject string, tb *tenantBudget, pr *partRead, now time.Time) error {
+	count := func(e *Entry) error {
+		pr.lastSeq = e.Seq
+		tb.spent[b.period.start(e.Time)] += e.Signed()
+		b.outputs.Observe(e)
+		if e.Kind == KindCharge && e.JobID != "" {
+			tb.charged[e.JobID] = e.Time
+		}
+		return nil
+	}
+	if pr.loaded {
+		return l.follow(ctx, subject, pr.lastSeq+1, 0, count)
+	}
+	st, err := l.stream(ctx)
 	if err != nil {
 		return err
 	}
 	var head uint64
 	if st != nil {
-		if head, _, err = b.l.last(ctx, st, subject); err != nil {
+		if head, _, err = l.last(ctx, st, subject); err != nil {
 			return err
 		}
 	}
 	since := b.period.start(now).Add(-budgetMargin)
-	if err := b.l.scan(ctx, subject, span{since: since, end: head}, count); err != nil {
+	if err := l.scan(ctx, subject, span{since: since, end: head}, count); err != nil {
 		return err
 	}
-	tb.lastSeq, tb.loaded = head, true
+	pr.lastSeq, pr.loaded = head, true
 	return nil
 }
 

@@ -246,7 +246,7 @@ func (l *Ledger) chain(tenant string) *chain {
 	c := l.chains[tenant]
 	if c == nil {
 		tenant = strings.Clone(tenant) // kept: never a caller's borrowed bytes (a Fiber handler's)
-		c = &chain{mu: make(chanMutex, 1), tenant: tenant, subject: Subject(tenant), horizon: l.horizon}
+		c = &chain{mu: make(chanMutex, 1), tenant: tenant, subject: l.subject(tenant), horizon: l.horizon}
 		l.chains[tenant] = c
 	}
 	return c
@@ -380,14 +380,18 @@ func headIn(err error) uint64 {
 
 // ChainError says where and why Check found the chain broken. It matches ErrChainBroken.
 type ChainError struct {
-	Index  int    // position in the verified slice
-	Seq    uint64 // the entry's stream sequence, if known
-	ID     string
-	Tenant string
-	Reason string
+	Index     int    // position in the verified slice
+	Seq       uint64 // the entry's stream sequence (in its partition's stream), if known
+	ID        string
+	Tenant    string
+	Partition int // of the chain (the entry's key hash's)
+	Reason    string
 }
 
 func (e *ChainError) Error() string {
+	if e.Partition != 0 {
+		return fmt.Sprintf("ledger: chain broken at entry %d (partition %d, seq %d, id %s): %s", e.Index, e.Partition, e.Seq, e.ID, e.Reason)
+	}
 	return fmt.Sprintf("ledger: chain broken at entry %d (seq %d, id %s): %s", e.Index, e.Seq, e.ID, e.Reason)
 }
 

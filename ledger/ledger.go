@@ -12,6 +12,16 @@
 // DenyPurge do not stop UpdateStream or DeleteStream: deny those API subjects to everyone but an
 // admin, and mirror the stream (see shared/notes, D6).
 //
+// # Partitions
+//
+// A store of several partitions has one ledger stream per partition (LEDGER, LEDGER_P1, ...;
+// subjects p<k>.ledger.<hash>), and a Ledger is bound to one (WithPartition). Each
+// partition's stream holds its own chain per tenant: an intent and all its entries live in the
+// partition of its key, nothing needs an order across partitions, and an append stays on its
+// partition's leader. A Set holds one Ledger per partition: writers use the one of their
+// key's partition, readers (bills, exports, verify, Reconcile, Budgets) read them all.
+// OG_TALLY and BudgetBucket are single, tenant-wide, for every partition.
+//
 // # Entries
 //
 // An entry is a charge (one backend execution's usage, priced from a Prices table into integer
@@ -90,13 +100,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/telemetry"
 )
 
-// StreamName is the ledger stream.
+// StreamName is the ledger stream (of partition 0; partition k's is LEDGER_P<k>, see
+// WithPartition).
 const StreamName = "LEDGER"
 
-// subjectPrefix starts every tenant subject; allSubjects matches them all.
+// subjectPrefix starts every tenant subject; allSubjects matches them all (in partition 0;
+// partition k's start with "p<k>.").
 const (
 	subjectPrefix = "ledger."
 	allSubjects   = "ledger.>"
@@ -174,6 +187,8 @@ const (
 	fieldModel   = "model"
 	fieldKind    = "kind"
 	fieldCost    = "cost_micros"
+	// fieldPartition is on every log line of a ledger of partition k ≥ 1.
+	fieldPartition = "partition"
 )
 
 // Entry is one ledger entry. CostMicros is always ≥ 0; its sign comes from Kind (a reversal
@@ -338,11 +353,24 @@ func WithReconcileLimit(n int) Option {
 	return func(l *Ledger) { l.reconcileLimit = n }
 }
 
+// WithPartition binds the ledger to partition p (default 0): its stream is p.Stream(StreamName)
+// (LEDGER, LEDGER_P1, ...) and its subjects p.Subject of the tenant subjects (ledger.<hash>,
+// p1.ledger.<hash>, ...). Each partition's stream holds its own chain per tenant. The ledger
+// refuses an entry whose key hash belongs to another partition (partition.OfKey): an intent
+// and all its charges live in the partition of its key. A Set holds one per partition.
+func WithPartition(p partition.P) Option { return func(l *Ledger) { l.part = p } }
+
 // WithClock sets the clock that stamps entries (default time.Now).
 func WithClock(now func() time.Time) Option { return func(l *Ledger) { l.now = now } }
 
-// Ledger appends to and reads from the LEDGER stream. Create the stream with EnsureStream first.
+// Ledger appends to and reads from the LEDGER stream of its partition (WithPartition). Create
+// the stream with EnsureStream (EnsurePartition) first.
 type Ledger struct {
+	// part is the ledger's partition; streamName, prefix and all its stream, the prefix of
+	// its tenant subjects and the filter of them all.
+	part       partition.P
+	streamName string
+	all        string
 	// scans counts reads of a chain's entries from the stream (tests).
 	scans atomic.Int64
 	// batches counts the atomic batches appended (tests).
@@ -387,8 +415,21 @@ func New(js jetstream.JetStream, prices Prices, currency string, opts ...Option)
 	for _, o := range opts {
 		o(l)
 	}
+	l.streamName, l.all = l.part.Stream(StreamName), l.part.Subject(allSubjects)
+	if l.part != 0 {
+		l.log = l.log.With().Int(fieldPartition, int(l.part)).Logger()
+	}
 	return l
 }
+
+// Partition is the ledger's partition (WithPartition).
+func (l *Ledger) Partition() partition.P { return l.part }
+
+// Stream is the name of the ledger's stream: LEDGER in partition 0, LEDGER_P<k> in k.
+func (l *Ledger) Stream() string { return l.streamName }
+
+// subject is tenant's subject in the ledger's partition.
+func (l *Ledger) subject(tenant string) string { return l.part.Subject(Subject(tenant)) }
 
 // Currency is the currency of the ledger's charges.
 func (l *Ledger) Currency() string { return l.currency }
@@ -404,12 +445,12 @@ func (l *Ledger) stream(ctx context.Context) (jetstream.Stream, error) {
 	if st != nil {
 		return st, nil
 	}
-	st, err := l.js.Stream(ctx, StreamName)
+	st, err := l.js.Stream(ctx, l.streamName)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ledger: stream %s: %w", StreamName, err)
+		return nil, fmt.Errorf("ledger: stream %s: %w", l.streamName, err)
 	}
 	l.mu.Lock()
 	l.st = st
@@ -649,7 +690,7 @@ func (l *Ledger) find(ctx context.Context, tenant, id string, after time.Time) (
 	}
 	var found *Entry
 	errStop := errors.New("stop")
-	err := l.scan(ctx, allSubjects, span{}, func(e *Entry) error {
+	err := l.scan(ctx, l.all, span{}, func(e *Entry) error {
 		if e.ID == id {
 			found = e
 			return errStop

@@ -64,10 +64,10 @@ func (l *Ledger) leaderGet(ctx context.Context, st jetstream.Stream, req jsleade
 	return m, err
 }
 
-// last is the sequence and store time of the last message on subject (allSubjects, or
-// allTallySubjects: of the stream); seq 0 if there is none.
+// last is the sequence and store time of the last message on subject (a filter of the whole
+// stream, ending in ">": of the stream); seq 0 if there is none.
 func (l *Ledger) last(ctx context.Context, st jetstream.Stream, subject string) (uint64, time.Time, error) {
-	if subject == allSubjects || subject == allTallySubjects {
+	if strings.HasSuffix(subject, ">") {
 		var info *jetstream.StreamInfo
 		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
 			info, err = st.Info(ctx)
@@ -100,7 +100,7 @@ type span struct {
 	end   uint64
 }
 
-// scan calls fn for every entry on subject (a tenant subject or allSubjects) in sp, in order.
+// scan calls fn for every entry on subject (a tenant subject or l.all) in sp, in order.
 // It reads with one ordered consumer and stops at the last sequence it was asked for, so
 // entries appended meanwhile do not make it run forever. fn's error stops the scan and is
 // returned.
@@ -241,7 +241,7 @@ func (l *Ledger) follow(ctx context.Context, subject string, start, upTo uint64,
 	for full := st.CachedInfo().Config.AllowDirect; full; {
 		var msgs []jsdirect.Msg
 		err := jsretry.Within(ctx, func(ctx context.Context) (err error) {
-			msgs, full, err = jsdirect.Batch(ctx, l.js.Conn(), jsleader.APIPrefix(l.js), StreamName, subject, start, followBatch)
+			msgs, full, err = jsdirect.Batch(ctx, l.js.Conn(), jsleader.APIPrefix(l.js), l.streamName, subject, start, followBatch)
 			return err
 		})
 		if err != nil {
@@ -280,9 +280,9 @@ func (l *Ledger) follow(ctx context.Context, subject string, start, upTo uint64,
 // the server's clock, at the price of a read that grows with the ledger, not the period.
 // fn's error stops the scan and is returned.
 func (l *Ledger) Scan(ctx context.Context, tenant string, from, to time.Time, fn func(Entry) error) error {
-	subject := allSubjects
+	subject := l.all
 	if tenant != "" {
-		subject = Subject(tenant)
+		subject = l.subject(tenant)
 	}
 	return l.scan(ctx, subject, span{}, func(e *Entry) error {
 		if tenant != "" && e.Tenant != tenant {
@@ -298,8 +298,14 @@ func (l *Ledger) Scan(ctx context.Context, tenant string, from, to time.Time, fn
 // Entries returns the entries of tenant ("" = every tenant) whose Time is in [from, to) (zero:
 // open), in stream order.
 func (l *Ledger) Entries(ctx context.Context, tenant string, from, to time.Time) ([]Entry, error) {
+	return entriesOf(ctx, l.Scan, tenant, from, to)
+}
+
+// entriesOf collects what scan (Ledger.Scan, Set.Scan) calls its function with.
+func entriesOf(ctx context.Context, scan func(context.Context, string, time.Time, time.Time, func(Entry) error) error,
+	tenant string, from, to time.Time) ([]Entry, error) {
 	var out []Entry
-	err := l.Scan(ctx, tenant, from, to, func(e Entry) error {
+	err := scan(ctx, tenant, from, to, func(e Entry) error {
 		out = append(out, e)
 		return nil
 	})

@@ -4,9 +4,12 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // ReconcileReport is what one Reconcile found and did.
@@ -27,6 +30,10 @@ type ReconcileReport struct {
 	// ForgottenEarly counts the intents charged once that the summary, at its size bound
 	// (WithReconcileLimit), forgot before the horizon.
 	ForgottenEarly int `json:"forgotten_early,omitempty"`
+	// Partition is the partition a Ledger's report is of; Partitions, of a Set's report (the
+	// sum of them), the report of each of its partitions.
+	Partition  int               `json:"partition,omitempty"`
+	Partitions []ReconcileReport `json:"partitions,omitempty"`
 }
 
 // Duplicate is an intent (tenant, job id) with more than one charge standing; KeyHash is the
@@ -81,9 +88,9 @@ func (l *Ledger) Reconcile(ctx context.Context) (ReconcileReport, error) {
 			rs.p.limit = l.reconcileLimit
 		}
 	}
-	var rep ReconcileReport
+	rep := ReconcileReport{Partition: int(l.part)}
 	// Entries read are kept even if the scan fails half way: the summary stays exact up to lastSeq.
-	err := l.scan(ctx, allSubjects, span{start: rs.lastSeq + 1}, func(e *Entry) error {
+	err := l.scan(ctx, l.all, span{start: rs.lastSeq + 1}, func(e *Entry) error {
 		if err := rs.p.add(e); err != nil {
 			return err
 		}
@@ -149,8 +156,29 @@ func (l *Ledger) reconState() *reconState {
 }
 
 // PlanReconcile is what Reconcile would append given these entries (a complete export in
-// stream order), and the duplicates it found.
+// stream order; of several partitions, each partition's entries in its stream's order, as
+// Set.Scan reads them), and the duplicates it found, partition by partition.
 func PlanReconcile(entries []Entry) ([]PlannedReversal, []Duplicate, error) {
+	byPart := map[partition.P][]Entry{}
+	for _, e := range entries {
+		p := partition.OfKey(e.KeyHash)
+		byPart[p] = append(byPart[p], e)
+	}
+	var plan []PlannedReversal
+	var dups []Duplicate
+	for _, p := range slices.Sorted(maps.Keys(byPart)) {
+		pl, ds, err := planPartition(byPart[p])
+		if err != nil {
+			return nil, nil, err
+		}
+		plan, dups = append(plan, pl...), append(dups, ds...)
+	}
+	return plan, dups, nil
+}
+
+// planPartition is PlanReconcile of one partition's entries (their sequences are its
+// stream's).
+func planPartition(entries []Entry) ([]PlannedReversal, []Duplicate, error) {
 	p := newPlanner(0)
 	bySeq := make(map[uint64]int, len(entries))
 	for i := range entries {

@@ -9,16 +9,25 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/replicas"
 )
 
 // StreamConfig is the configuration EnsureStream creates LEDGER with (replicas 1, which
 // EnsureReplicated raises; an existing stream keeps its own count when larger).
-func StreamConfig() jetstream.StreamConfig {
+func StreamConfig() jetstream.StreamConfig { return PartitionStreamConfig(0) }
+
+// PartitionStreamConfig is StreamConfig for partition p: stream p.Stream(StreamName), subjects
+// p.Subject("ledger.>"). Partition 0's is LEDGER's.
+func PartitionStreamConfig(p partition.P) jetstream.StreamConfig {
+	desc := "oncegate billing ledger: append-only, hash-chained per tenant"
+	if p != 0 {
+		desc = fmt.Sprintf("oncegate billing ledger, partition %d: append-only, hash-chained per tenant", p)
+	}
 	return jetstream.StreamConfig{
-		Name:              StreamName,
-		Description:       "oncegate billing ledger: append-only, hash-chained per tenant",
-		Subjects:          []string{allSubjects},
+		Name:              p.Stream(StreamName),
+		Description:       desc,
+		Subjects:          []string{p.Subject(allSubjects)},
 		Retention:         jetstream.LimitsPolicy,
 		Storage:           jetstream.FileStorage,
 		Discard:           jetstream.DiscardNew,
@@ -55,9 +64,19 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream) error {
 // right. A memory, mirrored or sealed LEDGER is an ErrStreamConfig; a replica count NATS
 // refuses is a replicas.ErrReplicas that says what to do.
 func EnsureReplicated(ctx context.Context, js jetstream.JetStream, n int) error {
-	want := StreamConfig()
+	return EnsurePartition(ctx, js, 0, n, nil)
+}
+
+// EnsurePartition is EnsureReplicated for partition p's stream (PartitionStreamConfig), created
+// with placement when it is not nil (an existing stream keeps its own placement).
+func EnsurePartition(ctx context.Context, js jetstream.JetStream, p partition.P, n int, placement *jetstream.Placement) error {
+	want := PartitionStreamConfig(p)
 	want.Replicas = max(n, 1)
-	return ensureStream(ctx, js, want, tighten)
+	want.Placement = placement
+	all := want.Subjects[0]
+	return ensureStream(ctx, js, want, func(cur jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+		return tighten(cur, all)
+	})
 }
 
 // ensureStream creates the stream want names with want, or updates an existing one to what fix
@@ -97,22 +116,22 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	return nil
 }
 
-// tighten returns cur with every ledger protection in place.
-func tighten(cur jetstream.StreamConfig) (jetstream.StreamConfig, error) {
+// tighten returns cur with every ledger protection in place, and its subjects all.
+func tighten(cur jetstream.StreamConfig, all string) (jetstream.StreamConfig, error) {
 	switch {
 	case cur.Storage != jetstream.FileStorage:
-		return cur, fmt.Errorf("%w: %s uses %s storage; the ledger needs file storage (recreate it)", ErrStreamConfig, StreamName, cur.Storage)
+		return cur, fmt.Errorf("%w: %s uses %s storage; the ledger needs file storage (recreate it)", ErrStreamConfig, cur.Name, cur.Storage)
 	case cur.Mirror != nil:
-		return cur, fmt.Errorf("%w: %s is a mirror; the ledger must be the origin", ErrStreamConfig, StreamName)
+		return cur, fmt.Errorf("%w: %s is a mirror; the ledger must be the origin", ErrStreamConfig, cur.Name)
 	case cur.Sealed:
-		return cur, fmt.Errorf("%w: %s is sealed", ErrStreamConfig, StreamName)
+		return cur, fmt.Errorf("%w: %s is sealed", ErrStreamConfig, cur.Name)
 	case cur.Retention != jetstream.LimitsPolicy:
-		return cur, fmt.Errorf("%w: %s has retention %s; the ledger needs limits retention", ErrStreamConfig, StreamName, cur.Retention)
+		return cur, fmt.Errorf("%w: %s has retention %s; the ledger needs limits retention", ErrStreamConfig, cur.Name, cur.Retention)
 	}
 	next := cur
 	next.Subjects = slices.Clone(cur.Subjects)
-	if !slices.Contains(next.Subjects, allSubjects) {
-		next.Subjects = append(next.Subjects, allSubjects)
+	if !slices.Contains(next.Subjects, all) {
+		next.Subjects = append(next.Subjects, all)
 	}
 	next.DenyDelete, next.DenyPurge, next.AllowRollup = true, true, false
 	next.Discard = jetstream.DiscardNew

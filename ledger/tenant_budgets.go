@@ -17,6 +17,11 @@ type TenantBudgets map[string]*Budgets
 // of that period's tenants, all feeding and asking one Outputs (Admit). An unknown period is
 // ErrInvalid.
 func NewTenantBudgets(l *Ledger, limits map[string]BudgetLimit) (TenantBudgets, error) {
+	return tenantBudgets(&Set{parts: []*Ledger{l}}, limits)
+}
+
+// tenantBudgets is NewTenantBudgets over the ledgers of s.
+func tenantBudgets(s *Set, limits map[string]BudgetLimit) (TenantBudgets, error) {
 	outputs := NewOutputs()
 	byPeriod := map[Period]map[string]int64{}
 	for tenant, lim := range limits {
@@ -27,7 +32,7 @@ func NewTenantBudgets(l *Ledger, limits map[string]BudgetLimit) (TenantBudgets, 
 	}
 	out := TenantBudgets{}
 	for p, lim := range byPeriod {
-		b, err := NewBudgets(l, p, lim, WithOutputs(outputs))
+		b, err := newBudgets(s, p, lim, WithOutputs(outputs))
 		if err != nil {
 			return nil, err
 		}

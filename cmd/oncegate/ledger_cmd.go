@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,34 +20,41 @@ import (
 
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/natsrv"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/ledger"
 )
 
 const ledgerUsage = `usage:
   oncegate ledger verify [FILE|-|live] [--format csv|jsonl] [--heads FILE] [--require-keyed]
       verify an export (the format follows the file name, else --format; default jsonl);
-      without FILE (or with "live"), verify the live LEDGER stream (needs --nats-url or
-      --data-dir). Each entry's hash (keyed entries' with the ledger secret) and its link to
-      the previous entry of its tenant; with --heads, that every anchored tenant is still there
-      with its anchored entries (entries appended since are fine); with --require-keyed, that
-      every entry is keyed. One line per finding
+      without FILE (or with "live"), verify the live ledger streams, every partition's
+      (LEDGER, LEDGER_P1, ...; needs --nats-url or --data-dir). Each entry's hash (keyed
+      entries' with the ledger secret) and its link to the previous entry of its tenant in its
+      partition (a tenant has one chain per partition); with --heads, that every anchored
+      chain is still there with its anchored entries (entries appended since are fine); with
+      --require-keyed, that every entry is keyed. One line per finding; with several
+      partitions, one line per partition of what was checked
   oncegate ledger head [--out FILE]
-      export each tenant's head (tenant, seq and hash of its last entry, count of entries,
-      time) as JSON, with an HMAC over it when the ledger secret is set: keep it away from the
+      export each tenant's head in each partition (tenant, partition, seq and hash of its
+      last entry, count of entries, time) as JSON, with an HMAC over it when the ledger secret is set: keep it away from the
       ledger, and give it to verify --heads later. Refused when the chain does not verify
   oncegate ledger export [--format csv|jsonl] [--tenant T] [--from RFC3339] [--to RFC3339]
-      write every entry (with hash and prev_hash) to stdout; verify needs an export of all entries
+      write every entry (with hash and prev_hash) to stdout, partition after partition, each
+      in its stream's order; verify needs an export of all entries
   oncegate ledger bill [--tenant T] [--from RFC3339] [--to RFC3339] [--json]
-      gross, reversals and net by model (no --tenant: every tenant together), and the
+      gross, reversals and net by model (no --tenant: every tenant together), over every
+      partition, and the
       successful calls (completed charges plus executions avoided: joined and replayed), the
       money saved, the cost per successful call and the duplicate ratio; in JSON an open
       bound is null, and first_entry/last_entry are the times of the entries counted
   oncegate ledger reconcile [--dry-run] [--provider-usage FILE [--usage-format csv|jsonl]] [--json]
-      reverse charges that bill one intent twice; match a provider's usage export
+      reverse charges that bill one intent twice, in every partition (an intent and its
+      charges live in one); match a provider's usage export
       (request_id, model, input_tokens, output_tokens, cost_micros) against the ledger.
       Exit status 3 when a provider line matches no intent (UNEXPLAINED), for cron to alert
 
-  Every command but "verify FILE" reads the ledger through NATS:
+  Every command but "verify FILE" reads the ledger through NATS, every partition whose
+  stream exists (LEDGER, LEDGER_P1, ...):
     --nats-url URL   a running NATS (env ONCEGATE_NATS_URL), e.g. the gateway's --nats-listen
     --data-dir DIR   start the embedded NATS server read-write on the gateway's data directory;
                      the gateway must NOT be running on DIR at the same time (stop it first, or
@@ -157,18 +165,22 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		if len(rest) == 1 && rest[0] != "live" {
 			return v.file(rest[0], *format)
 		}
-		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Ledger) error {
+		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Set) error {
 			es, err := l.Entries(ctx, "", time.Time{}, time.Time{})
 			if err != nil {
 				return err
 			}
-			if code := v.report("LEDGER stream", es); code != 0 {
+			name := "LEDGER stream"
+			if n := len(l.Ledgers()); n > 1 {
+				name = fmt.Sprintf("ledger streams (%d partitions)", n)
+			}
+			if code := v.report(name, es); code != 0 {
 				return &exitError{code}
 			}
 			return nil
 		})
 	case "head":
-		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Ledger) error {
+		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Set) error {
 			es, err := l.Entries(ctx, "", time.Time{}, time.Time{})
 			if err != nil {
 				return err
@@ -180,18 +192,26 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		if f == "" {
 			f = ledger.FormatJSONL
 		}
-		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Ledger) error {
+		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Set) error {
 			ew, err := ledger.NewExportWriter(stdout, f)
 			if err != nil {
 				return err
 			}
-			if err := l.Scan(ctx, *tenant, from, to, ew.Write); err != nil {
-				return err
+			var counts []string
+			for _, pl := range l.Ledgers() {
+				n := 0
+				if err := pl.Scan(ctx, *tenant, from, to, func(e ledger.Entry) error { n++; return ew.Write(e) }); err != nil {
+					return err
+				}
+				counts = append(counts, fmt.Sprintf("%s %d", pl.Stream(), n))
+			}
+			if len(counts) > 1 {
+				fmt.Fprintf(stderr, "oncegate ledger export: entries by partition: %s\n", strings.Join(counts, ", "))
 			}
 			return ew.Flush()
 		})
 	case "bill":
-		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Ledger) error {
+		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Set) error {
 			b, err := l.Bill(ctx, *tenant, from, to)
 			if err != nil {
 				return err
@@ -200,6 +220,9 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 				return writeJSON(stdout, b)
 			}
 			printBill(stdout, b)
+			if n := len(l.Ledgers()); n > 1 {
+				fmt.Fprintf(stdout, "read %d partitions: %s\n", n, streamsOf(l))
+			}
 			return nil
 		})
 	case "reconcile":
@@ -207,7 +230,7 @@ func ledgerMain(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		if *usagePath != "" {
 			uf = formatOf(*usagePath, *usageFormat)
 		}
-		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Ledger) error {
+		return lc.run(ctx, sub, stderr, func(ctx context.Context, l *ledger.Set) error {
 			return ledgerReconcile(ctx, l, *dryRun, *usagePath, uf, *asJSON, stdout)
 		})
 	}
@@ -322,10 +345,16 @@ func (v *verifyRun) report(name string, es []ledger.Entry) int {
 		return 1
 	}
 	w := v.stdout
+	parts := byPartition(r.Heads)
 	if r.Unchecked > 0 {
-		fmt.Fprintf(w, "%s: chain links intact, %d keyed entries not checked: %d entries, %d tenants\n", name, r.Unchecked, len(es), len(r.Heads))
+		fmt.Fprintf(w, "%s: chain links intact, %d keyed entries not checked: %d entries, %d tenants\n", name, r.Unchecked, len(es), tenantsOf(r.Heads))
 	} else {
-		fmt.Fprintf(w, "%s: chain intact: %d entries, %d tenants\n", name, len(es), len(r.Heads))
+		fmt.Fprintf(w, "%s: chain intact: %d entries, %d tenants\n", name, len(es), tenantsOf(r.Heads))
+	}
+	if len(parts) > 1 {
+		for _, p := range parts {
+			fmt.Fprintf(w, "%s: partition %d (%s): %d entries, %d tenants' chains checked\n", name, p.part, partition.P(p.part).Stream(ledger.StreamName), p.entries, p.chains)
+		}
 	}
 	if r.Keyed > 0 && r.Unchecked == 0 {
 		fmt.Fprintf(w, "%s: %d keyed entries checked with the ledger secret, %d unkeyed\n", name, r.Keyed, r.Unkeyed)
@@ -337,9 +366,16 @@ func (v *verifyRun) report(name string, es []ledger.Entry) int {
 			name, v.headsName, h.Created.Format(time.RFC3339), mac, r.Anchored, r.After)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "tenant\tentries\tlast seq\thead hash")
-	for _, h := range r.Heads {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", h.Tenant, h.Count, h.Seq, h.Hash)
+	if len(parts) > 1 {
+		fmt.Fprintln(tw, "tenant\tpartition\tentries\tlast seq\thead hash")
+		for _, h := range r.Heads {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", h.Tenant, h.Partition, h.Count, h.Seq, h.Hash)
+		}
+	} else {
+		fmt.Fprintln(tw, "tenant\tentries\tlast seq\thead hash")
+		for _, h := range r.Heads {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", h.Tenant, h.Count, h.Seq, h.Hash)
+		}
 	}
 	_ = tw.Flush()
 	code := 0
@@ -354,6 +390,43 @@ func (v *verifyRun) report(name string, es []ledger.Entry) int {
 		code = exitUnchecked
 	}
 	return code
+}
+
+// partCount is what verify checked of one partition: its entries and chains (one per tenant).
+type partCount struct{ part, entries, chains int }
+
+// byPartition sums heads by partition, in order.
+func byPartition(heads []ledger.Head) []partCount {
+	var out []partCount
+	for _, h := range heads {
+		i := slices.IndexFunc(out, func(p partCount) bool { return p.part == h.Partition })
+		if i < 0 {
+			out = append(out, partCount{part: h.Partition})
+			i = len(out) - 1
+		}
+		out[i].entries += h.Count
+		out[i].chains++
+	}
+	slices.SortFunc(out, func(a, b partCount) int { return cmp.Compare(a.part, b.part) })
+	return out
+}
+
+// tenantsOf counts the tenants of heads (a tenant has a head in each partition it has entries in).
+func tenantsOf(heads []ledger.Head) int {
+	seen := map[string]bool{}
+	for _, h := range heads {
+		seen[h.Tenant] = true
+	}
+	return len(seen)
+}
+
+// streamsOf lists the streams of s's partitions.
+func streamsOf(s *ledger.Set) string {
+	names := make([]string, 0, len(s.Ledgers()))
+	for _, l := range s.Ledgers() {
+		names = append(names, l.Stream())
+	}
+	return strings.Join(names, ", ")
 }
 
 // ledgerHead anchors es: it writes each tenant's head to out (stdout when empty), with a MAC
@@ -379,13 +452,13 @@ func ledgerHead(es []ledger.Entry, keys ledger.VerifyOptions, out string, stdout
 		if err := ledger.WriteHeads(stdout, h); err != nil {
 			return err
 		}
-		fmt.Fprintf(stderr, "oncegate ledger head: %d tenants, %d entries, %s\n", len(h.Heads), len(es), signed)
+		fmt.Fprintf(stderr, "oncegate ledger head: %d tenants, %d entries, %s\n", tenantsOf(h.Heads), len(es), signed)
 		return nil
 	}
 	if err := writeFileAtomic(out, func(w io.Writer) error { return ledger.WriteHeads(w, h) }); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: heads of %d tenants, %d entries, %s\n", out, len(h.Heads), len(es), signed)
+	fmt.Fprintf(stdout, "%s: heads of %d tenants, %d entries, %s\n", out, tenantsOf(h.Heads), len(es), signed)
 	return nil
 }
 
@@ -411,7 +484,7 @@ func writeFileAtomic(path string, write func(io.Writer) error) error {
 	return os.Rename(f.Name(), path) // #nosec G703 -- the --out file the operator names on the command line
 }
 
-func ledgerReconcile(ctx context.Context, l *ledger.Ledger, dryRun bool, usagePath, usageFormat string, asJSON bool, w io.Writer) error {
+func ledgerReconcile(ctx context.Context, l *ledger.Set, dryRun bool, usagePath, usageFormat string, asJSON bool, w io.Writer) error {
 	out := struct {
 		DryRun    bool                     `json:"dry_run"`
 		Currency  string                   `json:"currency"`
@@ -469,12 +542,35 @@ func ledgerReconcile(ctx context.Context, l *ledger.Ledger, dryRun bool, usagePa
 		for _, p := range out.Planned {
 			fmt.Fprintf(w, "  would reverse %s (%s %s): %s\n", p.Of.ID, m(p.Of.CostMicros), out.Currency, p.Reason)
 		}
+		if ls := l.Ledgers(); len(ls) > 1 {
+			for _, pl := range ls {
+				n := 0
+				for _, e := range entries {
+					if partition.OfKey(e.KeyHash) == pl.Partition() {
+						n++
+					}
+				}
+				planned := 0
+				for _, p := range out.Planned {
+					if partition.OfKey(p.Of.KeyHash) == pl.Partition() {
+						planned++
+					}
+				}
+				fmt.Fprintf(w, "  partition %d (%s): %d entries read, %d reversals would be appended\n", pl.Partition(), pl.Stream(), n, planned)
+			}
+		}
 	} else {
 		rep := out.Reconcile
 		fmt.Fprintf(w, "reconciled %d entries, %d intents: %d charged more than once; %d reversals appended (%s %s), %d already there\n",
 			rep.Entries, rep.Intents, len(rep.Duplicates), len(rep.Appended), m(rep.ReversedMicros), out.Currency, rep.AlreadyThere)
 		for _, r := range rep.Appended {
 			fmt.Fprintf(w, "  reversed %s (%s %s): %s\n", r.Refers, m(r.CostMicros), out.Currency, r.Reason)
+		}
+		if len(rep.Partitions) > 1 {
+			for _, p := range rep.Partitions {
+				fmt.Fprintf(w, "  partition %d (%s): %d entries, %d intents, %d charged more than once, %d reversals appended, %d already there\n",
+					p.Partition, partition.P(p.Partition).Stream(ledger.StreamName), p.Entries, p.Intents, len(p.Duplicates), len(p.Appended), p.AlreadyThere)
+			}
 		}
 	}
 	if p := out.Provider; p != nil {
@@ -566,7 +662,7 @@ type ledgerConn struct {
 }
 
 // run connects, calls fn with a Ledger, disconnects, and returns the exit code.
-func (lc *ledgerConn) run(ctx context.Context, sub string, stderr io.Writer, fn func(context.Context, *ledger.Ledger) error) int {
+func (lc *ledgerConn) run(ctx context.Context, sub string, stderr io.Writer, fn func(context.Context, *ledger.Set) error) int {
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "oncegate ledger %s: %v\n", sub, err)
 		return 1
@@ -609,12 +705,18 @@ func (lc *ledgerConn) run(ctx context.Context, sub string, stderr io.Writer, fn 
 	if err != nil {
 		return fail(err)
 	}
+	set, err := ledger.OpenSet(ctx, js, nil, "", ledger.WithLogger(newLogger(stderr, "warn")))
+	if err != nil {
+		return fail(err)
+	}
 	if sub == "reconcile" {
-		if err := ledger.EnsureStream(ctx, js); err != nil {
-			return fail(err)
+		for _, l := range set.Ledgers() {
+			if err := ledger.EnsurePartition(ctx, js, l.Partition(), 1, nil); err != nil {
+				return fail(err)
+			}
 		}
 	}
-	if err := fn(ctx, ledger.New(js, nil, "", ledger.WithLogger(newLogger(stderr, "warn")))); err != nil {
+	if err := fn(ctx, set); err != nil {
 		var ee *exitError
 		if errors.As(err, &ee) {
 			return ee.code
