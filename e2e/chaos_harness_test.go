@@ -444,6 +444,17 @@ func chaosClusterOptions(row string) []testkit.ClusterOption {
 // soak's CHUNKS purges).
 var chaosDiscard = flag.String("chaos.discard-chunks", "", "workers.discard_chunks_after of the suite's processes (default: the gateway's)")
 
+// chaosPartitions runs the suite's processes on a partitioned store (issue 45: rows 1, 2, 3a
+// and 10 on two partitions, which share the three servers).
+var chaosPartitions = flag.Int("chaos.partitions", 0, "nats.partitions of the suite's processes (default: the gateway's, one)")
+
+func partitionsOverride() string {
+	if *chaosPartitions == 0 {
+		return ""
+	}
+	return fmt.Sprintf("nats: {partitions: %d}\n", *chaosPartitions)
+}
+
 func discardOverride() string {
 	if *chaosDiscard == "" {
 		return ""
@@ -464,7 +475,7 @@ backends:
 ledger:
   prices: {%s: {input_per_million: 1000000, output_per_million: 1000000}}
   reconcile_every: 1s
-`, chaosLease, discardOverride(), base, config.MockModel, config.MockModel)
+%s`, chaosLease, discardOverride(), base, config.MockModel, config.MockModel, partitionsOverride())
 	path := filepath.Join(c.dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
 		c.t.Fatal(err)

@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
+	"slices"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -32,7 +35,8 @@ func (g *Gateway) startDashboardPublisher(ctx context.Context, js jetstream.JetS
 		src.Server = g.ns.Name()
 	}
 	if g.pool != nil {
-		src.Executions, src.Backends, src.Events = g.pool.Running, g.pool.DashboardBackends, g.pool.Events
+		pools := poolOf(g.pools)
+		src.Executions, src.Backends, src.Events = pools.Running, g.pool.DashboardBackends, pools.Events
 	}
 	if g.intents != nil {
 		src.Follows = g.intents.Following
@@ -43,4 +47,27 @@ func (g *Gateway) startDashboardPublisher(ctx context.Context, js jetstream.JetS
 
 func (g *Gateway) openDashboard(js jetstream.JetStream) func(context.Context) (jetstream.KeyValue, error) {
 	return func(ctx context.Context) (jetstream.KeyValue, error) { return dashboard.Open(ctx, js, g.res.replicas) }
+}
+
+// Running is the executions of every partition's pool, the oldest first, at most max, and
+// how many run in all.
+func (ps poolOf) Running(max int) (rows []dashboard.Execution, total int) {
+	for _, p := range ps {
+		r, n := p.Running(max)
+		rows, total = append(rows, r...), total+n
+	}
+	slices.SortFunc(rows, func(a, b dashboard.Execution) int {
+		return cmp.Or(a.Started.Compare(b.Started), strings.Compare(a.JobID, b.JobID))
+	})
+	return rows[:min(max, len(rows))], total
+}
+
+// Events is the latest failures and takeovers of every partition's pool, newest first.
+func (ps poolOf) Events(max int) []dashboard.Event {
+	var out []dashboard.Event
+	for _, p := range ps {
+		out = append(out, p.Events(max)...)
+	}
+	slices.SortFunc(out, func(a, b dashboard.Event) int { return b.At.Compare(a.At) })
+	return out[:min(max, len(out))]
 }

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,7 @@ import (
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/natsrv"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/resilience"
 	"github.com/oncegate/oncegate/internal/status"
@@ -57,7 +59,7 @@ type Gateway struct {
 	ns    *natsrv.Server
 	conns []*nats.Conn
 	api   *httpapi.Server
-	hub   *jobs.Hub
+	hubs  []*jobs.Hub // one per partition
 	ln    net.Listener
 	// tlsConf is the API's TLS, loaded at start, applied when the port is bound (listenAPI).
 	tlsConf *tls.Config
@@ -77,7 +79,7 @@ type Gateway struct {
 	// tally runs the API's tally flusher (which flushes once more when stopped); queue samples
 	// the JOBS queue's head for admission.max_queue_wait (nil without a bound).
 	tally *loop
-	queue *loop
+	queue []*loop // one per partition
 	// refusals releases claims this API refused (503) that the store took after all
 	// (intent.Core.RunRefusals).
 	refusals *loop
@@ -89,8 +91,10 @@ type Gateway struct {
 	// keys keeps this API's copy of the run-time API keys (apikeys.go).
 	keys *loop
 	// quorum runs each side's kv.Store.WatchQuorum (a lease is taken over only from a steady bucket).
-	quorum   []*loop
+	quorum []*loop
+	// pool is partition 0's worker pool, pools every partition's (siblings sharing its slots).
 	pool     *workers.Pool
+	pools    []*workers.Pool
 	intents  *intent.Core
 	backends map[string]*backend.Client
 	// tracer exports spans when tracing.otlp_endpoint is set; off, it only carries context.
@@ -112,7 +116,7 @@ type Gateway struct {
 	// resyncHub is the API's hub once it runs: after a reconnect's setup, its CHUNKS tail is
 	// checked against a stream a restart recreated (jobs.Hub.Resync). Written by startAPI,
 	// read by the setup loop, which starts first.
-	resyncHub atomic.Pointer[jobs.Hub]
+	resyncHubs atomic.Pointer[[]*jobs.Hub]
 }
 
 // Option adjusts a gateway at Start beyond its configuration (tests, embedding programs).
@@ -242,7 +246,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		}
 		cl := cfg.NATS.Cluster
 		opts := natsrv.Options{StoreDir: storeDir, Listen: cfg.NATS.Listen, SyncInterval: syncEvery, MaxPayload: cfg.NATS.MaxPayload,
-			ServerName: cl.ServerName, Cluster: natsrv.Cluster{Name: cl.Name, Listen: cl.Listen, Routes: cl.Routes},
+			ServerName: cl.ServerName, Cluster: natsrv.Cluster{Name: cl.Name, Listen: cl.Listen, Routes: cl.Routes, Tags: cl.Tags},
 			Log: log.With().Str("component", "nats").Logger()}
 		if serveAPI {
 			opts.OnRecovery = g.onRecovery
@@ -282,13 +286,19 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	}
 	g.res = &resources{js: setupJS, replicas: chooseReplicas(cfg.NATS.Replicas, shapeOf(cfg.NATS.Cluster, setupNC, g.ns != nil)),
 		ttl: cfg.Idempotency.TTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup,
-		local: g.localView()}
+		local: g.localView(), parts: max(cfg.NATS.Partitions, 1), place: cfg.NATS.PlacePartitions}
 	if g.ns != nil {
-		g.res.missingStreams = g.ns.MissingStreams
+		g.res.missingStreams, g.res.self = g.ns.MissingStreams, g.ns.Name()
 	}
 	g.resAt.Store(g.res)
 	// Watched before the setup, so that a deletion during it is not missed.
 	if err := g.res.watchDeletes(setupNC); err != nil {
+		return err
+	}
+	if err := g.res.checkPartitions(ctx); err != nil {
+		if errors.Is(err, ErrPartitions) {
+			return &StartError{Field: "nats.partitions", Err: err, Msg: err.Error()}
+		}
 		return err
 	}
 	if err := g.ensureResourcesRetried(ctx); err != nil {
@@ -300,7 +310,8 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 	}
 	log.Info().Int("replicas", g.res.replicas).Bool("replicas_chosen", cfg.NATS.Replicas == 0).Msg("JetStream streams and buckets ready")
 	g.startResLoop(ctx)
-	g.metrics.SetBacklog(jobsBacklog(setupJS))
+	g.metrics.SetBacklog(jobsBacklog(setupJS, g.res.parts))
+	g.metrics.SetPartitions(g.res.Partitions)
 	logRouting(log, cfg)
 
 	if cfg.Role == "all" || cfg.Role == "worker" {
@@ -465,12 +476,12 @@ func (g *Gateway) reconnected() {
 	g.kickSetup()
 }
 
-// side is one role's own connection and the JetStream handles on it.
+// side is one role's own connection and the JetStream handles on it: a store per partition.
 type side struct {
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	store *kv.Store
-	board *status.Board
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stores []*kv.Store
+	board  *status.Board
 }
 
 // statusTTL is how long a worker's posted status outlives its last post.
@@ -485,21 +496,25 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D(), Replicas: g.res.replicas})
-	if err != nil {
-		return nil, err
-	}
 	board, err := status.Open(ctx, js, statusTTL, g.res.replicas)
 	if err != nil {
 		return nil, err
 	}
-	if local := g.localView(); local != nil {
-		store.UseLocal(local)
+	s := &side{nc: nc, js: js, board: board}
+	for _, p := range partition.All(g.res.parts) {
+		store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D(), Replicas: g.res.replicas, Partition: p, Placement: g.res.placement(p)})
+		if err != nil {
+			return nil, err
+		}
+		if local := g.localView(); local != nil {
+			store.UseLocal(local)
+		}
+		g.quorum = append(g.quorum, startLoop(ctx, func(ctx context.Context) {
+			store.WatchQuorum(ctx, func() { g.leaveIsolatedServer(nc, name) })
+		}))
+		s.stores = append(s.stores, store)
 	}
-	g.quorum = append(g.quorum, startLoop(ctx, func(ctx context.Context) {
-		store.WatchQuorum(ctx, func() { g.leaveIsolatedServer(nc, name) })
-	}))
-	return &side{nc: nc, js: js, store: store, board: board}, nil
+	return s, nil
 }
 
 func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.Conn, error), getenv func(string) string) error {
@@ -507,7 +522,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	if err != nil {
 		return err
 	}
-	js, store, board := side.js, side.store, side.board
+	js, store, board := side.js, side.stores[0], side.board
 	led := g.newLedger(js) // one ledger for the charges and the reconciler: they share its state
 	backends := map[string]workers.Backend{}
 	for _, b := range g.cfg.Backends {
@@ -532,7 +547,10 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, CaptureContent: g.cfg.Tracing.CaptureContent, Dialects: g.dialects, Running: posts.Posting,
 		Log: g.log.With().Str("component", "workers").Logger(),
 	})
-	g.pool = pool
+	g.pool, g.pools = pool, []*workers.Pool{pool}
+	for p, st := range side.stores[1:] {
+		g.pools = append(g.pools, pool.Sibling(st, partition.P(p+1), led))
+	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
 	reconciled := make(chan struct{})
@@ -543,9 +561,17 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	go func() { // #nosec G118 -- the workers' context is deliberately cut from the caller's (it outlives Start); the status removal after they stop uses Background, bounded to 2 s
 		defer close(g.workersDone)
 		defer func() { <-reconciled }()
-		if err := pool.Run(wctx); err != nil {
-			g.log.Error().Err(err).Msg("workers stopped")
+		var wg sync.WaitGroup
+		for p, pl := range g.pools {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := pl.Run(wctx); err != nil {
+					g.log.Error().Err(err).Int("partition", p).Msg("workers stopped")
+				}
+			}()
 		}
+		wg.Wait()
 		// Off the board now (API nodes' /readyz), not when the entry expires (statusTTL).
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -553,7 +579,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 			g.log.Debug().Err(err).Msg("removing this worker's status")
 		}
 	}()
-	g.log.Info().Int("concurrency", g.cfg.Workers.Concurrency).Msg("workers started")
+	g.log.Info().Int("concurrency", g.cfg.Workers.Concurrency).Int("partitions", len(g.pools)).Msg("workers started")
 	return nil
 }
 
@@ -562,20 +588,28 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
-	nc, js, store, board := side.nc, side.js, side.store, side.board
+	nc, js, board := side.nc, side.js, side.board
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
 	// The core fast path needs the chunks published on this process's server; in a cluster a
 	// worker on another node publishes them, and interest crosses the routes asynchronously.
 	// One server: a subscription made before the job is published sees all of its output, so
 	// a non-stream execution's outcome needs no stored chunk (jobs.HubOptions.Notices).
 	single := g.ns != nil && !g.cfg.NATS.Cluster.Enabled()
-	g.hub = jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: single, Notices: single})
-	g.resyncHub.Store(g.hub)
+	parts := make([]intent.Partition, len(side.stores))
+	for p, st := range side.stores {
+		hub := jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: single, Notices: single, Partition: partition.P(p)})
+		if err := hub.StartTail(ctx); err != nil { // else made by the first feed
+			apiLog.Warn().Err(err).Int("partition", p).Msg("starting the CHUNKS tail")
+		}
+		g.hubs = append(g.hubs, hub)
+		parts[p] = intent.Partition{Store: st, Hub: hub}
+	}
+	g.resyncHubs.Store(&g.hubs)
 	if len(g.cfg.Tenants) == 0 {
 		g.log.Warn().Msg("no tenants configured: every caller is the anonymous tenant and API keys are not checked")
 	}
 	led := g.newLedger(js)
-	budgets, err := ledger.NewTenantBudgets(led, budgetLimits(g.cfg.Tenants))
+	budgets, err := led.TenantBudgets(budgetLimits(g.cfg.Tenants))
 	if err != nil {
 		return err
 	}
@@ -584,9 +618,9 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	var local intent.LocalRunner // a bypass runs on this node's workers, when it has some
 	var offer intent.Offerer     // and they take the jobs admitted here from memory
 	if g.pool != nil {
-		local, offer = g.pool, g.pool
+		local, offer = poolOf(g.pools), poolOf(g.pools)
 	}
-	intents := intent.New(intent.Deps{JS: js, Store: store, Hub: g.hub, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
+	intents := intent.New(intent.Deps{JS: js, Partitions: parts, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
 		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			StoreWait: adm.StoreWait.D(), StoreWaitMax: adm.StoreWaitMax.D(),
@@ -671,15 +705,49 @@ func (g *Gateway) startTally(ctx context.Context, js jetstream.JetStream) *ledge
 // queueSample is how often an API node reads the JOBS queue's head for max_queue_wait.
 const queueSample = 250 * time.Millisecond
 
-// startQueueWatch samples the JOBS queue's head wait for admission.max_queue_wait until Stop;
-// nil (no watch, no bound) when the bound is off.
+// startQueueWatch samples each partition's JOBS queue head wait for admission.max_queue_wait
+// until Stop; nil (no watch, no bound) when the bound is off.
 func (g *Gateway) startQueueWatch(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) intent.QueueWaiter {
 	if g.cfg.Admission.MaxQueueWait <= 0 {
 		return nil
 	}
-	q := jobs.NewQueueWatch(js, workers.ConsumerName, queueSample, log)
-	g.queue = startLoop(ctx, q.Run)
-	return q
+	var qs longestWait
+	for _, p := range partition.All(g.res.parts) {
+		q := jobs.NewQueueWatch(js, p, workers.ConsumerName, queueSample, log)
+		g.queue = append(g.queue, startLoop(ctx, q.Run))
+		qs = append(qs, q)
+	}
+	return qs
+}
+
+// longestWait is the longest head wait of the partitions' queues: a node's workers take every
+// partition's jobs, so a queue that waits long anywhere says they are behind.
+type longestWait []intent.QueueWaiter
+
+func (l longestWait) Wait() time.Duration {
+	var w time.Duration
+	for _, q := range l {
+		w = max(w, q.Wait())
+	}
+	return w
+}
+
+// poolOf runs and offers each key's execution on its partition's pool.
+type poolOf []*workers.Pool
+
+func (ps poolOf) pool(key string) *workers.Pool {
+	if p := int(partition.OfKey(key)); p < len(ps) {
+		return ps[p]
+	}
+	return ps[0]
+}
+
+func (ps poolOf) RunLocal(job *jobs.Job, rec *kv.Record, out *jobs.LocalPublisher) bool {
+	return ps.pool(job.Key).RunLocal(job, rec, out)
+}
+
+func (ps poolOf) Offer(key string, epoch int, rev uint64, rec *kv.Record) (withdraw func()) {
+	return ps.pool(key).Offer(key, epoch, rev, rec)
 }
 
 // loop is a goroutine the gateway owns until Stop ends it.
@@ -729,15 +797,17 @@ func (g *Gateway) Stop(ctx context.Context) error {
 	} else if g.ln != nil { // bound, never served: a start that failed later
 		_ = g.ln.Close()
 	}
-	if g.hub != nil {
-		g.hub.Close()
+	for _, hub := range g.hubs {
+		hub.Close()
 	}
 	g.tally.stop() // after the last response counted, before NATS closes
 	g.ready.stop()
 	g.keys.stop()
 	g.dashPub.stop()
 	g.dashHub.stop()
-	g.queue.stop()
+	for _, q := range g.queue {
+		q.stop()
+	}
 	g.refusals.stop()
 	if g.stopWorkers != nil {
 		g.stopWorkers()
@@ -818,20 +888,21 @@ func (g *Gateway) Connect(name string) (*nats.Conn, error) {
 // (TestHorizonCoversTheRestartSweep).
 const dedupHorizon = 10 * time.Minute
 
-// newLedger is the billing ledger on js, priced from the configuration.
-func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Ledger {
+// newLedger is the billing ledger on js, priced from the configuration: one per partition
+// (a tenant's hash chain per partition), a charge written to its key's.
+func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Set {
 	// The id index spans minutes: a worker's charge is new by construction, and a redelivered
 	// job that charges again says since when the earlier charge could exist (ChargeInput.After),
 	// which is then looked up in the stream. Reconcile keeps its summary for the idempotency
 	// TTL plus a day: the charges of one intent come while its record exists.
 	// ledger.secret (validated: at least ledger.MinSecretLen bytes) keys the chain.
-	return ledger.New(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, ledger.WithLogger(g.log), ledger.WithMetrics(g.metrics),
+	return ledger.NewSet(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, g.res.parts, ledger.WithLogger(g.log), ledger.WithMetrics(g.metrics),
 		ledger.WithDedupHorizon(dedupHorizon), ledger.WithReconcileHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour),
 		ledger.WithSecret([]byte(g.cfg.Ledger.Secret)))
 }
 
 // reconcileLoop reverses charges that bill one intent twice, every ledger.reconcile_every.
-func (g *Gateway) reconcileLoop(ctx context.Context, l *ledger.Ledger) {
+func (g *Gateway) reconcileLoop(ctx context.Context, l *ledger.Set) {
 	t := time.NewTicker(g.cfg.Ledger.ReconcileEvery.D())
 	defer t.Stop()
 	for {

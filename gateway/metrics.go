@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/workers"
@@ -113,14 +114,18 @@ var (
 )
 
 // jobsBacklog reads the JOBS messages the workers have not acked: pending delivery plus in
-// flight, from one consumer info request.
-func jobsBacklog(js jetstream.JetStream) func(context.Context) (uint64, error) {
+// flight, from one consumer info request per partition.
+func jobsBacklog(js jetstream.JetStream, parts int) func(context.Context) (uint64, error) {
 	return func(ctx context.Context) (uint64, error) {
-		c, err := js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName)
-		if err != nil {
-			return 0, err
+		var n uint64
+		for _, p := range partition.All(parts) {
+			c, err := js.Consumer(ctx, jobs.JobsStreamOf(p), workers.ConsumerName)
+			if err != nil {
+				return 0, err
+			}
+			info := c.CachedInfo()
+			n += info.NumPending + uint64(info.NumAckPending)
 		}
-		info := c.CachedInfo()
-		return info.NumPending + uint64(info.NumAckPending), nil
+		return n, nil
 	}
 }

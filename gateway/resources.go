@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/oncegate/oncegate/effects"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/jsleader"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/replicas"
 	"github.com/oncegate/oncegate/internal/status"
 	"github.com/oncegate/oncegate/jobs"
@@ -34,34 +36,108 @@ type resources struct {
 	lease    time.Duration // the JOBS consumer's AckWait
 	// maxAckPending bounds the JOBS consumer's unacknowledged deliveries.
 	maxAckPending int
+	// parts is the partition count (nats.partitions, at least 1); place puts partition k's
+	// streams on the servers tagged og-p<k> (nats.place_partitions).
+	parts int
+	place bool
+	// self is the name of the NATS server in this process ("" without one): a partition's
+	// streams it leads are reported (Partitions).
+	self string
+	// partMu guards partStates, what the last checks found of each partition, and when each
+	// was checked (a partition on other servers is asked at most every remoteCheckEvery).
+	partMu     sync.Mutex
+	partStates []partition.State
+	partAt     []time.Time
 	// kick asks for the setup to run again (Gateway.kickSetup).
 	kick func()
 	// local reads a stream's Raft group from the NATS server in this process, missingStreams
 	// which streams it lacks (both nil: no server in this process).
 	local          replicas.Local
 	missingStreams func([]string) []string
+	// elsewhere caches which streams the server in this process holds no replica of were
+	// found to exist by asking (confirmElsewhere), and when.
+	elsewhereMu sync.Mutex
+	elsewhere   map[string]bool
+	elsewhereAt time.Time
 	// state is what the setups found (setup, lost); until the first one, everything is missing.
 	state setupState
 }
 
-// streams are the streams ensure creates (a bucket's stream is KV_<bucket>).
-var streams = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.ProgressStream, kv.RequestsStream,
-	ledger.StreamName, ledger.TallyStreamName, status.Stream, kv.APIKeysStream, effects.BucketStream}
+// partitioned are the streams each partition has a copy of (a bucket's stream is
+// KV_<bucket>); single are the tenant-wide ones, made once.
+var (
+	partitioned = []string{jobs.JobsStream, jobs.ChunksStream, kv.BucketStream, kv.ProgressStream, kv.RequestsStream, ledger.StreamName}
+	single      = []string{ledger.TallyStreamName, status.Stream, kv.APIKeysStream, effects.BucketStream}
+)
 
-// ensure creates or updates every stream, bucket and the JOBS consumer; idempotent, and it
+// streams are the streams ensure creates: every partition's copies and the single ones.
+func (r *resources) streams() []string {
+	var out []string
+	for _, p := range partition.All(r.parts) {
+		out = append(out, r.partitionStreams(p)...)
+	}
+	return append(out, single...)
+}
+
+// placement is where partition p's streams go: on its own servers (those tagged og-p<k>)
+// when nats.place_partitions says so, else wherever JetStream puts them.
+func (r *resources) placement(p partition.P) *jetstream.Placement {
+	if !r.place {
+		return nil
+	}
+	return &jetstream.Placement{Tags: []string{p.Tag()}}
+}
+
+// ErrPartitions is a start whose nats.partitions differs from the store's count.
+var ErrPartitions = errors.New("the store has another partition count")
+
+// checkPartitions refuses a start whose partition count is not the store's: a key hashes to
+// another partition under another count, so its record would not be found (a re-executed
+// intent). The store's count is read from which copies of IDEM exist: a copy of a partition
+// beyond the count, or a count above one over an IDEM that holds records and lacks the last
+// partition's copy. A store that has no records yet takes any count.
+func (r *resources) checkPartitions(ctx context.Context) error {
+	have, err := r.streamSet(ctx)
+	if err != nil {
+		return err
+	}
+	for k := r.parts; k < partition.Max; k++ {
+		if have[partition.P(k).Stream(kv.BucketStream)] {
+			return fmt.Errorf("%w: %s exists, so it has at least %d partitions; nats.partitions is %d (a different count would re-hash every key: no migration exists yet)",
+				ErrPartitions, partition.P(k).Stream(kv.BucketStream), k+1, r.parts)
+		}
+	}
+	last := partition.P(r.parts - 1).Stream(kv.BucketStream)
+	if r.parts > 1 && have[kv.BucketStream] && !have[last] {
+		st, err := r.js.Stream(ctx, kv.BucketStream)
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", kv.BucketStream, err)
+		}
+		if st.CachedInfo().State.Msgs > 0 {
+			return fmt.Errorf("%w: %s holds records and %s does not exist, so it has fewer partitions; nats.partitions is %d (a different count would re-hash every key: no migration exists yet)",
+				ErrPartitions, kv.BucketStream, last, r.parts)
+		}
+	}
+	return nil
+}
+
+// ensure creates or updates every stream, bucket and the JOBS consumers; idempotent, and it
 // never lowers a replica count.
 func (r *resources) ensure(ctx context.Context) error {
-	if err := jobs.EnsureStreams(ctx, r.js, jobs.StreamConfig{Replicas: r.replicas}); err != nil {
-		return err
-	}
-	if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, Replicas: r.replicas}); err != nil {
-		return err
-	}
-	if _, err := workers.EnsureConsumer(ctx, r.js, r.lease, r.maxAckPending); err != nil {
-		return err
-	}
-	if err := ledger.EnsureReplicated(ctx, r.js, r.replicas); err != nil {
-		return err
+	for _, p := range partition.All(r.parts) {
+		if err := jobs.EnsureStreams(ctx, r.js, jobs.StreamConfig{Replicas: r.replicas, Partition: p, Placement: r.placement(p),
+			MaxChunkBytes: jobs.DefaultMaxChunkBytes / int64(r.parts)}); err != nil {
+			return err
+		}
+		if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, Replicas: r.replicas, Partition: p, Placement: r.placement(p)}); err != nil {
+			return err
+		}
+		if _, err := workers.EnsureConsumer(ctx, r.js, p, r.lease, r.maxAckPending); err != nil {
+			return err
+		}
+		if err := ledger.EnsurePartition(ctx, r.js, p, r.replicas, r.placement(p)); err != nil {
+			return err
+		}
 	}
 	if err := ledger.EnsureTally(ctx, r.js, r.replicas); err != nil {
 		return err
@@ -78,12 +154,14 @@ func (r *resources) ensure(ctx context.Context) error {
 	return nil
 }
 
-// admitStreams are the streams an admission writes, the record (IDEM) and the job (JOBS), each
-// with a subject no message is ever stored on: a read of it is answered (not found) only by a
-// server that holds the stream.
-var admitStreams = []struct{ name, probe string }{
-	{kv.BucketStream, "$KV." + kv.Bucket + ".readyz-probe"},
-	{jobs.JobsStream, "jobs.run.readyz-probe"},
+// admitStreams are the streams an admission in partition p writes, the record (IDEM) and the
+// job (JOBS), each with a subject no message is ever stored on: a read of it is answered (not
+// found) only by a server that holds the stream.
+func admitStreams(p partition.P) []struct{ name, probe string } {
+	return []struct{ name, probe string }{
+		{p.Stream(kv.BucketStream), "$KV." + p.Stream(kv.Bucket) + ".readyz-probe"},
+		{jobs.JobsStreamOf(p), p.Subject("jobs.run.readyz-probe")},
+	}
 }
 
 // leaderAnswers asks stream's leader (a message get, which only the leader answers, unlike a
@@ -123,7 +201,12 @@ func (r *resources) Check(ctx context.Context) error {
 	// when there is one, else by asking (on an external NATS every check asks, as before).
 	var missing []string
 	if r.missingStreams != nil {
-		missing = r.missingStreams(streams)
+		if missing = r.missingStreams(r.streams()); len(missing) > 0 {
+			var err error
+			if missing, err = r.confirmElsewhere(ctx, missing); err != nil {
+				return err
+			}
+		}
 	} else if err := r.askMissing(ctx, &missing); err != nil {
 		return err
 	}
@@ -132,7 +215,106 @@ func (r *resources) Check(ctx context.Context) error {
 		r.lost(why)
 		return errors.New(why)
 	}
-	for _, a := range admitStreams {
+	if r.parts == 1 {
+		err := r.admits(ctx, 0)
+		r.record(0, err, time.Now())
+		return err
+	}
+	// With partitions, the node is ready while one partition admits: a request of a partition
+	// that cannot is answered 503 store_unavailable with Retry-After by its own admission,
+	// and the others' keys are served (a partition's servers down stop that partition only).
+	// A partition this node's server holds no replica of is asked about (four JetStream
+	// requests) at most every remoteCheckEvery, so an idle node stays quiet.
+	var first error
+	ready := false
+	for _, p := range partition.All(r.parts) {
+		st, fresh := r.partition(p)
+		if !fresh || r.isLocal(p) {
+			now := time.Now()
+			err := r.admits(ctx, p)
+			st = r.record(p, err, now)
+		}
+		switch {
+		case st.Admits:
+			ready = true
+		case first == nil:
+			first = fmt.Errorf("partition %d: %s", p, st.Reason)
+		}
+	}
+	if ready {
+		return nil
+	}
+	return first
+}
+
+// remoteCheckEvery is how often Check asks about a partition whose streams this node's server
+// holds no replica of.
+const remoteCheckEvery = 10 * time.Second
+
+// isLocal says whether this node's server holds a replica of p's records.
+func (r *resources) isLocal(p partition.P) bool {
+	if r.local == nil {
+		return false
+	}
+	_, ok := r.local(p.Stream(kv.BucketStream))
+	return ok
+}
+
+// partition is what the last check found of p, and whether it is recent enough to stand.
+func (r *resources) partition(p partition.P) (partition.State, bool) {
+	r.partMu.Lock()
+	defer r.partMu.Unlock()
+	if int(p) >= len(r.partStates) {
+		return partition.State{Partition: p}, false
+	}
+	return r.partStates[p], time.Since(r.partAt[p]) < remoteCheckEvery
+}
+
+// record keeps what a check of p found (err nil: it admits) and which of its streams this
+// node's server leads.
+func (r *resources) record(p partition.P, err error, at time.Time) partition.State {
+	st := partition.State{Partition: p, Admits: err == nil}
+	if err != nil {
+		st.Reason = err.Error()
+	}
+	if r.local != nil && r.self != "" {
+		for _, name := range r.partitionStreams(p) {
+			if v, ok := r.local(name); ok && v.Leader == r.self {
+				st.Leads = append(st.Leads, name)
+			}
+		}
+	}
+	r.partMu.Lock()
+	defer r.partMu.Unlock()
+	for len(r.partStates) < r.parts {
+		r.partStates = append(r.partStates, partition.State{Partition: partition.P(len(r.partStates))})
+		r.partAt = append(r.partAt, time.Time{})
+	}
+	r.partStates[p], r.partAt[p] = st, at
+	return st
+}
+
+// partitionStreams are p's copies of the partitioned streams.
+func (r *resources) partitionStreams(p partition.P) []string {
+	out := make([]string, len(partitioned))
+	for i, s := range partitioned {
+		out[i] = p.Stream(s)
+	}
+	return out
+}
+
+// Partitions is what the last checks found of every partition (/readyz's detail, the
+// partition metrics); empty before the first check.
+func (r *resources) Partitions() []partition.State {
+	r.partMu.Lock()
+	defer r.partMu.Unlock()
+	return slices.Clone(r.partStates)
+}
+
+// admits is Check's question about partition p: its IDEM and JOBS each have a leader with a
+// quorum.
+func (r *resources) admits(ctx context.Context, p partition.P) error {
+	for _, a := range admitStreams(p) {
 		if r.local != nil {
 			if v, ok := r.local(a.name); ok {
 				switch {
@@ -154,15 +336,11 @@ func (r *resources) Check(ctx context.Context) error {
 // askMissing lists the streams and asks for the workers' consumer on JOBS, adding what is
 // missing to missing.
 func (r *resources) askMissing(ctx context.Context, missing *[]string) error {
-	have := map[string]bool{}
-	names := r.js.StreamNames(ctx)
-	for n := range names.Name() {
-		have[n] = true
+	have, err := r.streamSet(ctx)
+	if err != nil {
+		return err
 	}
-	if err := names.Err(); err != nil {
-		return fmt.Errorf("listing JetStream streams: %w", err)
-	}
-	for _, n := range streams {
+	for _, n := range r.streams() {
 		if !have[n] {
 			*missing = append(*missing, n)
 		}
@@ -170,12 +348,55 @@ func (r *resources) askMissing(ctx context.Context, missing *[]string) error {
 	if len(*missing) > 0 {
 		return nil
 	}
-	if _, err := r.js.Consumer(ctx, jobs.JobsStream, workers.ConsumerName); errors.Is(err, jetstream.ErrConsumerNotFound) {
-		*missing = append(*missing, "consumer "+jobs.JobsStream+"/"+workers.ConsumerName)
-	} else if err != nil {
-		return fmt.Errorf("consumer %s/%s does not answer: %w", jobs.JobsStream, workers.ConsumerName, err)
+	for _, p := range partition.All(r.parts) {
+		jobsStream := jobs.JobsStreamOf(p)
+		if _, err := r.js.Consumer(ctx, jobsStream, workers.ConsumerName); errors.Is(err, jetstream.ErrConsumerNotFound) {
+			*missing = append(*missing, "consumer "+jobsStream+"/"+workers.ConsumerName)
+		} else if err != nil {
+			return fmt.Errorf("consumer %s/%s does not answer: %w", jobsStream, workers.ConsumerName, err)
+		}
 	}
 	return nil
+}
+
+// confirmElsewhere is which of the streams the server in this process does not hold are
+// really missing. On a cluster larger than a stream's replicas (partitions placed on their own
+// servers, or five nodes with R3) a server knows only the streams it holds a replica of: the
+// others are asked about, in one request, at most every remoteCheckEvery (deletions in between
+// are seen by watchDeletes).
+func (r *resources) confirmElsewhere(ctx context.Context, candidates []string) ([]string, error) {
+	r.elsewhereMu.Lock()
+	defer r.elsewhereMu.Unlock()
+	if r.elsewhere == nil || time.Since(r.elsewhereAt) >= remoteCheckEvery {
+		have, err := r.streamSet(ctx)
+		if err != nil {
+			return nil, err
+		}
+		r.elsewhere, r.elsewhereAt = have, time.Now()
+	}
+	var missing []string
+	for _, n := range candidates {
+		if !r.elsewhere[n] {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 {
+		r.elsewhere = nil // asked again at the next check, after the setup recreates them
+	}
+	return missing, nil
+}
+
+// streamSet lists the account's streams (one JetStream request).
+func (r *resources) streamSet(ctx context.Context) (map[string]bool, error) {
+	have := map[string]bool{}
+	names := r.js.StreamNames(ctx)
+	for n := range names.Name() {
+		have[n] = true
+	}
+	if err := names.Err(); err != nil {
+		return nil, fmt.Errorf("listing JetStream streams: %w", err)
+	}
+	return have, nil
 }
 
 // askLeader is Check's question about one stream when no server in this process can answer
@@ -260,11 +481,17 @@ const (
 // seen without asking JetStream what exists every second. The subscription lives as long as
 // nc (nats.go renews it after a reconnect).
 func (r *resources) watchDeletes(nc *nats.Conn) error {
-	ours := map[string]string{consumerDeleted + jobs.JobsStream + "." + workers.ConsumerName: "consumer " + jobs.JobsStream + "/" + workers.ConsumerName}
-	for _, n := range streams {
+	ours := map[string]string{}
+	subjects := []string{streamDeleted + "*"}
+	for _, p := range partition.All(r.parts) {
+		js := jobs.JobsStreamOf(p)
+		ours[consumerDeleted+js+"."+workers.ConsumerName] = "consumer " + js + "/" + workers.ConsumerName
+		subjects = append(subjects, consumerDeleted+js+".*")
+	}
+	for _, n := range r.streams() {
 		ours[streamDeleted+n] = "stream " + n
 	}
-	for _, subj := range []string{streamDeleted + "*", consumerDeleted + jobs.JobsStream + ".*"} {
+	for _, subj := range subjects {
 		if _, err := nc.Subscribe(subj, func(m *nats.Msg) {
 			if what, ok := ours[m.Subject]; ok {
 				r.lost("JetStream is missing " + what + " (deleted); recreating")
@@ -316,8 +543,12 @@ func (g *Gateway) resetup(ctx context.Context) {
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, resAttemptTime)
 		err := g.res.setup(actx)
-		if hub := g.resyncHub.Load(); err == nil && hub != nil {
-			err = hub.Resync(actx)
+		if hubs := g.resyncHubs.Load(); err == nil && hubs != nil {
+			for _, hub := range *hubs {
+				if err = hub.Resync(actx); err != nil {
+					break
+				}
+			}
 		}
 		cancel()
 		if err == nil {

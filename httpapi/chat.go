@@ -185,12 +185,12 @@ func (s *Server) readIntent(c *fiber.Ctx, g *generation, rt config.RouteTarget) 
 	switch {
 	case g.Bypass: // its record key is made per execution by intent.Admit
 		if g.RetryHeader != "" { // an SDK that retries it: its retries can find it (intent/bypass.go)
-			g.ContentKey = intent.AutoKey(g.Tenant, c.Method(), c.Path(), g.Fingerprint)
+			g.ContentKey = intent.AutoKey(s.intents.Partitions(), g.Tenant, c.Method(), c.Path(), g.Fingerprint)
 		}
 	case present:
-		g.Key = intent.RecordKey(g.Tenant, g.echoKey)
+		g.Key = intent.RecordKey(s.intents.Partitions(), g.Tenant, g.echoKey)
 	default:
-		g.setAuto(c.Method(), c.Path())
+		g.setAuto(s.intents.Partitions(), c.Method(), c.Path())
 	}
 	if preferAsync(c.Get("Prefer")) {
 		g.setAsync()
@@ -344,9 +344,9 @@ func (g *generation) setAsync() {
 
 // setAuto gives a request sent without an Idempotency-Key the key of its content on the
 // endpoint method and path, and echoes it.
-func (g *generation) setAuto(method, path string) {
+func (g *generation) setAuto(parts int, method, path string) {
 	g.Auto = true
-	g.Key = intent.AutoKey(g.Tenant, method, path, g.Fingerprint)
+	g.Key = intent.AutoKey(parts, g.Tenant, method, path, g.Fingerprint)
 	g.echoKey = intent.AutoKeyPrefix + g.Key
 }
 

@@ -39,7 +39,7 @@ func (s *Server) createJob(c *fiber.Ctx) error {
 		return err
 	}
 	if g.Auto { // the same intent as the identical POST to the API's own endpoint
-		g.setAuto(http.MethodPost, path)
+		g.setAuto(s.intents.Partitions(), http.MethodPost, path)
 	}
 	g.observe(ctx, obs)
 	g.setAsync()

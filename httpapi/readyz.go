@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // /readyz answers from a verdict this node already holds, never from a JetStream round trip:
@@ -57,6 +59,12 @@ type ResourceChecker interface {
 	Check(ctx context.Context) error
 }
 
+// PartitionReporter is a ResourceChecker of a partitioned store that also tells what its last
+// checks found of each partition (/readyz lists them when there are more than one).
+type PartitionReporter interface {
+	Partitions() []partition.State
+}
+
 // readyz is 200 exactly while this API node can admit a request, as its last readiness check
 // (WatchReadiness, every readyEvery) found it, and 503 with the reason otherwise, so a load
 // balancer sends requests only where they would be admitted. Admitting needs: a connection to
@@ -84,6 +92,11 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		return writeAPIError(c, unavailable(fmt.Sprintf("readiness last checked %s ago", now.Sub(at).Round(time.Second))))
 	case reason != "":
 		return writeAPIError(c, unavailable(reason))
+	}
+	if pr, ok := s.resources.(PartitionReporter); ok {
+		if parts := pr.Partitions(); len(parts) > 1 {
+			return c.JSON(fiber.Map{"status": "ready", "partitions": parts})
+		}
 	}
 	return c.JSON(fiber.Map{"status": "ready"})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -46,7 +47,7 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 		return adm, nil
 	}
 	for range maxDecisions {
-		adm, err := c.create(ctx, req, req.Key, jobs.NewID(), Created)
+		adm, err := c.create(ctx, req, req.Key, c.newJobID(req.Key), Created)
 		if !errors.Is(err, kv.ErrExists) {
 			return adm, err
 		}
@@ -69,7 +70,7 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 // REQUESTS: launch stores it there).
 func (c *Core) newClaim(req *Request, jobID string, epoch int) *kv.Record {
 	rec := c.newRecord(req, jobID, epoch)
-	if c.store.StoresRequest(len(req.Body)) {
+	if c.storeOf(req.Key).StoresRequest(len(req.Body)) {
 		rec.StoreRequestOut()
 	}
 	return rec
@@ -104,7 +105,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		res.cancel()
 		return nil, fmt.Errorf("intent: claim: %w", err)
 	}
-	rev, err := c.store.ClaimEncoded(ctx, key, rec, data)
+	rev, err := c.storeOf(key).ClaimEncoded(ctx, key, rec, data)
 	if err != nil {
 		c.noteRefused(key, rec, err)
 		res.cancel()
@@ -154,9 +155,9 @@ const (
 // refusal is final, so it reads as Get does (retries, and the leader on a miss).
 func (c *Core) held(ctx context.Context, key string, refusal error) bool {
 	if errors.Is(refusal, ErrOverloaded) || errors.Is(refusal, ErrTenantLimit) {
-		return c.store.Held(ctx, key)
+		return c.storeOf(key).Held(ctx, key)
 	}
-	_, _, err := c.store.Get(ctx, key)
+	_, _, err := c.storeOf(key).Get(ctx, key)
 	return err == nil
 }
 
@@ -196,7 +197,7 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 		return nil, true, err
 	}
 	rec := c.newRecord(req, jobID, 1)
-	fl, out, err := c.hub.Local(jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
+	fl, out, err := c.hubOf(key).Local(jobs.ChunkSubject(key, rec.JobID, rec.Epoch))
 	if err != nil {
 		res.cancel()
 		return nil, true, fmt.Errorf("intent: %w", err)
@@ -224,7 +225,7 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 // record, request included, from the offer made to it (Deps.Offer) until the admission closes.
 func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
 	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
-		if err := c.store.PutRequest(ctx, key, rec); err != nil {
+		if err := c.storeOf(key).PutRequest(ctx, key, rec); err != nil {
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
@@ -237,10 +238,11 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 		}
 	}
 	job := JobEncoded(key, rec, rev, data)
-	open := c.hub.Open
+	hub := c.hubOf(key)
+	open := hub.Open
 	if !rec.Stream {
 		// Its outcome comes as a notice when the hub follows notices; the job says so.
-		open, job.Notice = c.hub.OpenNonStream, c.hub.Notices()
+		open, job.Notice = hub.OpenNonStream, hub.Notices()
 	}
 	fl, err := open(ctx, job.Subject())
 	if err != nil {
@@ -258,7 +260,7 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 		return nil, fmt.Errorf("intent: %w", err)
 	}
 	if newJob && (req.Async || req.Retrievable) { // a synchronous job is found by its progress (kv.JobKey)
-		if err := c.store.IndexJob(ctx, job.ID, key); err != nil {
+		if err := c.storeOf(key).IndexJob(ctx, job.ID, key); err != nil {
 			c.log.Warn().Err(err).Str(fieldJobID, job.ID).Msg("indexing job id")
 		}
 	}
@@ -306,11 +308,11 @@ func (c *Core) release(key string, rec *kv.Record, rev uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	released := rec.Released()
-	if _, err := c.store.Update(ctx, key, released, rev); err != nil {
+	if _, err := c.storeOf(key).Update(ctx, key, released, rev); err != nil {
 		c.log.Warn().Err(err).Str(fieldKey, key).Msg("releasing claim")
 		return
 	}
-	if err := c.store.DropRequest(ctx, key, released); err != nil {
+	if err := c.storeOf(key).DropRequest(ctx, key, released); err != nil {
 		c.log.Debug().Err(err).Str(fieldKey, key).Msg("dropping a released claim's request")
 	}
 }
@@ -324,7 +326,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 		rec, rev = held.Record, held.Rev
 	} else {
 		var err error
-		rec, rev, err = c.store.Get(ctx, req.Key)
+		rec, rev, err = c.storeOf(req.Key).Get(ctx, req.Key)
 		if errors.Is(err, kv.ErrNotFound) {
 			return nil, errGone
 		}
@@ -343,18 +345,18 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 	if rule == "" {
 		// Identical content after the window is a new intent, not a copy.
 		if rec.State == kv.Pending {
-			jobID := jobs.NewID()
-			return c.create(ctx, req, HashParts(req.Key, jobID), jobID, Created)
+			jobID := c.newJobID(req.Key)
+			return c.create(ctx, req, partition.OfKey(req.Key).Tagged(HashParts(req.Key, jobID)), jobID, Created)
 		}
 		c.archive(ctx, req.Key, rec)
-		return c.reclaim(ctx, req, rec, rev, jobs.NewID())
+		return c.reclaim(ctx, req, rec, rev, c.newJobID(req.Key))
 	}
 	switch rec.State {
 	case kv.Pending:
-		if !fresh && !c.hub.Following(jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch)) {
+		if !fresh && !c.hubOf(req.Key).Following(jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch)) {
 			// A replica's PENDING may be old news: confirmed by the leader before this node
 			// follows the execution (a new consumer costs more than the read) or takes it over.
-			lrec, lrev, err := c.store.Latest(ctx, req.Key)
+			lrec, lrev, err := c.storeOf(req.Key).Latest(ctx, req.Key)
 			switch {
 			case errors.Is(err, kv.ErrNotFound):
 				return nil, errGone
@@ -365,7 +367,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 			}
 		}
 		if abandoned, unheard := c.abandoned(ctx, req.Key, rec, now); abandoned {
-			job, nrec, nrev, err := TakeOver(ctx, c.js, c.store, req.Key, rec, rev, c.now, c.opts.Lease)
+			job, nrec, nrev, err := TakeOver(ctx, c.js, c.storeOf(req.Key), req.Key, rec, rev, c.now, c.opts.Lease)
 			if errors.Is(err, kv.ErrRequestLost) {
 				// Failed for want of its stored request: decide again (a retryable failure is
 				// reclaimed with this request's own body).
@@ -375,7 +377,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 				return nil, err
 			}
 			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).AnErr("owner_unheard", unheard).Str("server", c.js.Conn().ConnectedServerName()).
-				Func(LeaderRead(c.store)).Msg("lease expired; execution re-driven by a client request")
+				Func(LeaderRead(c.storeOf(req.Key))).Msg("lease expired; execution re-driven by a client request")
 			c.metrics.Takeover()
 			adm, err := c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
 			if adm != nil {
@@ -407,12 +409,12 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 // archive keeps a finished execution reachable by its job id before its auto key moves on to
 // a newer identical request (the auto key matches the most recent one).
 func (c *Core) archive(ctx context.Context, key string, rec *kv.Record) {
-	archived := HashParts(key, rec.JobID)
-	if _, err := c.store.Claim(ctx, archived, rec.Archived(key)); err != nil && !errors.Is(err, kv.ErrExists) {
+	archived := partition.OfKey(key).Tagged(HashParts(key, rec.JobID)) // in key's partition, as its job id is
+	if _, err := c.storeOf(key).Claim(ctx, archived, rec.Archived(key)); err != nil && !errors.Is(err, kv.ErrExists) {
 		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("archiving a finished execution")
 		return
 	}
-	if err := c.store.IndexJob(ctx, rec.JobID, archived); err != nil {
+	if err := c.storeOf(key).IndexJob(ctx, rec.JobID, archived); err != nil {
 		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("re-indexing an archived execution")
 	}
 }
@@ -423,7 +425,7 @@ func (c *Core) abandoned(ctx context.Context, key string, rec *kv.Record, now ti
 	if !rec.LeaseExpired(now) || c.stillQueued(ctx, key) {
 		return false, nil
 	}
-	return Abandoned(ctx, c.js, c.store, key, rec, now, c.opts.Lease)
+	return Abandoned(ctx, c.js, c.storeOf(key), key, rec, now, c.opts.Lease)
 }
 
 // stillQueued: the job of key is still in JOBS (waiting for a worker, or delivered and not
@@ -445,7 +447,7 @@ func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev ui
 		return nil, err
 	}
 	rec.AdmitBy = admitBy(ctx)
-	nrev, err := c.store.UpdateBefore(ctx, req.Key, rec, rev, rec.AdmitBy)
+	nrev, err := c.storeOf(req.Key).UpdateBefore(ctx, req.Key, rec, rev, rec.AdmitBy)
 	if err != nil {
 		c.noteRefused(req.Key, rec, err)
 		res.cancel()

@@ -27,7 +27,7 @@ func (a *Admission) Avoided(ctx context.Context) {
 	}
 	rec := a.Rec
 	if joined && (rec == nil || rec.State == kv.Pending) {
-		if r, _, err := a.core.store.Get(ctx, a.Key); err == nil {
+		if r, _, err := a.core.storeOf(a.Key).Get(ctx, a.Key); err == nil {
 			rec = r
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
@@ -36,7 +37,8 @@ const bypassRetryWindow = 10 * time.Minute
 // bypass admits a bypassed request.
 func (c *Core) bypass(ctx context.Context, req *Request) (*Admission, error) {
 	jobID := jobs.NewID()
-	key := HashParts(req.Tenant, "bypass", jobID) // unique per execution, whatever the key
+	key := partition.Key(len(c.parts), HashParts(req.Tenant, "bypass", jobID)) // unique per execution, whatever the key
+	jobID = c.jobIDIn(key, jobID)
 	if req.ContentKey == "" {
 		if adm, ran, err := c.runLocal(ctx, req, key, jobID); ran {
 			return adm, err
@@ -74,7 +76,7 @@ func (c *Core) bypass(ctx context.Context, req *Request) (*Admission, error) {
 //     more it cannot tell which is its attempt's, and executes unlisted (nil).
 func (c *Core) decideBypass(ctx context.Context, req *Request, own kv.RecentExec) (*kv.RecentExec, error) {
 	var target *kv.RecentExec
-	err := c.store.DecideRecent(ctx, req.ContentKey, c.now().Add(-bypassRetryWindow), func(list []kv.RecentExec) []kv.RecentExec {
+	err := c.storeOf(req.ContentKey).DecideRecent(ctx, req.ContentKey, c.now().Add(-bypassRetryWindow), func(list []kv.RecentExec) []kv.RecentExec {
 		target = nil
 		for i := range list {
 			if list[i].Job == own.Job { // an earlier try of this very write landed

@@ -25,12 +25,12 @@ func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api
 		body := errorBody(rec.API)
 		// An attempt already sent keeps running at the backend until the worker sees the
 		// cancel: its progress puts it in the record, counted and charged, never hidden.
-		p, err := c.store.Progress(ctx, rec.JobID, rec.Epoch)
+		p, err := c.storeOf(key).Progress(ctx, rec.JobID, rec.Epoch)
 		if err != nil {
 			p = nil
 		}
 		next := rec.CancelledAt(c.now(), body, p)
-		if _, err := c.store.Update(ctx, key, next, rev); err != nil {
+		if _, err := c.storeOf(key).Update(ctx, key, next, rev); err != nil {
 			if errors.Is(err, kv.ErrConflict) {
 				continue
 			}
@@ -39,7 +39,7 @@ func (c *Core) Cancel(ctx context.Context, tenant, id string, errorBody func(api
 		if err := jobs.Terminate(ctx, c.js, key, rec.JobID, rec.Epoch, jobs.KindError, http.StatusConflict, body); err != nil {
 			c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: notifying followers")
 		}
-		if err := c.store.DropRequest(ctx, key, next); err != nil {
+		if err := c.storeOf(key).DropRequest(ctx, key, next); err != nil {
 			c.log.Debug().Err(err).Str(fieldJobID, rec.JobID).Msg("cancel: dropping the stored request")
 		}
 		c.log.Info().Str(fieldJobID, rec.JobID).Msg("job cancelled")

@@ -240,7 +240,7 @@ func (d *Delivery) Next(ctx context.Context) (Event, error) {
 		case err == nil && ch.Kind != jobs.KindFence:
 			return d.event(ch), nil
 		case errors.Is(err, jobs.ErrHistoryLost):
-			rec, _, gerr := d.core.store.Get(ctx, d.key)
+			rec, _, gerr := d.core.storeOf(d.key).Get(ctx, d.key)
 			if gerr == nil && rec.State != kv.Pending {
 				return d.finished(rec), nil
 			}
@@ -277,7 +277,7 @@ func (d *Delivery) wait(ctx context.Context) (jobs.Chunk, bool, error) {
 // still runs this epoch, means wait on) or after the feed ended or was fenced. end false: go
 // on waiting, on the epoch followed or on the one it moved to.
 func (d *Delivery) fromRecord(ctx context.Context, ended bool) (ev Event, end bool, err error) {
-	rec, _, gerr := d.core.store.Get(ctx, d.key)
+	rec, _, gerr := d.core.storeOf(d.key).Get(ctx, d.key)
 	switch {
 	case gerr != nil && !ended: // unreadable now: keep waiting for the chunk
 		return Event{}, false, nil

@@ -7,13 +7,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
 )
 
 // Record reads the record of key as stored now.
 func (c *Core) Record(ctx context.Context, key string) (*kv.Record, error) {
-	rec, _, err := c.store.Get(ctx, key)
+	rec, _, err := c.storeOf(key).Get(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("intent: read %s: %w", key, err)
 	}
@@ -38,13 +39,13 @@ func (c *Core) Follow(ctx context.Context, key, jobID string, epoch int, stream 
 func (c *Core) joinExecution(ctx context.Context, key, jobID string, epoch int, stream bool) (*jobs.Follower, error) {
 	subject := jobs.ChunkSubject(key, jobID, epoch)
 	if stream {
-		return c.hub.Join(ctx, subject)
+		return c.hubOf(key).Join(ctx, subject)
 	}
-	fl, err := c.hub.JoinNonStream(ctx, subject)
+	fl, err := c.hubOf(key).JoinNonStream(ctx, subject)
 	if err != nil {
 		return nil, err
 	}
-	if rec, _, err := c.store.Get(ctx, key); err == nil && rec.State != kv.Pending && rec.Epoch == epoch && rec.JobID == jobID {
+	if rec, _, err := c.storeOf(key).Get(ctx, key); err == nil && rec.State != kv.Pending && rec.Epoch == epoch && rec.JobID == jobID {
 		fl.EndStored()
 	}
 	return fl, nil
@@ -76,7 +77,12 @@ func (c *Core) FindJob(ctx context.Context, tenant, id string) (key string, rec 
 	if !jobs.ParseID(id) {
 		return "", nil, 0, ErrNoJob
 	}
-	key, err = c.store.JobKey(ctx, id)
+	p, ok := partition.OfID(len(c.parts), id)
+	if !ok { // an id no partition of this store makes
+		c.decoyLookup(ctx, tenant, id)
+		return "", nil, 0, ErrNoJob
+	}
+	key, err = c.parts[p].Store.JobKey(ctx, id)
 	if errors.Is(err, kv.ErrNotFound) {
 		c.decoyLookup(ctx, tenant, id)
 		return "", nil, 0, ErrNoJob
@@ -84,7 +90,7 @@ func (c *Core) FindJob(ctx context.Context, tenant, id string) (key string, rec 
 	if err != nil {
 		return "", nil, 0, fmt.Errorf("intent: job %s: %w", id, err)
 	}
-	rec, rev, err = c.store.Get(ctx, key)
+	rec, rev, err = c.storeOf(key).Get(ctx, key)
 	if errors.Is(err, kv.ErrNotFound) {
 		return "", nil, 0, ErrNoJob
 	}
@@ -122,7 +128,7 @@ var decoyRecord = func() []byte {
 // (of decoyKey, which answers not found) and a decode with the tenant and id checks. The
 // outcome is ignored: the caller answers ErrNoJob.
 func (c *Core) decoyLookup(ctx context.Context, tenant, id string) {
-	_ = c.store.Peek(ctx, decoyKey) // one read, as a foreign id's; Get would also ask the leader on its miss
+	_ = c.parts[0].Store.Peek(ctx, decoyKey) // one read, as a foreign id's; Get would also ask the leader on its miss
 	if rec, err := kv.Decode(decoyRecord); err == nil {
 		// Never a match: the decoy's job id is no ULID (O is not in its alphabet).
 		_ = rec.Tenant != tenant || rec.JobID != id
@@ -132,8 +138,8 @@ func (c *Core) decoyLookup(ctx context.Context, tenant, id string) {
 // Lookup is the record of tenant's Idempotency-Key key (a client key, or a generated
 // "auto-…" one) and its record key; ErrNoRecord if there is none for this tenant.
 func (c *Core) Lookup(ctx context.Context, tenant, key string) (string, *kv.Record, error) {
-	recKey := LookupKey(tenant, key)
-	rec, _, err := c.store.Get(ctx, recKey)
+	recKey := LookupKey(len(c.parts), tenant, key)
+	rec, _, err := c.storeOf(recKey).Get(ctx, recKey)
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
 		return "", nil, ErrNoRecord
 	}
@@ -151,7 +157,7 @@ func (c *Core) WithProgress(ctx context.Context, key string, rec *kv.Record) (*k
 	if rec.State != kv.Pending {
 		return rec, nil
 	}
-	p, err := c.store.Progress(ctx, rec.JobID, rec.Epoch)
+	p, err := c.storeOf(key).Progress(ctx, rec.JobID, rec.Epoch)
 	if err != nil {
 		if !errors.Is(err, kv.ErrNotFound) {
 			c.log.Debug().Err(err).Str(fieldKey, key).Msg("reading progress")

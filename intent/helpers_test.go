@@ -104,7 +104,7 @@ func (e *env) otherNode(t *testing.T, mods ...func(*intent.Deps)) *intent.Core {
 
 // request is a chat request of tenant with the client key key.
 func request(key string) *intent.Request {
-	return &intent.Request{Tenant: tenant, Key: intent.RecordKey(tenant, key), Fingerprint: "fp-" + key,
+	return &intent.Request{Tenant: tenant, Key: intent.RecordKey(1, tenant, key), Fingerprint: "fp-" + key,
 		Model: "oncegate-mock", API: "openai", Backends: []string{"mock"},
 		Body: []byte(`{"model":"oncegate-mock","messages":[{"role":"user","content":"` + key + `"}]}`)}
 }
@@ -112,7 +112,7 @@ func request(key string) *intent.Request {
 // autoRequest is a request sent without a key: its record key is derived from its content.
 func autoRequest(content string) *intent.Request {
 	req := request(content)
-	req.Key, req.Auto = intent.AutoKey(tenant, "POST", "/v1/chat/completions", req.Fingerprint), true
+	req.Key, req.Auto = intent.AutoKey(1, tenant, "POST", "/v1/chat/completions", req.Fingerprint), true
 	return req
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/kv"
@@ -104,9 +105,12 @@ type Options struct {
 
 // Deps is what the core needs.
 type Deps struct {
-	JS    jetstream.JetStream
-	Store *kv.Store
-	Hub   *jobs.Hub
+	JS jetstream.JetStream
+	// Store and Hub are partition 0's records and executions; Partitions, when set, are every
+	// partition's, in order (Store and Hub are then ignored).
+	Store      *kv.Store
+	Hub        *jobs.Hub
+	Partitions []Partition
 	// Budgets enables spend limits; nil admits every execution.
 	Budgets Budgeter
 	Prices  ledger.Prices
@@ -131,6 +135,13 @@ type Deps struct {
 	Now func() time.Time
 }
 
+// Partition is one partition's records (its IDEM copy) and the hub that follows its
+// executions (its CHUNKS copy).
+type Partition struct {
+	Store *kv.Store
+	Hub   *jobs.Hub
+}
+
 // LocalRunner runs an execution whose record is not stored, for the one client following
 // out's feed, on this node; false when it cannot now (it started nothing).
 type LocalRunner interface {
@@ -152,9 +163,9 @@ type QueueWaiter interface {
 // cache and the live-join map are its own, and every goroutine it starts belongs to a
 // follower the caller closes.
 type Core struct {
-	js       jetstream.JetStream
-	store    *kv.Store
-	hub      *jobs.Hub
+	js jetstream.JetStream
+	// parts are the partitions' stores and hubs, by partition (one: an unpartitioned store).
+	parts    []Partition
 	budgets  Budgeter
 	prices   ledger.Prices
 	opts     Options
@@ -181,11 +192,14 @@ type Core struct {
 
 // New builds the core.
 func New(d Deps) *Core {
-	c := &Core{js: d.JS, store: d.Store, hub: d.Hub, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
+	c := &Core{js: d.JS, parts: d.Partitions, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
 		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, now: d.Now,
 		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now
+	}
+	if len(c.parts) == 0 {
+		c.parts = []Partition{{Store: d.Store, Hub: d.Hub}}
 	}
 	if d.Metrics != nil || capsFollowers(c.limits) {
 		c.followers = newFollowers()
@@ -328,4 +342,31 @@ func (a *Admission) Done() {
 		a.leave()
 		a.leave = nil
 	}
+}
+
+// Partitions is the count of partitions the core's store has: record keys are made for it
+// (RecordKey, AutoKey, LookupKey).
+func (c *Core) Partitions() int { return len(c.parts) }
+
+// part is key's partition's store and hub. A key tagged with a partition this store does not
+// have (only a client's "auto-p<k>-…" in a status lookup can be) is looked for in partition 0,
+// where it is not found.
+func (c *Core) part(key string) Partition {
+	if p := int(partition.OfKey(key)); p < len(c.parts) {
+		return c.parts[p]
+	}
+	return c.parts[0]
+}
+
+// storeOf and hubOf are key's partition's store and hub.
+func (c *Core) storeOf(key string) *kv.Store { return c.part(key).Store }
+func (c *Core) hubOf(key string) *jobs.Hub   { return c.part(key).Hub }
+
+// newJobID is a new job id of key's partition (partition.ID), so the jobs API finds its
+// record from the id alone.
+func (c *Core) newJobID(key string) string { return c.jobIDIn(key, jobs.NewID()) }
+
+// jobIDIn is id marked as a job of key's partition.
+func (c *Core) jobIDIn(key, id string) string {
+	return partition.ID(len(c.parts), id, partition.OfKey(key))
 }

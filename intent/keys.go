@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // The record key of an intent is a hash, never client text: hex of SHA-256 (128 bits), safe as
@@ -25,24 +27,26 @@ func HashParts(parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// RecordKey maps a client's Idempotency-Key to its record key.
-func RecordKey(tenant, key string) string {
-	return HashParts(tenant, "key", key)
+// RecordKey maps a client's Idempotency-Key to its record key in a store of parts partitions
+// (tagged with its partition, partition.Key).
+func RecordKey(parts int, tenant, key string) string {
+	return partition.Key(parts, HashParts(tenant, "key", key))
 }
 
 // AutoKey is the record key of a request sent without an Idempotency-Key: its content
 // (fingerprint) on its endpoint, so an SDK's automatic retry of it is the same intent.
-func AutoKey(tenant, method, path, fingerprint string) string {
-	return HashParts(tenant, "auto", method, path, fingerprint)
+func AutoKey(parts int, tenant, method, path, fingerprint string) string {
+	return partition.Key(parts, HashParts(tenant, "auto", method, path, fingerprint))
 }
 
 // LookupKey is the record key for the status API, where a generated key ("auto-<hash>", as
 // echoed in Idempotency-Key) names its record directly; the caller checks the record's tenant.
-func LookupKey(tenant, key string) string {
-	if strings.HasPrefix(key, AutoKeyPrefix) && isHex32(key[len(AutoKeyPrefix):]) {
-		return key[len(AutoKeyPrefix):]
+// With partitions, a generated key carries its partition's tag (auto-p1-<hash>).
+func LookupKey(parts int, tenant, key string) string {
+	if rest, ok := strings.CutPrefix(key, AutoKeyPrefix); ok && isHex32(partition.Untagged(rest)) && int(partition.OfKey(rest)) < parts {
+		return rest
 	}
-	return RecordKey(tenant, key)
+	return RecordKey(parts, tenant, key)
 }
 
 func isHex32(s string) bool {

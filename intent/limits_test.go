@@ -62,7 +62,7 @@ func TestTenantLimits(t *testing.T) {
 			t.Fatalf("a copy above the executions cap: %s, want joined", c.Outcome)
 		}
 		other := request("y1")
-		other.Tenant, other.Key = "globex", intent.RecordKey("globex", "y1")
+		other.Tenant, other.Key = "globex", intent.RecordKey(1, "globex", "y1")
 		if a := admit(t, core, other); a.Outcome != intent.Created {
 			t.Fatalf("another tenant: %s, want created", a.Outcome)
 		}

@@ -77,7 +77,7 @@ func (c *Core) joinLocal(req *Request) (*Admission, bool) {
 	if rule == "" {
 		return nil, false
 	}
-	fl, ok := c.hub.JoinLive(jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch))
+	fl, ok := c.hubOf(req.Key).JoinLive(jobs.ChunkSubject(req.Key, rec.JobID, rec.Epoch))
 	if !ok {
 		c.live.forget(req.Key)
 		return nil, false
@@ -93,6 +93,6 @@ func (c *Core) joinLocal(req *Request) (*Admission, bool) {
 // remember records that this node follows key's execution at rec.
 func (c *Core) remember(key string, rec *kv.Record) {
 	if rec.State == kv.Pending && !rec.Bypassed {
-		c.live.put(key, rec, c.hub.Following)
+		c.live.put(key, rec, c.hubOf(key).Following)
 	}
 }

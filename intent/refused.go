@@ -88,7 +88,7 @@ func (c *Core) releaseRefusals(ctx context.Context) {
 		}
 		done := now.After(r.until)
 		tctx, cancel := context.WithTimeout(ctx, jsretry.PerTry)
-		rec, rev, err := c.store.Get(tctx, key)
+		rec, rev, err := c.storeOf(key).Get(tctx, key)
 		switch {
 		case errors.Is(err, jsretry.ErrUnavailable):
 			cancel()
@@ -98,7 +98,7 @@ func (c *Core) releaseRefusals(ctx context.Context) {
 		case rec.Owner != r.owner || rec.Epoch != r.epoch || rec.State != kv.Pending || rec.AdmitBy.IsZero():
 			done = true // another admission's record, or ours moved on (it was never launched: only the sweep moves it)
 		default:
-			if releaseRefused(tctx, c.store, key, rec, rev) == nil {
+			if releaseRefused(tctx, c.storeOf(key), key, rec, rev) == nil {
 				c.log.Warn().Str(fieldKey, key).Int("epoch", rec.Epoch).Time("admit_by", rec.AdmitBy).
 					Msg("a claim stored after its request was refused (503): released, not executed")
 				done = true

@@ -16,6 +16,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // Kind says what a chunk carries.
@@ -286,7 +287,7 @@ func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, pay
 // last message, 0 if another writer's message is (a fence, or a second owner's chunk). A read that still shows this publisher's previous
 // chunk came from a replica behind its leader: tried again (jsretry.Again).
 func (p *Publisher) landed(ctx context.Context, idx int) (uint64, error) {
-	st, err := p.js.Stream(ctx, ChunksStream)
+	st, err := p.js.Stream(ctx, ChunksStreamOf(partition.OfSubject(p.subject)))
 	if err != nil {
 		return 0, err
 	}
@@ -319,7 +320,7 @@ func wrongLastSequence(err error) bool {
 // whether it wrote. A terminal chunk written twice is harmless: followers stop at the first.
 func Announce(ctx context.Context, js jetstream.JetStream, key, jobID string, epoch int, c Chunk) (bool, error) {
 	subject := ChunkSubject(key, jobID, epoch)
-	st, err := js.Stream(ctx, ChunksStream)
+	st, err := js.Stream(ctx, ChunksStreamOf(partition.OfKey(key)))
 	if err != nil {
 		return false, fmt.Errorf("jobs: announce %s: %w", subject, err)
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // maxPendingDiscards bounds the discard queue; beyond it the oldest entries are left to the
@@ -63,19 +65,21 @@ func (d *Discarder) Pending() int {
 
 // Run purges due subjects until ctx ends; what is still pending then is left to MaxAge.
 func (d *Discarder) Run(ctx context.Context) {
-	var stream jetstream.Stream
+	streams := map[partition.P]jetstream.Stream{} // CHUNKS of each partition, as looked up
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
 		due, wait := d.takeDue()
 		for _, subject := range due {
+			p := partition.OfSubject(subject)
+			stream := streams[p]
 			if stream == nil {
-				s, err := d.js.Stream(ctx, ChunksStream)
+				s, err := d.js.Stream(ctx, ChunksStreamOf(p))
 				if err != nil {
 					d.log.Debug().Err(err).Msg("chunk discard: stream lookup failed; chunks left to the retention")
 					break
 				}
-				stream = s
+				streams[p], stream = s, s
 			}
 			if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subject)); err != nil && ctx.Err() == nil {
 				d.log.Debug().Err(err).Str("subject", subject).Msg("chunk discard failed; chunks left to the retention")

@@ -11,6 +11,7 @@ import (
 	"github.com/oncegate/oncegate/internal/jsdirect"
 	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // historyBatch is how many chunks one direct get returns: a short answer's whole history in
@@ -64,7 +65,7 @@ func history(ctx context.Context, nc *nats.Conn, subject string, fromLeader bool
 // from stream sequence from on: the chunks, the sequence of the last one (0: none), and
 // whether the batch was full (more may follow).
 func directBatch(ctx context.Context, nc *nats.Conn, subject string, from uint64) ([]Chunk, uint64, bool, error) {
-	msgs, full, err := jsdirect.Batch(ctx, nc, jetstream.DefaultAPIPrefix, ChunksStream, subject, from, historyBatch)
+	msgs, full, err := jsdirect.Batch(ctx, nc, jetstream.DefaultAPIPrefix, ChunksStreamOf(partition.OfSubject(subject)), subject, from, historyBatch)
 	if err != nil {
 		return nil, 0, false, err // a timeout is transient: the read is tried again
 	}
@@ -83,7 +84,7 @@ func directBatch(ctx context.Context, nc *nats.Conn, subject string, from uint64
 // leaderNext asks the stream's leader (jsleader) for the first chunk of subject at or after
 // stream sequence from: the chunk and its sequence, or jetstream.ErrMsgNotFound.
 func leaderNext(ctx context.Context, nc *nats.Conn, subject string, from uint64) (Chunk, uint64, error) {
-	m, err := jsleader.Get(ctx, nc, jetstream.DefaultAPIPrefix, ChunksStream, jsleader.Request{Seq: from, NextBySubject: subject})
+	m, err := jsleader.Get(ctx, nc, jetstream.DefaultAPIPrefix, ChunksStreamOf(partition.OfSubject(subject)), jsleader.Request{Seq: from, NextBySubject: subject})
 	if err != nil {
 		return Chunk{}, 0, err
 	}

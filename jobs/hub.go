@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // ErrHubClosed is returned by a Hub (and its followers) after Close.
@@ -42,6 +43,7 @@ type Hub struct {
 	notices  bool
 	inactive time.Duration // the tail's InactiveThreshold
 	log      zerolog.Logger
+	chunks   string // the CHUNKS copy of the hub's partition
 
 	mu     sync.Mutex
 	feeds  map[string]*feed
@@ -85,6 +87,9 @@ type HubOptions struct {
 	Notices bool
 	// InactiveThreshold is how long the server keeps a tail nothing reads (0: orderedInactive).
 	InactiveThreshold time.Duration
+	// Partition is the partition whose executions the hub follows (its tail reads that
+	// partition's CHUNKS): a gateway has one hub per partition.
+	Partition partition.P
 }
 
 // NewHub makes a Hub on nc; the caller must use the same connection to submit jobs when
@@ -95,7 +100,7 @@ func NewHub(nc *nats.Conn, js jetstream.JetStream, log zerolog.Logger, opts HubO
 	if inactive <= 0 {
 		inactive = orderedInactive
 	}
-	h := &Hub{nc: nc, js: js, coreFast: opts.CoreFastPath, notices: opts.Notices, inactive: inactive, log: log, feeds: make(map[string]*feed)}
+	h := &Hub{nc: nc, js: js, coreFast: opts.CoreFastPath, notices: opts.Notices, inactive: inactive, log: log, chunks: ChunksStreamOf(opts.Partition), feeds: make(map[string]*feed)}
 	h.ctx, h.cancel = context.WithCancel(context.Background())
 	h.tail.hub = h
 	return h

@@ -23,6 +23,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/replicas"
 )
 
@@ -116,8 +117,11 @@ func (j *Job) Subject() string { return ChunkSubject(j.Key, j.ID, j.Epoch) }
 // id makes it unique: a key reused after its record expired starts again at epoch 1, and its
 // new execution must not find (nor be refused by, nor replay to a joiner) the last one's
 // chunks, which CHUNKS keeps for its retention.
+//
+// The subject is in the CHUNKS copy of key's partition (partition.OfKey): "p<k>.chunks." in
+// partition k ≥ 1.
 func ChunkSubject(key, jobID string, epoch int) string {
-	return chunksPrefix + key + "." + jobID + "." + strconv.Itoa(epoch)
+	return partition.OfKey(key).Subject(chunksPrefix) + key + "." + jobID + "." + strconv.Itoa(epoch)
 }
 
 // NoticeSubject is the subject of the notices of the execution whose chunks are on subject (a
@@ -142,13 +146,29 @@ func ParseID(s string) bool {
 type StreamConfig struct {
 	// ChunkRetention is how long chunks stay replayable from CHUNKS (records keep results longer).
 	ChunkRetention time.Duration
-	// MaxChunkBytes caps the CHUNKS stream's memory.
+	// MaxChunkBytes caps the CHUNKS stream's memory (0: DefaultMaxChunkBytes).
 	MaxChunkBytes int64
 	// Replicas of both streams (0 or 1: one). Memory streams with replicas lose nothing to one
 	// server's loss: without them, every new job (JOBS) or every live execution's output
 	// (CHUNKS) would stop while the one server holding the stream is down.
 	Replicas int
+	// Partition is whose copies of the streams to make (JOBS_P<k>, CHUNKS_P<k> in partition
+	// k ≥ 1); Placement, when set, places them (a partition's own servers).
+	Partition partition.P
+	Placement *jetstream.Placement
 }
+
+// DefaultMaxChunkBytes is CHUNKS's memory cap: what JetStream reserves for it on each server
+// holding a replica. A partitioned store divides it among its partitions' copies (they may
+// share servers), so the reservation stays within the embedded server's memory.
+const DefaultMaxChunkBytes = 512 << 20
+
+// JobsStreamOf and ChunksStreamOf name partition p's JOBS and CHUNKS.
+func JobsStreamOf(p partition.P) string   { return p.Stream(JobsStream) }
+func ChunksStreamOf(p partition.P) string { return p.Stream(ChunksStream) }
+
+// JobsSubjectsOf is partition p's JOBS subject space.
+func JobsSubjectsOf(p partition.P) string { return p.Subject(JobsSubjects) }
 
 // EnsureStreams creates or updates JOBS and CHUNKS; it is idempotent, and keeps a stream's
 // replica count when it is larger than cfg's (a start never lowers what an operator raised).
@@ -158,18 +178,20 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 		cfg.ChunkRetention = 15 * time.Minute
 	}
 	if cfg.MaxChunkBytes == 0 {
-		cfg.MaxChunkBytes = 512 << 20
+		cfg.MaxChunkBytes = DefaultMaxChunkBytes
 	}
 	streams := []jetstream.StreamConfig{{
-		Name:       JobsStream,
-		Subjects:   []string{JobsSubjects},
+		Name:       JobsStreamOf(cfg.Partition),
+		Subjects:   []string{JobsSubjectsOf(cfg.Partition)},
+		Placement:  cfg.Placement,
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.MemoryStorage,
 		Duplicates: 2 * time.Minute,
 		Replicas:   cfg.Replicas,
 	}, {
-		Name:              ChunksStream,
-		Subjects:          []string{chunksPrefix + ">"},
+		Name:              ChunksStreamOf(cfg.Partition),
+		Subjects:          []string{cfg.Partition.Subject(chunksPrefix) + ">"},
+		Placement:         cfg.Placement,
 		Storage:           jetstream.MemoryStorage,
 		MaxAge:            cfg.ChunkRetention,
 		MaxBytes:          cfg.MaxChunkBytes,
@@ -198,7 +220,7 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	if len(job.Record) == 0 || job.Rev == 0 {
 		return fmt.Errorf("%w: job %s has no record", ErrInvalidJob, job.ID)
 	}
-	m := nats.NewMsg(jobsPrefix + job.Key)
+	m := nats.NewMsg(partition.OfKey(job.Key).Subject(jobsPrefix) + job.Key)
 	m.Header.Set(hdrJobVersion, strconv.Itoa(WireVersion))
 	m.Header.Set(hdrJobID, job.ID)
 	m.Header.Set(hdrJobKey, job.Key)
@@ -246,11 +268,12 @@ func Decode(h nats.Header, data []byte) (*Job, error) {
 // Queued reports whether JOBS still holds a job of record key (waiting, or delivered and not
 // yet acked): such a job will run or be redelivered, so it must not be re-driven.
 func Queued(ctx context.Context, js jetstream.JetStream, key string) (bool, error) {
-	st, err := js.Stream(ctx, JobsStream)
+	p := partition.OfKey(key)
+	st, err := js.Stream(ctx, JobsStreamOf(p))
 	if err != nil {
 		return false, fmt.Errorf("jobs: %w", err)
 	}
-	_, err = st.GetLastMsgForSubject(ctx, jobsPrefix+key)
+	_, err = st.GetLastMsgForSubject(ctx, p.Subject(jobsPrefix)+key)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return false, nil
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 // QueueWatch samples how long the job at the head of the JOBS queue has waited: the age of
@@ -25,6 +27,7 @@ import (
 // here since, and every other node sheds on its own samples) and wakes the sampling at once.
 type QueueWatch struct {
 	js       jetstream.JetStream
+	part     partition.P
 	consumer string
 	every    time.Duration
 	log      zerolog.Logger
@@ -41,8 +44,9 @@ type QueueWatch struct {
 
 // NewQueueWatch watches the JOBS queue of the durable consumer named consumer, sampling
 // every interval once Run runs.
-func NewQueueWatch(js jetstream.JetStream, consumer string, every time.Duration, log zerolog.Logger) *QueueWatch {
-	return &QueueWatch{js: js, consumer: consumer, every: every, log: log, now: time.Now, wake: make(chan struct{}, 1)}
+// It watches partition p's JOBS.
+func NewQueueWatch(js jetstream.JetStream, p partition.P, consumer string, every time.Duration, log zerolog.Logger) *QueueWatch {
+	return &QueueWatch{js: js, part: p, consumer: consumer, every: every, log: log, now: time.Now, wake: make(chan struct{}, 1)}
 }
 
 // askedFor is how long after the last Wait the watch keeps sampling an empty queue.
@@ -94,7 +98,7 @@ func (q *QueueWatch) Run(ctx context.Context) {
 
 // Read reads the head job's wait and the jobs pending now.
 func (q *QueueWatch) Read(ctx context.Context) (time.Duration, uint64, error) {
-	c, err := q.js.Consumer(ctx, JobsStream, q.consumer)
+	c, err := q.js.Consumer(ctx, JobsStreamOf(q.part), q.consumer)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
 		return 0, 0, nil // no worker has started yet (or NATS lost the memory stream): no queue to measure
 	}
@@ -109,7 +113,7 @@ func (q *QueueWatch) Read(ctx context.Context) (time.Duration, uint64, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	m, err := st.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(JobsSubjects))
+	m, err := st.GetMsg(ctx, info.Delivered.Stream+1, jetstream.WithGetMsgSubject(JobsSubjectsOf(q.part)))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, info.NumPending, nil // delivered meanwhile
 	}
@@ -125,7 +129,7 @@ func (q *QueueWatch) stream(ctx context.Context) (jetstream.Stream, error) {
 	if q.st != nil {
 		return q.st, nil
 	}
-	st, err := q.js.Stream(ctx, JobsStream)
+	st, err := q.js.Stream(ctx, JobsStreamOf(q.part))
 	if err != nil {
 		return nil, fmt.Errorf("jobs: queue: %w", err)
 	}

@@ -23,7 +23,7 @@ func TestQueueWatchReadsTheHeadsWait(t *testing.T) {
 	if err := jobs.EnsureStreams(ctx, srv.JS, jobs.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	q := jobs.NewQueueWatch(srv.JS, "workers", time.Second, zerolog.Nop())
+	q := jobs.NewQueueWatch(srv.JS, 0, "workers", time.Second, zerolog.Nop())
 	read := func() (time.Duration, uint64) {
 		t.Helper()
 		w, n, err := q.Read(ctx)

@@ -52,7 +52,7 @@ func (t *tail) start(ctx context.Context) error {
 	}
 	h := t.hub
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
-		cons, err := h.js.OrderedConsumer(ctx, ChunksStream, jetstream.OrderedConsumerConfig{
+		cons, err := h.js.OrderedConsumer(ctx, h.chunks, jetstream.OrderedConsumerConfig{
 			DeliverPolicy:     jetstream.DeliverNewPolicy,
 			InactiveThreshold: h.inactive,
 			NamePrefix:        tailPrefix + NewID(),
@@ -71,9 +71,21 @@ func (t *tail) start(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("jobs: read %s: %w", ChunksStream, err)
+		return fmt.Errorf("jobs: read %s: %w", h.chunks, err)
 	}
 	return nil
+}
+
+// StartTail makes the hub's tail now instead of at its first feed (nothing on one server,
+// which has none). Creating a consumer is a change of the cluster's meta group: a tail made
+// while the cluster has a quorum keeps reading through a loss of the meta quorum that leaves
+// the hub's partition up (a partitioned cluster that lost another partition's servers), where
+// making it at the first feed would fail every request.
+func (h *Hub) StartTail(ctx context.Context) error {
+	if h.coreFast {
+		return nil
+	}
+	return h.tail.start(ctx)
 }
 
 func (t *tail) read(m jetstream.Msg) {
@@ -102,7 +114,7 @@ func (t *tail) end(cc jetstream.ConsumeContext, cons jetstream.Consumer) {
 	if info := cons.CachedInfo(); info != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
 		defer cancel()
-		if err := t.hub.js.DeleteConsumer(ctx, ChunksStream, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if err := t.hub.js.DeleteConsumer(ctx, t.hub.chunks, info.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			t.hub.log.Debug().Err(err).Str("consumer", info.Name).Msg("deleting the CHUNKS tail failed; the server expires it")
 		}
 	}
@@ -122,7 +134,7 @@ func (h *Hub) Resync(ctx context.Context) error {
 	if !running {
 		return nil
 	}
-	st, err := h.js.Stream(ctx, ChunksStream)
+	st, err := h.js.Stream(ctx, h.chunks)
 	if err != nil {
 		return fmt.Errorf("jobs: resync: %w", err)
 	}

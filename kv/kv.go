@@ -23,6 +23,7 @@ import (
 	"github.com/oncegate/oncegate/internal/jsleader"
 	"github.com/oncegate/oncegate/internal/jspub"
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/replicas"
 )
 
@@ -69,6 +70,26 @@ type BucketConfig struct {
 	// InlineRequestMax is the largest request a record carries itself; a larger one is stored
 	// in REQUESTS (see RequestsStream). 0: DefaultInlineRequestMax.
 	InlineRequestMax int
+	// Partition is the partition whose copies of the bucket and streams the store opens
+	// (partition 0: IDEM, PROGRESS, REQUESTS; partition k: IDEM_P<k>, ...). A store holds the
+	// records of its partition's keys only (partition.OfKey).
+	Partition partition.P
+	// Placement, when set, places the streams the store creates (a partition's own servers).
+	Placement *jetstream.Placement
+}
+
+// names are a store's bucket, streams and subject spaces in its partition.
+type names struct {
+	bucket, stream, subjects string // IDEM, KV_IDEM, "$KV.IDEM."
+	progress, progressPrefix string
+	requests, requestsPrefix string
+}
+
+func namesOf(p partition.P) names {
+	bucket := p.Stream(Bucket)
+	return names{bucket: bucket, stream: "KV_" + bucket, subjects: "$KV." + bucket + ".",
+		progress: p.Stream(ProgressStream), progressPrefix: p.Subject(progressPrefix),
+		requests: p.Stream(RequestsStream), requestsPrefix: p.Subject(requestsPrefix)}
 }
 
 // Record messages carry their state and lease in headers, so a sweep can read every key's
@@ -97,6 +118,7 @@ type Store struct {
 	pieceBufs *sync.Pool
 	js        jetstream.JetStream
 	ttl       time.Duration // the bucket's record TTL
+	names     names
 	// leader is when the bucket's leader was elected (Abandoned).
 	leader *leaderClock
 }
@@ -105,15 +127,18 @@ type Store struct {
 // index and the progress stream. It never lowers a replica count an operator raised, and it is
 // also how a gateway recreates the two memory streams after a NATS restart lost them.
 func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store, error) {
-	kvs, err := replicas.EnsureKV(ctx, js, replicas.RecordsKV(Bucket, cfg.TTL, cfg.Replicas))
+	n := namesOf(cfg.Partition)
+	kvc := replicas.RecordsKV(n.bucket, cfg.TTL, cfg.Replicas)
+	kvc.Placement = cfg.Placement
+	kvs, err := replicas.EnsureKV(ctx, js, kvc)
 	if err != nil {
-		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
+		return nil, fmt.Errorf("kv: open bucket %s: %w", n.bucket, err)
 	}
-	prog, err := openProgress(ctx, js, cfg.Replicas)
+	prog, err := openProgress(ctx, js, n, cfg.Replicas, cfg.Placement)
 	if err != nil {
 		return nil, err
 	}
-	reqs, err := openRequests(ctx, js, cfg.TTL, cfg.Replicas)
+	reqs, err := openRequests(ctx, js, n, cfg.TTL, cfg.Replicas, cfg.Placement)
 	if err != nil {
 		return nil, err
 	}
@@ -121,10 +146,10 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 	if inlineMax == 0 {
 		inlineMax = DefaultInlineRequestMax
 	}
-	return &Store{kv: kvs, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: newPieceBufs(), js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
+	return &Store{kv: kvs, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: newPieceBufs(), js: js, ttl: cfg.TTL, leader: &leaderClock{}, names: n}, nil
 }
 
-// BucketStream is the stream behind the bucket.
+// BucketStream is the stream behind the bucket (partition 0's; Stream names the store's).
 const BucketStream = "KV_" + Bucket
 
 // recordV2 is the record format that stores the request after the record's JSON; version 1
@@ -480,7 +505,7 @@ var errGone = errors.New("no record")
 // leaderLast reads key's last message from the bucket stream's leader, which a message get
 // of the stream API (unlike a direct get, answered by any replica) always is.
 func (s *Store) leaderLast(ctx context.Context, key string) ([]byte, uint64, error) {
-	return leaderLast(ctx, s.js, BucketStream, subjectPrefix+key)
+	return leaderLast(ctx, s.js, s.names.stream, s.names.subjects+key)
 }
 
 // leaderLast reads the last message on subject of stream from its leader; errGone when there
@@ -512,7 +537,7 @@ var errWrongLast = errors.New("wrong last sequence")
 // write is a KV put conditional on the key's last revision (0: the key must not exist),
 // exactly what kv.Create and kv.Update send, plus the state headers.
 func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte, rev uint64) (uint64, error) {
-	m := nats.NewMsg(subjectPrefix + key)
+	m := nats.NewMsg(s.names.subjects + key)
 	m.Data = data
 	m.Header.Set(hdrState, string(rec.State))
 	if rec.State == Pending && !rec.LeaseUntil.IsZero() {
@@ -537,8 +562,8 @@ func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte,
 	return ack.Sequence, nil
 }
 
-// subjectPrefix is the bucket's subject space.
-const subjectPrefix = "$KV." + Bucket + "."
+// Stream is the name of the stream behind the store's bucket (KV_IDEM, KV_IDEM_P1, ...).
+func (s *Store) Stream() string { return s.names.stream }
 
 // Expired is a PENDING record whose lease ran out, found by LeaseWatch.Expired.
 type Expired struct {

@@ -199,7 +199,7 @@ func (s *Store) leaderView(ctx context.Context) (replicas.View, error) {
 	local := s.leader.local
 	s.leader.mu.Unlock()
 	if local != nil {
-		if v, ok := local(BucketStream); ok {
+		if v, ok := local(s.names.stream); ok {
 			if v.Leader == "" {
 				return v, errNoLeaderHeard
 			}
@@ -208,7 +208,7 @@ func (s *Store) leaderView(ctx context.Context) (replicas.View, error) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, leaderReadTimeout)
 	defer cancel()
-	st, err := s.js.Stream(rctx, BucketStream)
+	st, err := s.js.Stream(rctx, s.names.stream)
 	if err != nil {
 		return replicas.View{}, err
 	}

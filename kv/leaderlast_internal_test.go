@@ -86,7 +86,7 @@ func TestLeaderPiece(t *testing.T) {
 			if err := st.PutRequest(ctx, key, rec); err != nil {
 				t.Fatal(err)
 			}
-			subj := pieceSubject(key, rec, 1)
+			subj := st.pieceSubject(key, rec, 1)
 			direct, err := st.reqs.GetLastMsgForSubject(ctx, subj)
 			if err != nil {
 				t.Fatal(err)
@@ -96,7 +96,7 @@ func TestLeaderPiece(t *testing.T) {
 				t.Fatalf("leader: %d bytes, codec %q, %v; direct: %d bytes, codec %q; want codec %q",
 					len(data), codec, err, len(direct.Data), direct.Header.Get(hdrCodec), tc.codec)
 			}
-			if _, _, err := st.leaderPiece(ctx, pieceSubject(key, rec, 99)); !errors.Is(err, errGone) {
+			if _, _, err := st.leaderPiece(ctx, st.pieceSubject(key, rec, 99)); !errors.Is(err, errGone) {
 				t.Fatalf("a piece never written: %v, want errGone", err)
 			}
 		})

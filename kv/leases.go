@@ -65,7 +65,7 @@ const maxLeaseResets = 3
 func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	st, err := w.s.js.Stream(ctx, "KV_"+Bucket)
+	st, err := w.s.js.Stream(ctx, w.s.names.stream)
 	if err != nil {
 		return nil, fmt.Errorf("kv: lease scan: %w", err)
 	}
@@ -113,7 +113,7 @@ func (w *LeaseWatch) consumer(ctx context.Context, st jetstream.Stream) (jetstre
 	if w.cons != nil {
 		return w.cons, nil
 	}
-	cfg := jetstream.ConsumerConfig{FilterSubject: subjectPrefix + ">", HeadersOnly: true,
+	cfg := jetstream.ConsumerConfig{FilterSubject: w.s.names.subjects + ">", HeadersOnly: true,
 		AckPolicy: jetstream.AckNonePolicy, InactiveThreshold: leaseConsumerIdle, MemoryStorage: true, Replicas: 1}
 	if w.started {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, w.lastSeq+1
@@ -135,7 +135,7 @@ func (w *LeaseWatch) dropConsumer(ctx context.Context) {
 	}
 	if info := w.cons.CachedInfo(); info != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		_ = w.s.js.DeleteConsumer(dctx, "KV_"+Bucket, info.Name)
+		_ = w.s.js.DeleteConsumer(dctx, w.s.names.stream, info.Name)
 		cancel()
 	}
 	w.cons = nil
@@ -172,7 +172,7 @@ func (w *LeaseWatch) read(ctx context.Context, st jetstream.Stream) error {
 			if md.Sequence.Stream > w.lastSeq {
 				w.lastSeq = md.Sequence.Stream
 			}
-			w.apply(strings.TrimPrefix(m.Subject(), subjectPrefix), m.Headers(), md.Timestamp, md.Sequence.Stream)
+			w.apply(strings.TrimPrefix(m.Subject(), w.s.names.subjects), m.Headers(), md.Timestamp, md.Sequence.Stream)
 		}
 		w.readCount += n
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {

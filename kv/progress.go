@@ -69,26 +69,26 @@ type Progress struct {
 // the last few milliseconds. NATS cannot change a stream's storage or persist mode, so a
 // PROGRESS made otherwise (memory, by an older version; async, before its replicas were
 // raised) is deleted first: it holds only the progress of the executions running now.
-func openProgress(ctx context.Context, js jetstream.JetStream, n int) (jetstream.Stream, error) {
-	n, _, err := replicas.Of(ctx, js, ProgressStream, n)
+func openProgress(ctx context.Context, js jetstream.JetStream, nm names, n int, placement *jetstream.Placement) (jetstream.Stream, error) {
+	n, _, err := replicas.Of(ctx, js, nm.progress, n)
 	if err != nil {
-		return nil, fmt.Errorf("kv: open progress %s: %w", ProgressStream, err)
+		return nil, fmt.Errorf("kv: open progress %s: %w", nm.progress, err)
 	}
-	cfg := lastValueStream(ProgressStream, progressPrefix, progressMaxAge, progressMaxMsgs, n)
-	cfg.Storage = jetstream.FileStorage
+	cfg := lastValueStream(nm.progress, nm.progressPrefix, progressMaxAge, progressMaxMsgs, n)
+	cfg.Storage, cfg.Placement = jetstream.FileStorage, placement
 	if n == 1 {
 		cfg.PersistMode = jetstream.AsyncPersistMode
 	}
-	if st, err := js.Stream(ctx, ProgressStream); err == nil {
+	if st, err := js.Stream(ctx, nm.progress); err == nil {
 		if have := st.CachedInfo().Config; have.Storage != cfg.Storage || have.PersistMode != cfg.PersistMode {
-			if err := js.DeleteStream(ctx, ProgressStream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-				return nil, fmt.Errorf("kv: recreate %s on file storage: %w", ProgressStream, err)
+			if err := js.DeleteStream(ctx, nm.progress); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return nil, fmt.Errorf("kv: recreate %s on file storage: %w", nm.progress, err)
 			}
 		}
 	}
 	st, err := replicas.Ensure(ctx, js, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("kv: open progress %s: %w", ProgressStream, err)
+		return nil, fmt.Errorf("kv: open progress %s: %w", nm.progress, err)
 	}
 	return st, nil
 }
@@ -117,21 +117,21 @@ func (s *Store) PutProgress(key string, p *Progress) error {
 	if err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
-	if err := s.fireAndForget(progressSubject(p.JobID, p.Epoch), data); err != nil {
+	if err := s.fireAndForget(s.progressSubject(p.JobID, p.Epoch), data); err != nil {
 		return fmt.Errorf("kv: progress %s: %w", key, err)
 	}
 	return nil
 }
 
 // progressSubject is where the progress of job jobID's execution in epoch is kept.
-func progressSubject(jobID string, epoch int) string {
-	return progressPrefix + jobID + "." + strconv.Itoa(epoch)
+func (s *Store) progressSubject(jobID string, epoch int) string {
+	return s.names.progressPrefix + jobID + "." + strconv.Itoa(epoch)
 }
 
 // Progress reads the last progress of job jobID's execution in epoch; ErrNotFound if there is
 // none.
 func (s *Store) Progress(ctx context.Context, jobID string, epoch int) (*Progress, error) {
-	m, err := s.prog.GetLastMsgForSubject(ctx, progressSubject(jobID, epoch))
+	m, err := s.prog.GetLastMsgForSubject(ctx, s.progressSubject(jobID, epoch))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, fmt.Errorf("kv: progress of %s: %w", jobID, ErrNotFound)
 	}
@@ -145,7 +145,7 @@ func (s *Store) Progress(ctx context.Context, jobID string, epoch int) (*Progres
 // none. A wildcard subject cannot go in a direct get's subject, so it is a message get with a
 // body, answered by the stream's leader: for a job id lookup, never on a request's path.
 func (s *Store) lastProgressOf(ctx context.Context, jobID string) (*Progress, error) {
-	m, err := leaderLastMsg(ctx, s.js, ProgressStream, progressPrefix+jobID+".*")
+	m, err := leaderLastMsg(ctx, s.js, s.names.progress, s.names.progressPrefix+jobID+".*")
 	if errors.Is(err, errGone) {
 		return nil, fmt.Errorf("kv: progress of %s: %w", jobID, ErrNotFound)
 	}

@@ -82,27 +82,28 @@ func newPieceBufs() *sync.Pool {
 // outlived the stream's age.
 var ErrRequestLost = errors.New("kv: the record's stored request is gone")
 
-func openRequests(ctx context.Context, js jetstream.JetStream, ttl time.Duration, n int) (jetstream.Stream, error) {
+func openRequests(ctx context.Context, js jetstream.JetStream, nm names, ttl time.Duration, n int, placement *jetstream.Placement) (jetstream.Stream, error) {
 	st, err := replicas.Ensure(ctx, js, jetstream.StreamConfig{
-		Name:     RequestsStream,
-		Subjects: []string{requestsPrefix + ">"},
-		Storage:  jetstream.FileStorage,
-		MaxAge:   max(ttl, requestsMinAge),
-		Discard:  jetstream.DiscardOld,
-		Replicas: n,
+		Name:      nm.requests,
+		Subjects:  []string{nm.requestsPrefix + ">"},
+		Placement: placement,
+		Storage:   jetstream.FileStorage,
+		MaxAge:    max(ttl, requestsMinAge),
+		Discard:   jetstream.DiscardOld,
+		Replicas:  n,
 		// A direct get answers with the message as stored; the stream API's get wraps it in
 		// JSON as base64, costing two more body-sized buffers on each side. Any replica answers
 		// one, so a miss is asked of the leader again before a request is called lost (Request).
 		AllowDirect: true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("kv: open requests %s: %w", RequestsStream, err)
+		return nil, fmt.Errorf("kv: open requests %s: %w", nm.requests, err)
 	}
 	return st, nil
 }
 
-func requestSubject(key string, epoch int) string {
-	return requestsPrefix + key + "." + strconv.Itoa(epoch)
+func (s *Store) requestSubject(key string, epoch int) string {
+	return s.names.requestsPrefix + key + "." + strconv.Itoa(epoch)
 }
 
 // StoresRequest reports whether a request of n bytes is stored in REQUESTS rather than in
@@ -131,7 +132,7 @@ func (s *Store) PutRequest(ctx context.Context, key string, rec *Record) error {
 	defer func() { <-s.storing }()
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		return eachPiece(ctx, rec, func(ctx context.Context, i, lo, hi int) error {
-			msg := &nats.Msg{Subject: pieceSubject(key, rec, i), Data: rec.Request[lo:hi]}
+			msg := &nats.Msg{Subject: s.pieceSubject(key, rec, i), Data: rec.Request[lo:hi]}
 			if rec.RequestPiece == 0 {
 				_, err := jspub.Publish(ctx, s.js.Conn(), msg)
 				return err
@@ -162,7 +163,7 @@ func (s *Store) Request(ctx context.Context, key string, rec *Record) ([]byte, e
 		body = make([]byte, rec.RequestBytes)
 	}
 	err := eachPiece(ctx, rec, func(ctx context.Context, i, lo, hi int) error {
-		data, codec, err := s.requestPiece(ctx, pieceSubject(key, rec, i))
+		data, codec, err := s.requestPiece(ctx, s.pieceSubject(key, rec, i))
 		switch {
 		case errors.Is(err, errGone) && rec.RequestPiece == 0:
 			return ErrRequestLost
@@ -216,7 +217,7 @@ func (s *Store) requestPiece(ctx context.Context, subj string) (data []byte, cod
 
 // leaderPiece reads the message on subj and its hdrCodec from the stream's leader.
 func (s *Store) leaderPiece(ctx context.Context, subj string) (data []byte, codec string, err error) {
-	m, err := leaderLastMsg(ctx, s.js, RequestsStream, subj)
+	m, err := leaderLastMsg(ctx, s.js, s.names.requests, subj)
 	if err != nil {
 		return nil, "", err
 	}
@@ -236,7 +237,7 @@ func (s *Store) DropRequest(ctx context.Context, key string, rec *Record) error 
 	if rec.RequestAt == 0 || rec.State == Pending {
 		return nil
 	}
-	subj := requestSubject(key, rec.RequestAt)
+	subj := s.requestSubject(key, rec.RequestAt)
 	if rec.RequestPiece > 0 {
 		subj += ".>"
 	}
@@ -247,8 +248,8 @@ func (s *Store) DropRequest(ctx context.Context, key string, rec *Record) error 
 }
 
 // pieceSubject is the subject of piece i of rec's stored request.
-func pieceSubject(key string, rec *Record, i int) string {
-	subj := requestSubject(key, rec.RequestAt)
+func (s *Store) pieceSubject(key string, rec *Record, i int) string {
+	subj := s.requestSubject(key, rec.RequestAt)
 	if rec.RequestPiece == 0 {
 		return subj
 	}

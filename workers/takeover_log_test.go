@@ -37,7 +37,7 @@ func TestTakeoverLogLineHasOneEpoch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The vanished worker's delivery: fetched and given back, so the pool sees a redelivery.
-	cons, err := workers.EnsureConsumer(ctx, r.srv.JS, 2*time.Second, 16)
+	cons, err := workers.EnsureConsumer(ctx, r.srv.JS, 0, 2*time.Second, 16)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/resilience"
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/internal/tracing"
@@ -94,6 +95,12 @@ type Options struct {
 	// CaptureContent puts the request's messages and the answer's text on the execution's and
 	// the attempt's spans (gen_ai.input.messages, gen_ai.output.messages): tracing.capture_content.
 	CaptureContent bool
+	// Partition is the partition whose jobs the pool takes (its JOBS copy); its store and
+	// ledger must be that partition's. A gateway runs one pool per partition.
+	Partition partition.P
+	// Slots, when set, are the execution slots the pool shares with the node's other pools
+	// (one per partition): Concurrency then bounds their sum, not each pool's.
+	Slots chan struct{}
 }
 
 // Pool runs jobs.
@@ -180,6 +187,21 @@ func New(js jetstream.JetStream, store *kv.Store, opts Options) *Pool {
 	return p
 }
 
+// Sibling is a pool for partition part's jobs on the same node (store and led are that
+// partition's): it shares p's execution slots, so Concurrency bounds the node's executions
+// in all partitions, and p's breakers and retry budgets, so a backend's health is one view per
+// node. p alone posts the node's status to the board.
+func (p *Pool) Sibling(store *kv.Store, part partition.P, led Ledger) *Pool {
+	opts := p.opts
+	opts.Partition, opts.Ledger, opts.Board = part, led, nil
+	s := &Pool{js: p.js, store: store, opts: opts, guards: p.guards, leases: store.WatchLeases(),
+		dialects: p.dialects, charged: map[string]chargedAt{}, running: map[string][]int{}, slots: p.slots}
+	if opts.DiscardChunksAfter > 0 {
+		s.discard = jobs.NewDiscarder(p.js, opts.DiscardChunksAfter, opts.Log)
+	}
+	return s
+}
+
 func (p *Pool) guard(name string) *guard { return p.guards[name] }
 
 // BackendStatus is the health of one backend as this pool sees it.
@@ -208,14 +230,14 @@ func (p *Pool) Status() []BackendStatus {
 // request after a restart waited 30 s for a worker; at 5 s, at most 5 s.
 const pullExpiry = 5 * time.Second
 
-// EnsureConsumer creates or updates the shared durable consumer.
-func EnsureConsumer(ctx context.Context, js jetstream.JetStream, lease time.Duration, maxAckPending int) (jetstream.Consumer, error) {
-	c, err := js.CreateOrUpdateConsumer(ctx, jobs.JobsStream, jetstream.ConsumerConfig{
+// EnsureConsumer creates or updates the shared durable consumer on partition p's JOBS.
+func EnsureConsumer(ctx context.Context, js jetstream.JetStream, p partition.P, lease time.Duration, maxAckPending int) (jetstream.Consumer, error) {
+	c, err := js.CreateOrUpdateConsumer(ctx, jobs.JobsStreamOf(p), jetstream.ConsumerConfig{
 		Durable:       ConsumerName,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       ackWait(lease),
 		MaxAckPending: maxAckPending,
-		FilterSubject: jobs.JobsSubjects,
+		FilterSubject: jobs.JobsSubjectsOf(p),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("workers: ensure consumer: %w", err)
@@ -226,7 +248,7 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, lease time.Dura
 // Run consumes jobs until ctx ends, then waits up to ShutdownGrace for in-flight jobs before
 // cancelling them (their leases lapse and another worker takes them over).
 func (p *Pool) Run(ctx context.Context) error {
-	cons, err := EnsureConsumer(ctx, p.js, p.opts.Lease, p.opts.Concurrency*4)
+	cons, err := EnsureConsumer(ctx, p.js, p.opts.Partition, p.opts.Lease, p.opts.Concurrency*4)
 	if err != nil {
 		return err
 	}

@@ -227,7 +227,7 @@ func writeKey(ctx context.Context, st *kv.Store, tenant string, i int) error {
 // keyOf is the record key of tenant's client key i ("0", "1"…), derived as the gateway derives
 // it (32 hex digits of a hash: as long as the gateway's and spread as randomly, which the
 // server's subject tree, sharing common prefixes, is sensitive to).
-func keyOf(tenant string, i int) string { return intent.RecordKey(tenant, strconv.Itoa(i)) }
+func keyOf(tenant string, i int) string { return intent.RecordKey(1, tenant, strconv.Itoa(i)) }
 
 // body is the answer of key i: a short chat completion (16 tokens), as the mock answers.
 func body(i int) []byte {

@@ -44,6 +44,7 @@ commands:
   oncegate [serve] [--listen ADDR] [--data-dir DIR] [--config FILE] [--role all|api|worker]
                    [--nats-url URL[,URL...]] [--nats-listen ADDR] [--metrics-listen ADDR] [--dashboard-public]
                    [--nats-cluster NAME --nats-cluster-listen ADDR --nats-routes URL,URL,... [--nats-server-name NAME]]
+                   [--nats-partitions N [--nats-place-partitions --nats-tags og-pK]]
 `
 
 // run dispatches a subcommand and returns the exit code.

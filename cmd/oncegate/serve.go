@@ -31,6 +31,9 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 	natsRoutes := fs.String("nats-routes", "", "every cluster node's route URL, this one included: nats://HOST:PORT,nats://HOST:PORT,...")
 	natsReplicas := fs.Int("nats-replicas", 0, "replicas of every stream and bucket: 1, 3 or 5 (default: 3 on a cluster of 3 or more, else 1)")
 	serverName := fs.String("nats-server-name", "", "this node's name in the cluster (default HOSTNAME-PORT of --nats-cluster-listen)")
+	natsPartitions := fs.Int("nats-partitions", 0, "split the streams an intent touches into N partitions, 1 to 32 (fixed once the streams exist; default 1)")
+	placePartitions := fs.Bool("nats-place-partitions", false, "put partition K's streams on the servers tagged og-pK (--nats-tags)")
+	natsTags := fs.String("nats-tags", "", "this embedded server's placement tags, comma-separated (e.g. og-p0)")
 	metricsListen := fs.String("metrics-listen", "", "also serve /metrics, unauthenticated, on this host:port (any role)")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof on this loopback ADDR (profiling)")
 	tlsCert := fs.String("tls-cert", "", "serve the HTTP API over TLS with this PEM certificate (chain) file (with --tls-key)")
@@ -64,10 +67,18 @@ func serveMain(ctx context.Context, args []string, stderr io.Writer, getenv func
 		cfg.Dashboard.Public = true
 	}
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "nats-replicas" {
+		switch f.Name {
+		case "nats-replicas":
 			cfg.NATS.Replicas = *natsReplicas
+		case "nats-partitions":
+			cfg.NATS.Partitions = *natsPartitions
+		case "nats-place-partitions":
+			cfg.NATS.PlacePartitions = *placePartitions
 		}
 	})
+	if *natsTags != "" {
+		cfg.NATS.Cluster.Tags = strings.Split(*natsTags, ",")
+	}
 	if *natsRoutes != "" {
 		cfg.NATS.Cluster.Routes = strings.Split(*natsRoutes, ",")
 	}

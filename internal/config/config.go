@@ -140,6 +140,15 @@ type NATS struct {
 	// Replicas of every stream and bucket: 1, 3 or 5; 0 (the default) picks 1 on a single
 	// server and 3 on a cluster of 3 or more. A start never lowers a count an operator raised.
 	Replicas int `yaml:"replicas"`
+	// Partitions splits every stream and bucket an intent touches into this many copies, each
+	// with its own Raft leaders, a record key hashed to one of them (1 to 32; 0 or 1: one, the
+	// unpartitioned layout). It is fixed when the streams are made: a start with another count
+	// than the store's is refused.
+	Partitions int `yaml:"partitions"`
+	// PlacePartitions puts partition k's streams on the servers tagged og-p<k>
+	// (nats.cluster.tags), so each partition is replicated on its own nodes; false lets
+	// JetStream place them, spreading their leaders over the cluster.
+	PlacePartitions bool `yaml:"place_partitions"`
 	// Cluster joins the embedded server to the embedded servers of other oncegate nodes in
 	// one JetStream cluster; empty = a single-node server.
 	Cluster NATSCluster `yaml:"cluster"`
@@ -153,6 +162,9 @@ type NATSCluster struct {
 	// ServerName names this node in the cluster; empty = "<hostname>-<listen port>". It must
 	// be unique and must not change: JetStream knows its peers by name.
 	ServerName string `yaml:"server_name"`
+	// Tags are this server's placement tags (e.g. og-p0 for a node of partition 0's servers,
+	// nats.place_partitions).
+	Tags []string `yaml:"tags"`
 }
 
 // Enabled says whether any cluster setting is given (Validate then requires all of them).

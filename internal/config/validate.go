@@ -192,6 +192,12 @@ func (v *validator) nats(n *NATS) {
 		// Raft needs an odd count to keep a majority through a loss; NATS allows at most 5.
 		v.add("nats.replicas", "must be 1, 3 or 5 (or 0: 1 on a single server, 3 on a cluster of 3 or more), got %d", n.Replicas)
 	}
+	if n.Partitions < 0 || n.Partitions > maxPartitions {
+		v.add("nats.partitions", "must be between 1 and %d (0: 1), got %d", maxPartitions, n.Partitions)
+	}
+	if n.PlacePartitions && n.Partitions <= 1 {
+		v.add("nats.place_partitions", "needs nats.partitions above 1")
+	}
 	if n.MaxPayload < minNATSPayload || n.MaxPayload > maxNATSPayload {
 		v.add("nats.max_payload", "must be between %d (1 MiB) and %d (64 MiB), got %d",
 			minNATSPayload, maxNATSPayload, n.MaxPayload)
@@ -200,6 +206,9 @@ func (v *validator) nats(n *NATS) {
 
 // clusterNameRE is what nats-server takes as a cluster or server name (no spaces), kept to
 // characters that need no quoting in a shell or a log.
+// maxPartitions is partition.Max (config is a leaf and does not import it).
+const maxPartitions = 32
+
 var clusterNameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
 
 // natsCluster checks nats.cluster: all of name, listen and routes, for the embedded server only.

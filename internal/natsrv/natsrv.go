@@ -84,6 +84,9 @@ type Cluster struct {
 	Name   string   // the cluster's name, the same on every node
 	Listen string   // host:port the other nodes' routes connect to; the port must be fixed
 	Routes []string // route URLs, nats://host:port
+	// Tags are the server's placement tags (a stream placed by tag goes to servers that have
+	// it: a partition's own servers).
+	Tags []string
 	// FormTimeout bounds the wait for the cluster to elect a JetStream meta leader (the other
 	// nodes may start later); 0 means the ctx's deadline, or one minute without one.
 	FormTimeout time.Duration
@@ -121,6 +124,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		JetStreamMaxMemory: 1 << 30,
 		SyncAlways:         opts.SyncInterval == 0,
 		SyncInterval:       opts.SyncInterval,
+		Tags:               opts.Cluster.Tags,
 	}
 	if so.ServerName == "" {
 		so.ServerName = "oncegate"

@@ -142,3 +142,30 @@ func OfID(count int, id string) (P, bool) {
 	}
 	return P(k), true
 }
+
+// OfSubject is the partition of a subject made by P.Subject (its first token "p<k>"), 0 for
+// any other subject.
+func OfSubject(subject string) P {
+	dot := strings.IndexByte(subject, '.')
+	if dot < 2 || subject[0] != 'p' {
+		return 0
+	}
+	k, err := strconv.Atoi(subject[1:dot])
+	if err != nil || k < 1 || k >= Max {
+		return 0
+	}
+	return P(k)
+}
+
+// State is one partition as a node's last readiness check found it (/readyz's detail, the
+// partition metrics).
+type State struct {
+	Partition P `json:"partition"`
+	// Admits says its record and job streams each have a leader with a quorum; Reason says
+	// why not.
+	Admits bool   `json:"admits"`
+	Reason string `json:"reason,omitempty"`
+	// Leads are the partition's streams whose leader is this node's NATS server (an
+	// embedded server; empty on an external NATS, where it is not known).
+	Leads []string `json:"leads,omitempty"`
+}

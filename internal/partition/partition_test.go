@@ -114,3 +114,17 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestOfSubject(t *testing.T) {
+	tests := map[string]P{"chunks.abc.J.1": 0, "p1.chunks.p1-abc.J.1": 1, "p12.jobs.run.x": 12, "p.x": 0, "px.y": 0, "pa1.x": 0, "p0.x": 0, "": 0, "p3": 0}
+	for subj, want := range tests {
+		if got := OfSubject(subj); got != want {
+			t.Errorf("OfSubject(%q) = %d, want %d", subj, got, want)
+		}
+	}
+	for _, p := range All(4) {
+		if got := OfSubject(p.Subject("chunks.") + "k"); got != p {
+			t.Errorf("OfSubject(P(%d).Subject) = %d", p, got)
+		}
+	}
+}

@@ -19,12 +19,15 @@ package telemetry
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/oncegate/oncegate/internal/partition"
 )
 
 const namespace = "oncegate"
@@ -254,6 +257,8 @@ type Metrics struct {
 
 	backlog   atomic.Pointer[func(context.Context) (uint64, error)]
 	connected atomic.Pointer[func() bool]
+	// partitions reads what the readiness checks found of each partition (SetPartitions).
+	partitions atomic.Pointer[func() []partition.State]
 }
 
 // New builds the metrics of one process, bounded by l, in a registry of their own (with the
@@ -306,6 +311,11 @@ func New(l Labels) *Metrics {
 		Help: "1 when every NATS connection of the process is connected, else 0."}, m.natsConnected))
 	m.reg.MustRegister(&backlogCollector{m: m, desc: prometheus.NewDesc(namespace+"_jobs_backlog",
 		"JOBS messages not yet acked (pending and in flight), read from the consumer at scrape time.", nil, nil)})
+	m.reg.MustRegister(&partitionCollector{m: m,
+		admits: prometheus.NewDesc(namespace+"_partition_admits",
+			"1 while the partition's record and job streams each have a leader with a quorum, as this node's last readiness check found them; only with nats.partitions above 1.", []string{"partition"}, nil),
+		leads: prometheus.NewDesc(namespace+"_partition_leads",
+			"How many of the partition's streams this node's embedded NATS server leads; only with nats.partitions above 1.", []string{"partition"}, nil)})
 	m.registerGenAI()
 	m.zeroes()
 	return m
@@ -570,6 +580,42 @@ func (m *Metrics) natsConnected() float64 {
 		return 1
 	}
 	return 0
+}
+
+// SetPartitions sets where oncegate_partition_admits and oncegate_partition_leads are read
+// from at scrape time (a partitioned store's readiness checks).
+func (m *Metrics) SetPartitions(read func() []partition.State) {
+	if m != nil {
+		m.partitions.Store(&read)
+	}
+}
+
+// partitionCollector reports each partition of a partitioned store (none with one).
+type partitionCollector struct {
+	m             *Metrics
+	admits, leads *prometheus.Desc
+}
+
+func (c *partitionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.admits; ch <- c.leads }
+
+func (c *partitionCollector) Collect(ch chan<- prometheus.Metric) {
+	read := c.m.partitions.Load()
+	if read == nil {
+		return
+	}
+	parts := (*read)()
+	if len(parts) < 2 {
+		return
+	}
+	for _, p := range parts {
+		label := strconv.Itoa(int(p.Partition))
+		admits := 0.0
+		if p.Admits {
+			admits = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.admits, prometheus.GaugeValue, admits, label)
+		ch <- prometheus.MustNewConstMetric(c.leads, prometheus.GaugeValue, float64(len(p.Leads)), label)
+	}
 }
 
 // backlogTimeout bounds the JetStream request a scrape makes for the backlog: a scrape must

@@ -1,0 +1,323 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/gateway"
+	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/partition"
+	"github.com/oncegate/oncegate/internal/testkit"
+	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/kv"
+)
+
+// sixNodes is a six-node embedded cluster with two partitions, each placed on its own three
+// nodes: n1-n3 are tagged og-p0, n4-n6 og-p1. It starts them together (the meta group needs
+// four of six) and returns their configurations, to restart a node with.
+type sixNodes struct {
+	t    *testing.T
+	cfgs []*config.Config
+	gws  []*gateway.Gateway
+	// ran counts the executions of the mocks of gateways that stopped (a restarted node has a
+	// new mock).
+	ran int64
+}
+
+func startSixNodes(t *testing.T) *sixNodes {
+	t.Helper()
+	const n = 6
+	var routes []string
+	listens := make([]string, n)
+	for i := range listens {
+		listens[i] = testkit.FreeAddr(t)
+		routes = append(routes, "nats://"+listens[i])
+	}
+	c := &sixNodes{t: t, cfgs: make([]*config.Config, n), gws: make([]*gateway.Gateway, n)}
+	for i := range n {
+		cfg := gatewaykit.Config(t)
+		cfg.Workers.Concurrency = 4
+		cfg.NATS.Partitions, cfg.NATS.PlacePartitions = 2, true
+		cfg.NATS.Cluster = config.NATSCluster{Name: "oncegate-test", Listen: listens[i], Routes: routes,
+			ServerName: fmt.Sprintf("n%d", i+1), Tags: []string{partition.P(i / 3).Tag()}}
+		// A refused admission answers within a second, not the default's 5 s.
+		cfg.Admission.StoreWait = config.Duration(time.Second)
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		c.cfgs[i] = cfg
+	}
+	c.start(0, 1, 2, 3, 4, 5)
+	t.Cleanup(func() {
+		var live []int
+		for i, gw := range c.gws {
+			if gw != nil {
+				live = append(live, i)
+			}
+		}
+		c.stop(live...)
+	})
+	return c
+}
+
+// start starts nodes (together: a cluster needs a quorum of them to elect its meta leader).
+func (c *sixNodes) start(nodes ...int) {
+	c.t.Helper()
+	errs := make([]error, len(c.gws))
+	var wg sync.WaitGroup
+	for _, i := range nodes {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c.gws[i], errs[i] = gateway.Start(ctx, c.cfgs[i], zerolog.New(io.Discard), func(string) string { return "" })
+		})
+	}
+	wg.Wait()
+	for _, i := range nodes {
+		if errs[i] != nil {
+			c.t.Fatalf("node n%d: %v", i+1, errs[i])
+		}
+	}
+	for _, i := range nodes {
+		testkit.CheckFor(c.t, time.Minute, 50*time.Millisecond, func() error { return c.ready(i) })
+	}
+}
+
+// stop stops nodes together (their embedded servers with them), keeping their executions.
+func (c *sixNodes) stop(nodes ...int) {
+	c.t.Helper()
+	var wg sync.WaitGroup
+	for _, i := range nodes {
+		gw := c.gws[i]
+		if b, ok := gw.Backend("mock"); ok && b.Mock() != nil {
+			defer func() { c.ran += b.Mock().Stats().Requests }() // after the stop: what ran until then
+		}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := gw.Stop(ctx); err != nil {
+				c.t.Errorf("stop n%d: %v", i+1, err)
+			}
+		})
+		c.gws[i] = nil
+	}
+	wg.Wait()
+}
+
+// ready is nil once node i's /readyz is 200, else its answer.
+func (c *sixNodes) ready(i int) error {
+	resp, err := gatewaykit.Client().Get(c.url(i) + "/readyz")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("n%d /readyz %d: %s", i+1, resp.StatusCode, body)
+	}
+	return nil
+}
+
+func (c *sixNodes) url(i int) string { return "http://" + c.gws[i].Addr() }
+
+// executions are the backend calls of every node, stopped ones included.
+func (c *sixNodes) executions() int64 {
+	n := c.ran
+	for _, gw := range c.gws {
+		if gw == nil {
+			continue
+		}
+		if b, ok := gw.Backend("mock"); ok && b.Mock() != nil {
+			n += b.Mock().Stats().Requests
+		}
+	}
+	return n
+}
+
+// send is one request of key through node i: its status and Retry-After.
+func (c *sixNodes) send(i int, key string) (int, string) {
+	c.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, c.url(i)+"/v1/chat/completions",
+		strings.NewReader(`{"model":"oncegate-mock","messages":[{"role":"user","content":"hello `+key+`"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := gatewaykit.Client().Do(req)
+	if err != nil {
+		c.t.Fatalf("request %s through n%d: %v", key, i+1, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		c.t.Logf("request %s through n%d: %d %s", key, i+1, resp.StatusCode, body)
+	}
+	return resp.StatusCode, resp.Header.Get("Retry-After")
+}
+
+// keysIn are n client keys whose records are in partition p of two (anonymous tenant).
+func keysIn(p partition.P, prefix string, n int) []string {
+	var out []string
+	for i := 0; len(out) < n; i++ {
+		k := fmt.Sprintf("%s-%d", prefix, i)
+		if partition.OfKey(intent.RecordKey(2, "anonymous", k)) == p {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// TestPartitionsSixNodes is issue 45's cluster row: six nodes, two partitions, each partition's
+// streams replicated and led on its own three nodes (placement tags); a key always lands in
+// its partition's streams, whichever node it comes through; with partition 0's three nodes
+// stopped, partition 1's keys are still served and partition 0's get 503 with Retry-After;
+// once they are back, every key runs, and nothing ran twice.
+func TestPartitionsSixNodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("six gateways")
+	}
+	c := startSixNodes(t)
+	nc, err := c.gws[3].Connect("partitions-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := [][]string{{"n1", "n2", "n3"}, {"n4", "n5", "n6"}}
+	for _, p := range partition.All(2) {
+		for _, name := range []string{jobs.JobsStreamOf(p), jobs.ChunksStreamOf(p), p.Stream(kv.BucketStream), p.Stream(kv.ProgressStream), p.Stream(kv.RequestsStream)} {
+			st, err := js.Stream(context.Background(), name)
+			if err != nil {
+				t.Fatalf("stream %s: %v", name, err)
+			}
+			cl := st.CachedInfo().Cluster
+			peers := []string{cl.Leader}
+			for _, r := range cl.Replicas {
+				peers = append(peers, r.Name)
+			}
+			slices.Sort(peers)
+			if !slices.Equal(peers, own[p]) {
+				t.Errorf("stream %s is on %v (leader %s), want partition %d's %v", name, peers, cl.Leader, p, own[p])
+			}
+		}
+	}
+
+	p0, p1 := keysIn(0, "part0", 4), keysIn(1, "part1", 4)
+	// Before: one key of each partition through a node of each; each lands in its own IDEM.
+	for _, k := range []string{p0[0], p1[0]} {
+		for _, node := range []int{0, 4} {
+			if code, _ := c.send(node, k); code != http.StatusOK {
+				t.Fatalf("%s through n%d: %d", k, node+1, code)
+			}
+		}
+	}
+	for p, k := range []string{p0[0], p1[0]} {
+		rec := intent.RecordKey(2, "anonymous", k)
+		for _, q := range partition.All(2) {
+			st, err := js.Stream(context.Background(), q.Stream(kv.BucketStream))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = st.GetLastMsgForSubject(context.Background(), "$KV."+q.Stream(kv.Bucket)+"."+rec)
+			if found := err == nil; found != (int(q) == p) {
+				t.Errorf("key %s (partition %d) found in %s: %v (%v)", k, p, q.Stream(kv.BucketStream), found, err)
+			}
+		}
+	}
+
+	c.stop(0, 1, 2) // partition 0's servers
+	if err := c.ready(3); err != nil {
+		t.Errorf("n4 not ready with partition 1 up: %v", err)
+	}
+	for _, k := range p1[1:3] {
+		if code, _ := c.send(3, k); code != http.StatusOK {
+			t.Errorf("partition 1's %s with partition 0 down: %d, want 200", k, code)
+		}
+	}
+	for _, k := range p0[1:3] {
+		code, retry := c.send(3, k)
+		if code != http.StatusServiceUnavailable || retry == "" {
+			t.Errorf("partition 0's %s with its servers down: %d (Retry-After %q), want 503 with Retry-After", k, code, retry)
+		}
+	}
+
+	c.start(0, 1, 2)
+	keys := append(slices.Clone(p0[:3]), p1[:3]...)
+	for _, k := range keys {
+		testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+			if code, _ := c.send(k2node(k), k); code != http.StatusOK {
+				return fmt.Errorf("%s: %d", k, code)
+			}
+			return nil
+		})
+	}
+	for _, k := range keys { // every key once more, through another node: replays
+		if code, _ := c.send(5-k2node(k), k); code != http.StatusOK {
+			t.Errorf("replay of %s: %d", k, code)
+		}
+	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if n := c.executions(); n != int64(len(keys)) {
+			return fmt.Errorf("%d executions for %d keys", n, len(keys))
+		}
+		return nil
+	})
+}
+
+// k2node spreads keys over the nodes by their last character.
+func k2node(key string) int { return int(key[len(key)-1]) % 6 }
+
+// TestPartitionCountIsFixed: a start with another partition count than the store's is refused
+// in one line naming nats.partitions (a key would hash to another partition: its record not
+// found, its intent run again); the same count starts.
+func TestPartitionCountIsFixed(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		made, next int
+		want       string
+	}{
+		{"one partition with records, then two", 1, 2, "KV_IDEM holds records and KV_IDEM_P1 does not exist, so it has fewer partitions; nats.partitions is 2"},
+		{"two partitions, then one", 2, 1, "KV_IDEM_P1 exists, so it has at least 2 partitions; nats.partitions is 1"},
+		{"two partitions, then three", 2, 3, "KV_IDEM holds records and KV_IDEM_P2 does not exist, so it has fewer partitions; nats.partitions is 3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := gatewaykit.Config(t)
+			cfg.NATS.Partitions = tc.made
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			gw, err := gateway.Start(ctx, cfg, zerolog.New(io.Discard), func(string) string { return "" })
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys := keysIn(0, "fixed", 1) // partition 0's: KV_IDEM holds a record whatever the count
+			chat(t, "http://"+gw.Addr(), keys[0])
+			if err := gw.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			cfg.NATS.Partitions = tc.next
+			gw, err = start(t, cfg)
+			var se *gateway.StartError
+			if gw != nil || !errors.As(err, &se) || se.Field != "nats.partitions" || !errors.Is(err, gateway.ErrPartitions) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("restart with %d partitions: gateway %v, err %v; want a nats.partitions StartError saying %q", tc.next, gw != nil, err, tc.want)
+			}
+			cfg.NATS.Partitions = tc.made
+			if _, err := start(t, cfg); err != nil {
+				t.Fatalf("restart with the store's count: %v", err)
+			}
+		})
+	}
+}
