@@ -17,11 +17,20 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 )
 
 // repo is the repository's root, seen from this module.
 const repo = "../.."
+
+// tester is what the checks below need of a *testing.T; TestPartitionedCheckFinds runs them
+// on a recorder to show they fail on broken manifests.
+type tester interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+}
 
 // kustomization is the part of a kustomization.yaml these manifests use; strict decoding
 // refuses anything else.
@@ -50,7 +59,7 @@ type objects struct {
 // directory's manifests (nats-values.yaml is Helm's, not a manifest), and every document of
 // every resource, strictly (an unknown or misspelt field, a duplicate key or a value of the
 // wrong type is an error) into the typed Kubernetes API structs of its kind.
-func load(t *testing.T, dir string) objects {
+func load(t tester, dir string) objects {
 	t.Helper()
 	var k kustomization
 	decodeStrict(t, filepath.Join(dir, "kustomization.yaml"), readFile(t, filepath.Join(dir, "kustomization.yaml")), &k)
@@ -59,7 +68,7 @@ func load(t *testing.T, dir string) objects {
 	}
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	var manifests []string
 	for _, f := range files {
@@ -98,16 +107,16 @@ func load(t *testing.T, dir string) objects {
 	return o
 }
 
-func readFile(t *testing.T, path string) []byte {
+func readFile(t tester, path string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	return data
 }
 
-func decodeStrict[T any](t *testing.T, where string, doc []byte, v T) T {
+func decodeStrict[T any](t tester, where string, doc []byte, v T) T {
 	t.Helper()
 	if err := yaml.UnmarshalStrict(doc, v); err != nil {
 		t.Fatalf("%s: %v", where, err)
@@ -146,7 +155,7 @@ func kindOf(v any) string {
 
 // serveFlags are the flags `oncegate serve` defines, read from the golden file of its -h
 // output, which cmd/oncegate's tests keep equal to what the binary prints.
-func serveFlags(t *testing.T) map[string]bool {
+func serveFlags(t tester) map[string]bool {
 	t.Helper()
 	flags := map[string]bool{}
 	for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(string(readFile(t, filepath.Join(repo, "cmd/oncegate/testdata/serve-help.txt"))), -1) {
@@ -160,7 +169,7 @@ func serveFlags(t *testing.T) map[string]bool {
 
 // args parses a container's args: the subcommand, then --name=value flags (the manifests
 // write every flag that way).
-func args(t *testing.T, c corev1.Container, known map[string]bool) map[string]string {
+func args(t tester, c corev1.Container, known map[string]bool) map[string]string {
 	t.Helper()
 	if len(c.Args) == 0 || c.Args[0] != "serve" || len(c.Command) != 0 {
 		t.Fatalf("container %s: command %q args %q, want the image's entrypoint with args serve …", c.Name, c.Command, c.Args)
@@ -197,7 +206,7 @@ func env(c corev1.Container) map[string]string {
 }
 
 // envNames are the ONCEGATE_* and OPENAI_* variables the gateway reads (internal/config).
-func envNames(t *testing.T) map[string]bool {
+func envNames(t tester) map[string]bool {
 	t.Helper()
 	names := map[string]bool{"GOMEMLIMIT": true}
 	for _, m := range regexp.MustCompile(`"((?:ONCEGATE|OPENAI)_[A-Z_]+)"`).FindAllStringSubmatch(string(readFile(t, filepath.Join(repo, "internal/config/env.go"))), -1) {
@@ -208,7 +217,7 @@ func envNames(t *testing.T) map[string]bool {
 
 // httpRoutes are the GET paths the gateway serves without /v1: httpapi's and the metrics
 // listener's, read from their sources.
-func httpRoutes(t *testing.T) map[string]string {
+func httpRoutes(t tester) map[string]string {
 	t.Helper()
 	routes := map[string]string{}
 	for _, m := range regexp.MustCompile(`s\.app\.Get\("(/[a-z]+)"`).FindAllStringSubmatch(string(readFile(t, filepath.Join(repo, "httpapi/server.go"))), -1) {
@@ -230,7 +239,7 @@ func httpRoutes(t *testing.T) map[string]string {
 // flags oncegate has, variables it reads, OPENAI_BASE_URL and OPENAI_API_KEY from one Secret
 // (both or neither), and probes that GET a route the gateway serves on a named port the
 // container declares.
-func checkPod(t *testing.T, where string, tpl corev1.PodTemplateSpec, image string, flags map[string]bool) (corev1.Container, map[string]string, map[string]string) {
+func checkPod(t tester, where string, tpl corev1.PodTemplateSpec, image string, flags map[string]bool) (corev1.Container, map[string]string, map[string]string) {
 	t.Helper()
 	spec := tpl.Spec
 	if len(spec.Containers) != 1 {
@@ -298,7 +307,7 @@ func portOf(hostport string) string {
 }
 
 // checkSelects fails unless selector matches the pod labels.
-func checkSelects(t *testing.T, where string, selector *metav1.LabelSelector, podLabels map[string]string) {
+func checkSelects(t tester, where string, selector *metav1.LabelSelector, podLabels map[string]string) {
 	t.Helper()
 	sel, err := metav1.LabelSelectorAsSelector(selector)
 	if err != nil || sel.Empty() || !sel.Matches(labels.Set(podLabels)) {
@@ -307,7 +316,7 @@ func checkSelects(t *testing.T, where string, selector *metav1.LabelSelector, po
 }
 
 // checkService fails unless svc selects the pods and each target port is a named port of c.
-func checkService(t *testing.T, svc *corev1.Service, podLabels map[string]string, c corev1.Container) {
+func checkService(t tester, svc *corev1.Service, podLabels map[string]string, c corev1.Container) {
 	t.Helper()
 	checkSelects(t, "Service "+svc.Name, &metav1.LabelSelector{MatchLabels: svc.Spec.Selector}, podLabels)
 	for _, p := range svc.Spec.Ports {
@@ -320,12 +329,10 @@ func checkService(t *testing.T, svc *corev1.Service, podLabels map[string]string
 }
 
 // TestEmbeddedCluster: deploy/kubernetes/embedded is a StatefulSet of three nodes whose
-// embedded NATS servers form one cluster: started in parallel (a node is ready only with a
-// majority), routes naming exactly the three pods by their stable names under the headless
-// Service (which publishes not-ready pods), on the route port the node listens on, R3, the
-// store on a claim at /data, readiness on /readyz and liveness on /healthz, a client Service
-// on the HTTP port, a PodDisruptionBudget that keeps a majority, and a NetworkPolicy that
-// opens the unauthenticated route port to the nodes only.
+// embedded NATS servers form one cluster (checkNode: started in parallel, routes naming
+// exactly the three pods under the headless Service, R3, probes, the store on a claim), a
+// client Service on the HTTP port, a PodDisruptionBudget that keeps a majority, and a
+// NetworkPolicy that opens the unauthenticated route port to the nodes only.
 func TestEmbeddedCluster(t *testing.T) {
 	o := load(t, "embedded")
 	if len(o.statefulSets) != 1 || len(o.services) != 2 || len(o.pdbs) != 1 || len(o.netpols) != 1 || len(o.deployments) != 0 {
@@ -333,55 +340,92 @@ func TestEmbeddedCluster(t *testing.T) {
 			len(o.statefulSets), len(o.services), len(o.pdbs), len(o.netpols), len(o.deployments))
 	}
 	sts := o.statefulSets[0]
-	where := "StatefulSet " + sts.Name
-	replicas := int32(0)
-	if sts.Spec.Replicas != nil {
-		replicas = *sts.Spec.Replicas
+	c, _ := checkNode(t, sts, o.statefulSets, o.services, o.image, serveFlags(t))
+	podLabels := sts.Spec.Template.Labels
+	client := clientServices(o)
+	if len(client) != 1 {
+		t.Fatalf("want one client Service besides the headless one, got %d", len(client))
 	}
-	if replicas != 3 {
-		t.Errorf("%s: replicas %d, want 3", where, replicas)
+	checkService(t, client[0], podLabels, c)
+
+	pdb := o.pdbs[0]
+	checkSelects(t, "PodDisruptionBudget "+pdb.Name, pdb.Spec.Selector, podLabels)
+	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != int(replicasOf(sts))/2+1 {
+		t.Errorf("PodDisruptionBudget %s: minAvailable %v, want a majority of %d", pdb.Name, pdb.Spec.MinAvailable, replicasOf(sts))
+	}
+	checkRoutePolicy(t, o.netpols[0], podLabels)
+}
+
+// replicasOf is a StatefulSet's replica count, 0 when unset.
+func replicasOf(sts *appsv1.StatefulSet) int32 {
+	if sts.Spec.Replicas == nil {
+		return 0
+	}
+	return *sts.Spec.Replicas
+}
+
+// clientServices are a variant's Services that are no StatefulSet's governing (headless) one.
+func clientServices(o objects) []*corev1.Service {
+	var out []*corev1.Service
+	for _, s := range o.services {
+		if !slices.ContainsFunc(o.statefulSets, func(sts *appsv1.StatefulSet) bool { return sts.Spec.ServiceName == s.Name }) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// checkNode checks a StatefulSet of embedded cluster nodes: three replicas started in
+// parallel (a node is ready only with a majority), a selector on its pods, the pod
+// (checkPod), routes naming exactly the pods of every StatefulSet of the cluster (members)
+// by their stable names under their headless Service (which publishes not-ready pods), on
+// the route port the node listens on, R3, HTTP on the container's port 8080, readiness on
+// /readyz, startup and liveness on /healthz, the store on a claim at /data that the image's
+// user can write. It returns the container and its flags.
+func checkNode(t tester, sts *appsv1.StatefulSet, members []*appsv1.StatefulSet, services []*corev1.Service, image string, flags map[string]bool) (corev1.Container, map[string]string) {
+	t.Helper()
+	where := "StatefulSet " + sts.Name
+	if replicasOf(sts) != 3 {
+		t.Errorf("%s: replicas %d, want 3", where, replicasOf(sts))
 	}
 	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
 		t.Errorf("%s: podManagementPolicy %q, want Parallel", where, sts.Spec.PodManagementPolicy)
 	}
 	podLabels := sts.Spec.Template.Labels
 	checkSelects(t, where, sts.Spec.Selector, podLabels)
-	c, a, e := checkPod(t, where, sts.Spec.Template, o.image, serveFlags(t))
+	c, a, e := checkPod(t, where, sts.Spec.Template, image, flags)
 
-	var headless, client *corev1.Service
-	for _, s := range o.services {
-		if s.Name == sts.Spec.ServiceName {
-			headless = s
-		} else {
-			client = s
-		}
+	i := slices.IndexFunc(services, func(s *corev1.Service) bool { return s.Name == sts.Spec.ServiceName })
+	if i < 0 || services[i].Spec.ClusterIP != corev1.ClusterIPNone || !services[i].Spec.PublishNotReadyAddresses {
+		t.Fatalf("%s: serviceName %q is not a headless Service that publishes not-ready pods", where, sts.Spec.ServiceName)
 	}
-	if headless == nil || headless.Spec.ClusterIP != corev1.ClusterIPNone || !headless.Spec.PublishNotReadyAddresses {
-		t.Fatalf("%s: serviceName %q is not a headless Service that publishes not-ready pods: %+v", where, sts.Spec.ServiceName, headless)
-	}
+	headless := services[i]
 	checkService(t, headless, podLabels, c)
-	checkService(t, client, podLabels, c)
 
 	routePort := portOf(a["nats-cluster-listen"])
 	var want []string
-	for i := range replicas {
-		want = append(want, fmt.Sprintf("nats://%s-%d.%s:%s", sts.Name, i, headless.Name, routePort))
+	for _, m := range members {
+		for i := range replicasOf(m) {
+			want = append(want, fmt.Sprintf("nats://%s-%d.%s:%s", m.Name, i, m.Spec.ServiceName, routePort))
+		}
 	}
-	if got := strings.Split(a["nats-routes"], ","); a["nats-cluster"] == "" || routePort == "" || !slices.Equal(got, want) {
+	got := strings.Split(a["nats-routes"], ",")
+	if a["nats-cluster"] == "" || routePort == "" || !slices.Equal(slices.Sorted(slices.Values(got)), slices.Sorted(slices.Values(want))) {
 		t.Errorf("%s: --nats-cluster %q --nats-cluster-listen %q --nats-routes %q, want a cluster name and the routes %q",
 			where, a["nats-cluster"], a["nats-cluster-listen"], a["nats-routes"], want)
 	}
 	if a["nats-replicas"] != "3" {
 		t.Errorf("%s: --nats-replicas %q, want 3", where, a["nats-replicas"])
 	}
-	if headless.Spec.Ports[0].Name != "routes" || fmt.Sprint(headless.Spec.Ports[0].Port) != routePort {
+	if len(headless.Spec.Ports) != 1 || headless.Spec.Ports[0].Name != "routes" || fmt.Sprint(headless.Spec.Ports[0].Port) != routePort {
 		t.Errorf("Service %s: ports %v, want the route port %s", headless.Name, headless.Spec.Ports, routePort)
 	}
 	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "http" && p.ContainerPort == 8080 }) ||
 		portOf(e["ONCEGATE_LISTEN"]) != "8080" {
 		t.Errorf("%s: ONCEGATE_LISTEN %q, want port 8080, the container's http port", where, e["ONCEGATE_LISTEN"])
 	}
-	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.LivenessProbe.HTTPGet.Path != "/healthz" {
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" ||
+		c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("%s: readiness on %v, liveness on %v; want /readyz and /healthz", where, c.ReadinessProbe, c.LivenessProbe)
 	}
 	// A node restoring its store after a crash answers 200 on /healthz only (issue 43): a
@@ -398,31 +442,296 @@ func TestEmbeddedCluster(t *testing.T) {
 		t.Errorf("%s: ONCEGATE_DATA_DIR %q, claims %d, mounts %v; want the claim mounted at /data, the data dir",
 			where, e["ONCEGATE_DATA_DIR"], len(sts.Spec.VolumeClaimTemplates), c.VolumeMounts)
 	}
-	if sc := sts.Spec.Template.Spec.SecurityContext; sc.FSGroup == nil || *sc.FSGroup != 65532 {
-		t.Errorf("%s: fsGroup %v, want 65532 so the claim is writable by the image's user", where, sc.FSGroup)
+	if sc := sts.Spec.Template.Spec.SecurityContext; sc == nil || sc.FSGroup == nil || *sc.FSGroup != 65532 {
+		t.Errorf("%s: pod securityContext %v, want fsGroup 65532 so the claim is writable by the image's user", where, sc)
 	}
+	return c, a
+}
 
-	pdb := o.pdbs[0]
-	checkSelects(t, "PodDisruptionBudget "+pdb.Name, pdb.Spec.Selector, podLabels)
-	if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != int(replicas)/2+1 {
-		t.Errorf("PodDisruptionBudget %s: minAvailable %v, want a majority of %d", pdb.Name, pdb.Spec.MinAvailable, replicas)
-	}
-
-	np := o.netpols[0]
-	checkSelects(t, "NetworkPolicy "+np.Name, &np.Spec.PodSelector, podLabels)
+// checkRoutePolicy fails unless np applies to every node (pods: each StatefulSet's pod
+// labels) and opens the unauthenticated route port to those nodes only.
+func checkRoutePolicy(t tester, np *networkingv1.NetworkPolicy, pods ...map[string]string) {
+	t.Helper()
+	where := "NetworkPolicy " + np.Name
 	for _, rule := range np.Spec.Ingress {
 		for _, p := range rule.Ports {
 			if p.Port.StrVal == "routes" && (len(rule.From) != 1 || rule.From[0].PodSelector == nil) {
-				t.Errorf("NetworkPolicy %s: the route port is open to %v, want the nodes only", np.Name, rule.From)
+				t.Errorf("%s: the route port is open to %v, want the nodes only", where, rule.From)
 			}
 		}
 	}
-	if !slices.ContainsFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+	i := slices.IndexFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
 		return len(r.From) == 1 && r.From[0].PodSelector != nil && slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port.StrVal == "routes" })
-	}) {
-		t.Errorf("NetworkPolicy %s: no rule lets the nodes reach each other's route port", np.Name)
+	})
+	if i < 0 {
+		t.Fatalf("%s: no rule lets the nodes reach each other's route port", where)
 	}
-	checkSelects(t, "NetworkPolicy "+np.Name+" from", np.Spec.Ingress[0].From[0].PodSelector, podLabels)
+	for _, podLabels := range pods {
+		checkSelects(t, where, &np.Spec.PodSelector, podLabels)
+		checkSelects(t, where+" route rule's from", np.Spec.Ingress[i].From[0].PodSelector, podLabels)
+	}
+}
+
+// TestEmbeddedPartitioned: deploy/kubernetes/embedded-partitioned (checkPartitioned).
+func TestEmbeddedPartitioned(t *testing.T) {
+	checkPartitioned(t, load(t, "embedded-partitioned"), serveFlags(t))
+}
+
+// tagRE is a partition's placement tag (partition.P.Tag) in a --nats-tags value.
+var tagRE = regexp.MustCompile(`^og-p([0-9]+)$`)
+
+// checkPartitioned checks the partitioned variant: one embedded cluster of StatefulSets, one
+// per partition, each checked as the embedded variant's nodes are (checkNode: three
+// replicas, R3, the routes of all the sets' pods on every node, probes, claim); every node
+// has the same --nats-partitions, the number of sets, and --nats-place-partitions; set
+// oncegate-p<k> is tagged og-p<k> alone (each partition's streams on its own three nodes);
+// a set's selector selects no other set's pods; one PodDisruptionBudget per set that
+// selects exactly that set's pods with maxUnavailable 1 (a partition keeps its quorum); one
+// client Service and the route NetworkPolicy over every set.
+func checkPartitioned(t tester, o objects, flags map[string]bool) {
+	t.Helper()
+	parts := len(o.statefulSets)
+	if parts < 2 || len(o.services) != 2 || len(o.pdbs) != parts || len(o.netpols) != 1 || len(o.deployments) != 0 {
+		t.Fatalf("want 2 or more StatefulSets (one per partition), 2 Services, a PDB per StatefulSet, 1 NetworkPolicy; got %d, %d, %d, %d (and %d Deployments)",
+			parts, len(o.services), len(o.pdbs), len(o.netpols), len(o.deployments))
+	}
+	client := clientServices(o)
+	if len(client) != 1 {
+		t.Fatalf("want one client Service besides the headless one, got %d", len(client))
+	}
+	var pods []map[string]string
+	for _, sts := range o.statefulSets {
+		pods = append(pods, sts.Spec.Template.Labels)
+	}
+	tagged := map[string]string{}
+	first := map[string]string{}
+	for i, sts := range o.statefulSets {
+		where := "StatefulSet " + sts.Name
+		c, a := checkNode(t, sts, o.statefulSets, o.services, o.image, flags)
+		if i == 0 {
+			first = a
+		}
+		for _, f := range []string{"nats-partitions", "nats-cluster", "nats-cluster-listen"} {
+			if a[f] != first[f] {
+				t.Errorf("%s: --%s %q, but %s has %q: the same on every node", where, f, a[f], o.statefulSets[0].Name, first[f])
+			}
+		}
+		if a["nats-partitions"] != fmt.Sprint(parts) {
+			t.Errorf("%s: --nats-partitions %q, want %d, one partition per StatefulSet", where, a["nats-partitions"], parts)
+		}
+		if a["nats-place-partitions"] != "true" {
+			t.Errorf("%s: --nats-place-partitions %q, want true (each partition's streams on its own nodes)", where, a["nats-place-partitions"])
+		}
+		m := tagRE.FindStringSubmatch(a["nats-tags"])
+		switch {
+		case m == nil || sts.Name != "oncegate-p"+m[1]:
+			t.Errorf("%s: --nats-tags %q, want og-p<k> alone, k the partition its name ends in", where, a["nats-tags"])
+		case tagged[m[0]] != "":
+			t.Errorf("%s: --nats-tags %q, the tag of %s too", where, a["nats-tags"], tagged[m[0]])
+		default:
+			tagged[m[0]] = sts.Name
+		}
+		checkService(t, client[0], sts.Spec.Template.Labels, c)
+
+		sel, err := metav1.LabelSelectorAsSelector(sts.Spec.Selector)
+		if err != nil {
+			t.Fatalf("%s: selector %v: %v", where, sts.Spec.Selector, err)
+		}
+		budgets := 0
+		for j, other := range o.statefulSets {
+			if j != i && sel.Matches(labels.Set(other.Spec.Template.Labels)) {
+				t.Errorf("%s: its selector %v also selects %s's pods", where, sts.Spec.Selector, other.Name)
+			}
+		}
+		for _, pdb := range o.pdbs {
+			ps, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+			if err != nil || ps.Empty() || !ps.Matches(labels.Set(sts.Spec.Template.Labels)) {
+				continue
+			}
+			budgets++
+			for j, other := range o.statefulSets {
+				if j != i && ps.Matches(labels.Set(other.Spec.Template.Labels)) {
+					t.Errorf("PodDisruptionBudget %s selects the pods of %s and of %s: a drain could take two nodes of one partition", pdb.Name, sts.Name, other.Name)
+				}
+			}
+			if pdb.Spec.MinAvailable != nil || pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.String() != "1" {
+				t.Errorf("PodDisruptionBudget %s: minAvailable %v, maxUnavailable %v; want maxUnavailable 1 alone (a partition keeps its quorum)", pdb.Name, pdb.Spec.MinAvailable, pdb.Spec.MaxUnavailable)
+			}
+		}
+		if budgets != 1 {
+			t.Errorf("%s: %d PodDisruptionBudgets select its pods, want 1", where, budgets)
+		}
+	}
+	checkRoutePolicy(t, o.netpols[0], pods...)
+}
+
+// recorder is a tester that keeps the errors; its Fatalf stops the check with a panic that
+// run recovers.
+type recorder struct{ errs []string }
+
+type fatal struct{}
+
+func (r *recorder) Helper() {}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.Errorf(format, args...)
+	panic(fatal{})
+}
+
+// run runs check on r, stopping where a Fatalf stops it.
+func (r *recorder) run(check func(tester)) {
+	defer func() {
+		if p := recover(); p != nil {
+			if _, ok := p.(fatal); !ok {
+				panic(p)
+			}
+		}
+	}()
+	check(r)
+}
+
+// clone is a deep copy of o, to break.
+func (o objects) clone() objects {
+	c := objects{image: o.image}
+	for _, s := range o.statefulSets {
+		c.statefulSets = append(c.statefulSets, s.DeepCopy())
+	}
+	for _, d := range o.deployments {
+		c.deployments = append(c.deployments, d.DeepCopy())
+	}
+	for _, s := range o.services {
+		c.services = append(c.services, s.DeepCopy())
+	}
+	for _, p := range o.pdbs {
+		c.pdbs = append(c.pdbs, p.DeepCopy())
+	}
+	for _, n := range o.netpols {
+		c.netpols = append(c.netpols, n.DeepCopy())
+	}
+	return c
+}
+
+// setArg sets the flag --name of a StatefulSet's container to value, or drops it when value
+// is "".
+func setArg(sts *appsv1.StatefulSet, name, value string) {
+	c := &sts.Spec.Template.Spec.Containers[0]
+	c.Args = slices.DeleteFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--"+name+"=") })
+	if value != "" {
+		c.Args = append(c.Args, "--"+name+"="+value)
+	}
+}
+
+// argOf is the value of a StatefulSet's flag --name.
+func argOf(sts *appsv1.StatefulSet, name string) string {
+	for _, a := range sts.Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestPartitionedCheckFinds: checkPartitioned passes the shipped manifests and fails each
+// one broken in a way that matters, with the message that names the mistake.
+func TestPartitionedCheckFinds(t *testing.T) {
+	shipped := load(t, "embedded-partitioned")
+	flags := serveFlags(t)
+	instance := "app.kubernetes.io/instance"
+	for _, tc := range []struct {
+		name   string
+		mutate func(o *objects)
+		want   string // in one of the errors; "" for none
+	}{
+		{"as shipped", func(*objects) {}, ""},
+		{"both sets tagged og-p0", func(o *objects) { setArg(o.statefulSets[1], "nats-tags", "og-p0") }, "want og-p<k> alone"},
+		{"tags swapped", func(o *objects) {
+			setArg(o.statefulSets[0], "nats-tags", "og-p1")
+			setArg(o.statefulSets[1], "nats-tags", "og-p0")
+		}, "want og-p<k> alone"},
+		{"a second tag", func(o *objects) { setArg(o.statefulSets[0], "nats-tags", "og-p0,fast") }, "want og-p<k> alone"},
+		{"partition counts differ", func(o *objects) { setArg(o.statefulSets[1], "nats-partitions", "3") }, "the same on every node"},
+		{"one partition", func(o *objects) {
+			for _, s := range o.statefulSets {
+				setArg(s, "nats-partitions", "1")
+			}
+		}, "one partition per StatefulSet"},
+		{"placement off", func(o *objects) { setArg(o.statefulSets[0], "nats-place-partitions", "") }, "--nats-place-partitions"},
+		{"a route missing", func(o *objects) {
+			r := strings.Split(argOf(o.statefulSets[0], "nats-routes"), ",")
+			setArg(o.statefulSets[0], "nats-routes", strings.Join(r[:len(r)-1], ","))
+		}, "want a cluster name and the routes"},
+		{"only its own set's routes", func(o *objects) {
+			r := strings.Split(argOf(o.statefulSets[1], "nats-routes"), ",")
+			setArg(o.statefulSets[1], "nats-routes", strings.Join(r[3:], ","))
+		}, "want a cluster name and the routes"},
+		{"a pod named twice", func(o *objects) {
+			r := strings.Split(argOf(o.statefulSets[0], "nats-routes"), ",")
+			r[5] = r[4]
+			setArg(o.statefulSets[0], "nats-routes", strings.Join(r, ","))
+		}, "want a cluster name and the routes"},
+		{"R1", func(o *objects) { setArg(o.statefulSets[1], "nats-replicas", "1") }, "--nats-replicas"},
+		{"four nodes in a set", func(o *objects) { *o.statefulSets[1].Spec.Replicas = 4 }, "replicas 4, want 3"},
+		{"other cluster name", func(o *objects) { setArg(o.statefulSets[1], "nats-cluster", "other") }, "the same on every node"},
+		{"a set's selector selects both", func(o *objects) {
+			delete(o.statefulSets[0].Spec.Selector.MatchLabels, instance)
+		}, "also selects"},
+		{"a budget over both sets", func(o *objects) { delete(o.pdbs[0].Spec.Selector.MatchLabels, instance) }, "a drain could take two nodes"},
+		{"a budget selects the wrong set", func(o *objects) {
+			o.pdbs[0].Spec.Selector.MatchLabels[instance] = o.pdbs[1].Spec.Selector.MatchLabels[instance]
+		}, "PodDisruptionBudgets select its pods, want 1"},
+		{"minAvailable 2", func(o *objects) {
+			two := intstr.FromInt32(2)
+			o.pdbs[1].Spec.MaxUnavailable, o.pdbs[1].Spec.MinAvailable = nil, &two
+		}, "want maxUnavailable 1 alone"},
+		{"maxUnavailable 2", func(o *objects) {
+			two := intstr.FromInt32(2)
+			o.pdbs[1].Spec.MaxUnavailable = &two
+		}, "want maxUnavailable 1 alone"},
+		{"client Service on one set", func(o *objects) {
+			for _, s := range o.services {
+				if s.Spec.ClusterIP != corev1.ClusterIPNone {
+					s.Spec.Selector[instance] = "oncegate-p0"
+				}
+			}
+		}, "does not select the pods"},
+		{"headless Service on one set", func(o *objects) {
+			for _, s := range o.services {
+				if s.Spec.ClusterIP == corev1.ClusterIPNone {
+					s.Spec.Selector[instance] = "oncegate-p1"
+				}
+			}
+		}, "does not select the pods"},
+		{"network policy on one set", func(o *objects) { o.netpols[0].Spec.PodSelector.MatchLabels[instance] = "oncegate-p0" }, "does not select the pods"},
+		{"routes open to one set", func(o *objects) {
+			o.netpols[0].Spec.Ingress[0].From[0].PodSelector.MatchLabels[instance] = "oncegate-p1"
+		}, "route rule's from"},
+		{"readiness on /healthz", func(o *objects) {
+			o.statefulSets[1].Spec.Template.Spec.Containers[0].ReadinessProbe.HTTPGet.Path = "/healthz"
+		}, "want /readyz and /healthz"},
+		{"no claim", func(o *objects) { o.statefulSets[0].Spec.VolumeClaimTemplates = nil }, "want the claim mounted at /data"},
+		{"a third set", func(o *objects) {
+			p2 := o.statefulSets[1].DeepCopy()
+			p2.Name = "oncegate-p2"
+			o.statefulSets = append(o.statefulSets, p2)
+		}, "a PDB per StatefulSet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := shipped.clone()
+			tc.mutate(&o)
+			var r recorder
+			r.run(func(t tester) { checkPartitioned(t, o, flags) })
+			switch {
+			case tc.want == "" && len(r.errs) > 0:
+				t.Errorf("the shipped manifests fail: %q", r.errs)
+			case tc.want != "" && !slices.ContainsFunc(r.errs, func(e string) bool { return strings.Contains(e, tc.want) }):
+				t.Errorf("no error says %q; got %q", tc.want, r.errs)
+			}
+		})
+	}
 }
 
 // natsValues is the part of the NATS chart's values nats-values.yaml sets.
