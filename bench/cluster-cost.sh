@@ -40,24 +40,9 @@ NATS_BASE=14221
 ROUTE_BASE=16221
 
 die() { echo "cluster-cost.sh: $*" >&2; exit 1; }
-case $SYNC in auto | always | 1s) ;; *) die "SYNC must be auto, always or 1s, got '$SYNC'" ;; esac
-command -v curl >/dev/null || die "curl not found"
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-tmp=$(mktemp -d)
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
-trap 'cleanup; rm -rf "$tmp"' EXIT
-trap 'exit 130' INT TERM
-for v in $(compgen -e); do
-	case $v in ONCEGATE_* | OPENAI_BASE_URL | OPENAI_API_KEY) unset "$v" ;; esac
-done
-
-oncegate_binary "$tmp"
-
-# The default configuration with nats.sync set.
-cfg=$OUT/config.yaml
-echo "nats: {sync: $SYNC}" >"$cfg"
+cluster_run_setup # OUT, tmp, the binary, cfg: the default configuration with nats.sync set
 
 serve_pids=() # the `oncegate serve` processes of the setup under test
 url=          # node 1 of the setup under test
@@ -84,18 +69,6 @@ start_cluster() {
 	done
 	url=http://127.0.0.1:$((HTTP_BASE + 1))
 	for i in 1 2 3; do wait_http "http://127.0.0.1:$((HTTP_BASE + i))/readyz" "cluster node $i" 90; done
-}
-
-stop_setup() {
-	local p
-	for p in "${serve_pids[@]}"; do stop "$p"; done
-	serve_pids=()
-}
-
-# alive WHEN: every node of the setup still runs (a node that died would drop out of the CPU sum).
-alive() {
-	local p
-	for p in "${serve_pids[@]}"; do kill -0 "$p" 2>/dev/null || die "oncegate serve $p exited $1 (logs in $OUT)"; done
 }
 
 # measure SETUP C: warm-up, then the measured run; appends a line to results.tsv.

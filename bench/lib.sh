@@ -60,3 +60,38 @@ ticks() { proc_sum stat '{print $14+$15}' "$@"; }
 
 # rss_kb PID...: VmRSS of the processes summed, kB.
 rss_kb() { proc_sum status '/^VmRSS/{print $2}' "$@"; }
+
+# cluster_run_setup: what bench/cluster-cost.sh and bench/partition-cost.sh do before their setups.
+# Checks SYNC (auto | always | 1s), makes OUT absolute and tmp a fresh directory (removed on exit,
+# with every process started), unsets the ONCEGATE_* and OPENAI_* variables (they would override
+# the default configuration), builds or takes the binary, and writes cfg: the default
+# configuration with nats.sync set.
+cluster_run_setup() {
+	local v
+	case $SYNC in auto | always | 1s) ;; *) die "SYNC must be auto, always or 1s, got '$SYNC'" ;; esac
+	command -v curl >/dev/null || die "curl not found"
+	mkdir -p "$OUT"
+	OUT=$(cd "$OUT" && pwd)
+	tmp=$(mktemp -d)
+	trap 'cleanup; rm -rf "$tmp"' EXIT
+	trap 'exit 130' INT TERM
+	for v in $(compgen -e); do
+		case $v in ONCEGATE_* | OPENAI_BASE_URL | OPENAI_API_KEY) unset "$v" ;; esac
+	done
+	oncegate_binary "$tmp"
+	cfg=$OUT/config.yaml
+	echo "nats: {sync: $SYNC}" >"$cfg"
+}
+
+# stop_setup stops the setup's `oncegate serve` processes (serve_pids).
+stop_setup() {
+	local p
+	for p in "${serve_pids[@]}"; do stop "$p"; done
+	serve_pids=()
+}
+
+# alive WHEN: every node of the setup still runs (a node that died would drop out of the CPU sum).
+alive() {
+	local p
+	for p in "${serve_pids[@]}"; do kill -0 "$p" 2>/dev/null || die "oncegate serve $p exited $1 (logs in $OUT)"; done
+}

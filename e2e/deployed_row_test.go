@@ -8,8 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,6 +23,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/oncegate/oncegate/internal/partition"
+	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/lb"
 )
 
@@ -50,6 +55,9 @@ var (
 	deployedRate    = flag.Int("deployed.rate", 10, "intents TestDeployedRow starts per second")
 	deployedNoFault = flag.Bool("deployed.nofault", false, "TestDeployedRow kills no node: the no-fault control, which must answer at least 99.9 % of calls within the SDK's attempts (issue 44)")
 	deployedStated  = flag.Bool("deployed.stated", false, "TestDeployedRow's clients state their timeout in X-Stainless-Timeout, as the Node SDK does")
+	// deployedPartitions runs the row on 3·N nodes, N partitions each placed on its own three
+	// (issue 45: P=2 on six nodes).
+	deployedPartitions = flag.Int("deployed.partitions", 0, "TestDeployedRow on 3·N nodes with N partitions, each on its own three (docs/operations/cluster.md's partitions section)")
 )
 
 // deployedKind is what an intent of the population is.
@@ -101,6 +109,9 @@ func TestDeployedRow(t *testing.T) {
 	mockAddr, _ := startMockProc(t, bin, "--models", model)
 	rec := startRecorder(t, "http://"+mockAddr)
 	nodes := readmeClusterNodes(t)
+	if *deployedPartitions > 1 {
+		nodes = partitionedNodes(t, nodes, *deployedPartitions)
+	}
 	var addrs []string
 	start := func(i int) {
 		// The user's own backend, as docs/backends.md says to add one (OPENAI_BASE_URL): every
@@ -393,4 +404,47 @@ func describeGroup(rec *recorder, g *deployedGroup) string {
 			ex.end.Sub(ex.start).Round(time.Millisecond), ex.completed, ex.faulted)
 	}
 	return b.String()
+}
+
+// partitionedNodes is the page's three nodes and 3·(parts-1) more like them (fresh ports and
+// data directories), every one routed to all, with parts partitions, partition k's streams on
+// nodes 3k to 3k+2 (placement tags og-p<k>).
+func partitionedNodes(t *testing.T, page []*clusterNode, parts int) []*clusterNode {
+	t.Helper()
+	host, _ := os.Hostname()
+	dir := t.TempDir()
+	nodes := slices.Clone(page)
+	for i := len(page); i < 3*parts; i++ {
+		args := slices.Clone(page[i%len(page)].args)
+		listen, natsListen, clusterListen := testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t)
+		setFlag(t, args, "--listen", listen)
+		setFlag(t, args, "--nats-listen", natsListen)
+		setFlag(t, args, "--nats-cluster-listen", clusterListen)
+		setFlag(t, args, "--data-dir", filepath.Join(dir, fmt.Sprintf("n%d", i+1)))
+		_, routePort, _ := net.SplitHostPort(clusterListen)
+		nodes = append(nodes, &clusterNode{name: fmt.Sprintf("node %d", i+1), args: args, base: "http://" + listen,
+			natsURL: "nats://" + natsListen, serverName: host + "-" + routePort})
+	}
+	var routes []string
+	for _, n := range nodes {
+		routes = append(routes, "nats://"+flagValue(t, n.args, "--nats-cluster-listen"))
+	}
+	for i, n := range nodes {
+		setFlag(t, n.args, "--nats-routes", strings.Join(routes, ","))
+		n.args = append(n.args, "--nats-partitions", strconv.Itoa(parts), "--nats-place-partitions",
+			"--nats-tags", partition.P(i/3).Tag())
+	}
+	return nodes
+}
+
+// setFlag sets the value of flag in args, which must have it.
+func setFlag(t *testing.T, args []string, flag, value string) {
+	t.Helper()
+	for i, a := range args {
+		if a == flag && i+1 < len(args) {
+			args[i+1] = value
+			return
+		}
+	}
+	t.Fatalf("no %s in %v", flag, args)
 }

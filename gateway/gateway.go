@@ -37,6 +37,7 @@ import (
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/backend"
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/jsretry"
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/replicas"
@@ -396,6 +397,11 @@ func (g *Gateway) ensureResourcesRetried(parent context.Context) error {
 		case replicas.PeersMissing(err) && g.cfg.NATS.Cluster.Enabled():
 			wait = 500 * time.Millisecond
 			g.log.Info().Err(err).Msg("JetStream cannot place the replicas until every node has joined: retrying")
+		case jsretry.ClusterNotAvailable(err):
+			// The meta group is electing (nodes restarting together: three of a six-node
+			// cluster's): every stream request is refused until it has a leader.
+			wait = 500 * time.Millisecond
+			g.log.Info().Err(err).Msg("JetStream's meta group has no leader yet: retrying")
 		default:
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -166,6 +167,25 @@ func (c *sixNodes) send(i int, key string) (int, string) {
 	return resp.StatusCode, resp.Header.Get("Retry-After")
 }
 
+// sendLikeSDK sends key through node i as the official SDKs do: up to three attempts, a 503
+// sent again after its Retry-After. A job a worker on a stopped node had pulled (its pull
+// request was still pending at the consumer) is lost in flight and taken over once its lease
+// runs out: its first request is answered 503 "interrupted; retry", and the retry gets the one
+// execution's answer.
+func (c *sixNodes) sendLikeSDK(i int, key string) int {
+	c.t.Helper()
+	var code int
+	for range 3 {
+		var retry string
+		if code, retry = c.send(i, key); code != http.StatusServiceUnavailable {
+			return code
+		}
+		wait, _ := strconv.Atoi(retry)
+		time.Sleep(time.Duration(min(max(wait, 1), 2)) * time.Second)
+	}
+	return code
+}
+
 // keysIn are n client keys whose records are in partition p of two (anonymous tenant).
 func keysIn(p partition.P, prefix string, n int) []string {
 	var out []string
@@ -216,6 +236,12 @@ func TestPartitionsSixNodes(t *testing.T) {
 		}
 	}
 
+	// Idle: what the six nodes ask JetStream with nothing to do (issue 44's quietness on the
+	// partitioned layout): no consumer made, and a bounded rate of requests (each node asks
+	// about the partition it holds no replica of: readiness every 10 s, its record stores'
+	// leader every 5 s).
+	c.idle(t, 10*time.Second)
+
 	p0, p1 := keysIn(0, "part0", 4), keysIn(1, "part1", 4)
 	// Before: one key of each partition through a node of each; each lands in its own IDEM.
 	for _, k := range []string{p0[0], p1[0]} {
@@ -244,7 +270,7 @@ func TestPartitionsSixNodes(t *testing.T) {
 		t.Errorf("n4 not ready with partition 1 up: %v", err)
 	}
 	for _, k := range p1[1:3] {
-		if code, _ := c.send(3, k); code != http.StatusOK {
+		if code := c.sendLikeSDK(3, k); code != http.StatusOK {
 			t.Errorf("partition 1's %s with partition 0 down: %d, want 200", k, code)
 		}
 	}
@@ -319,5 +345,35 @@ func TestPartitionCountIsFixed(t *testing.T) {
 				t.Fatalf("restart with the store's count: %v", err)
 			}
 		})
+	}
+}
+
+// idleRequestsPerNode bounds the JetStream API requests per second per node of an idle
+// partitioned cluster (2.1 measured on 2026-12-06, the test's log line says what).
+const idleRequestsPerNode = 3.0
+
+// idle counts the JetStream API requests and advisories of the whole account for d with no
+// traffic, logs them per kind, and fails on a consumer created or a rate above
+// idleRequestsPerNode.
+func (c *sixNodes) idle(t *testing.T, d time.Duration) {
+	t.Helper()
+	counter := countJetStream(t, c.gws[3].NATSURL())
+	time.Sleep(2 * time.Second) // what the start left to do
+	counter.take()
+	time.Sleep(d)
+	kinds := counter.take()
+	requests := total(kinds, "") - total(kinds, "ADVISORY")
+	perNode := float64(requests) / d.Seconds() / float64(len(c.gws))
+	var lines []string
+	for k, n := range kinds {
+		lines = append(lines, fmt.Sprintf("%s %d", k, n))
+	}
+	slices.Sort(lines)
+	t.Logf("idle %s, six nodes, two partitions: %d JetStream API requests (%.2f/s per node): %s", d, requests, perNode, strings.Join(lines, ", "))
+	if created := total(kinds, "CONSUMER.CREATE") + total(kinds, "CONSUMER.DURABLE.CREATE") + total(kinds, "ADVISORY.CONSUMER.CREATED"); created > 0 {
+		t.Errorf("idle: %d consumer creations", created)
+	}
+	if perNode > idleRequestsPerNode {
+		t.Errorf("idle: %.2f JetStream API requests per second per node, want at most %.1f", perNode, idleRequestsPerNode)
 	}
 }

@@ -39,6 +39,14 @@ const (
 	watchGap   = watchEvery + leaderReadTimeout
 )
 
+// remoteWatchEvery is WatchQuorum's period while the server in this process holds no replica
+// of the bucket (a partition placed on other servers): each read is then a stream info request
+// to the leader, and at watchEvery the two stores of every such partition asked eight times a
+// second per node. A slower watch only starts a steady run later (a takeover waits longer,
+// never less); the gap that breaks a run grows with it. This server, holding no replica, is
+// never the bucket's leader, so the watch has no isolation of it to find.
+const remoteWatchEvery = 5 * time.Second
+
 // leaderClock caches when the bucket's current leader was elected and how long it has been
 // steady.
 type leaderClock struct {
@@ -55,6 +63,17 @@ type leaderClock struct {
 	cut bool
 	// local, when set, reads the leader from the NATS server in this process (UseLocal).
 	local replicas.Local
+	// remote says the last read asked the leader (the server in this process could not tell):
+	// the watch then reads every remoteWatchEvery.
+	remote bool
+}
+
+// every is the watch's period for what the last read was (the lock held).
+func (c *leaderClock) every() time.Duration {
+	if c.remote {
+		return remoteWatchEvery
+	}
+	return watchEvery
 }
 
 // UseLocal makes the store read the bucket's leader from the NATS server in this process
@@ -121,14 +140,15 @@ func (s *Store) WatchQuorum(ctx context.Context, isolated func()) {
 	s.leader.mu.Lock()
 	s.leader.watched = true
 	s.leader.mu.Unlock()
-	t := time.NewTicker(watchEvery)
+	t := time.NewTimer(watchEvery)
 	defer t.Stop()
 	var cutSince, calledAt time.Time
 	for {
 		s.readLeader(ctx)
 		s.leader.mu.Lock()
-		cut := s.leader.cut
+		cut, every := s.leader.cut, s.leader.every()
 		s.leader.mu.Unlock()
+		t.Reset(every)
 		switch now := time.Now(); {
 		case !cut:
 			cutSince = time.Time{}
@@ -173,16 +193,18 @@ func (s *Store) leaderSince(ctx context.Context) (time.Time, bool) {
 // (UseLocal), else from the leader's stream info, and records what it says.
 func (s *Store) readLeader(ctx context.Context) (time.Time, bool) {
 	start := time.Now()
-	v, err := s.leaderView(ctx)
+	v, remote, err := s.leaderView(ctx)
 	s.leader.mu.Lock()
 	defer s.leader.mu.Unlock()
+	gap := s.leader.every() + leaderReadTimeout // the last read's period: a longer wait is a break
+	s.leader.remote = remote
 	prev := s.leader.readAt
 	s.leader.readAt, s.leader.since, s.leader.ok, s.leader.name = time.Now(), v.Since, err == nil, v.Leader
 	s.leader.cut = err == nil && !v.Quorate
 	switch {
 	case err != nil || !v.Quorate:
 		s.leader.steady = time.Time{}
-	case s.leader.steady.IsZero() || start.Sub(prev) > watchGap:
+	case s.leader.steady.IsZero() || start.Sub(prev) > gap:
 		s.leader.steady = start // a run starts with this read, not at the last one
 	}
 	return s.leader.since, s.leader.ok
@@ -193,32 +215,35 @@ func (s *Store) readLeader(ctx context.Context) (time.Time, bool) {
 var errNoLeaderHeard = errors.New("kv: no leader of the bucket is heard from")
 
 // leaderView is the bucket's leader: from the server in this process when it can tell, else
-// from the leader's stream info (Quorate as replicas.Quorate reads it).
-func (s *Store) leaderView(ctx context.Context) (replicas.View, error) {
+// from the leader's stream info (Quorate as replicas.Quorate reads it). remote says there is a
+// server in this process and it holds no replica of the bucket (a partition placed on other
+// servers). On an external NATS (no server here) every read asks, at watchEvery as before:
+// there the watch also finds this connection's server cut off (row 3b).
+func (s *Store) leaderView(ctx context.Context) (v replicas.View, remote bool, err error) {
 	s.leader.mu.Lock()
 	local := s.leader.local
 	s.leader.mu.Unlock()
 	if local != nil {
 		if v, ok := local(s.names.stream); ok {
 			if v.Leader == "" {
-				return v, errNoLeaderHeard
+				return v, false, errNoLeaderHeard
 			}
-			return v, nil
+			return v, false, nil
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, leaderReadTimeout)
 	defer cancel()
 	st, err := s.js.Stream(rctx, s.names.stream)
 	if err != nil {
-		return replicas.View{}, err
+		return replicas.View{}, local != nil, err
 	}
 	cl := st.CachedInfo().Cluster
-	v := replicas.View{Quorate: replicas.Quorate(cl)}
+	v = replicas.View{Quorate: replicas.Quorate(cl)}
 	if cl != nil {
 		v.Leader = cl.Leader
 		if cl.LeaderSince != nil {
 			v.Since = *cl.LeaderSince
 		}
 	}
-	return v, nil
+	return v, local != nil, nil
 }

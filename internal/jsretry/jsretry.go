@@ -56,7 +56,7 @@ func Transient(err error) bool {
 		return false
 	}
 	switch apiErr.ErrorCode {
-	case jsErrClusterNotAvailable, jsErrClusterNotLeader, jsErrLastSeqNotReady, jsErrClusterIncomplete,
+	case ErrCodeClusterNotAvailable, jsErrClusterNotLeader, jsErrLastSeqNotReady, jsErrClusterIncomplete,
 		jsErrDuplicateInProcess,    // an earlier try with this Nats-Msg-Id is still being applied
 		jsErrStreamTooManyRequests: // back-pressure: the backoff lets the stream catch up
 		return true
@@ -67,10 +67,20 @@ func Transient(err error) bool {
 	return apiErr.Code == 503
 }
 
+// ErrCodeClusterNotAvailable is JetStream's "system temporarily unavailable" (10008): on a
+// cluster every server answers it to the stream API (info, message get, create) while the meta
+// group has no leader, even for a stream whose own group has one.
+const ErrCodeClusterNotAvailable jetstream.ErrorCode = 10008
+
+// ClusterNotAvailable says err is ErrCodeClusterNotAvailable.
+func ClusterNotAvailable(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == ErrCodeClusterNotAvailable
+}
+
 // JetStream error codes not named by nats.go (nats-server errors.json).
 const (
 	jsErrClusterIncomplete     jetstream.ErrorCode = 10004
-	jsErrClusterNotAvailable   jetstream.ErrorCode = 10008
 	jsErrClusterNotLeader      jetstream.ErrorCode = 10009
 	jsErrInsufficientResources jetstream.ErrorCode = 10023
 	jsErrStoreFailed           jetstream.ErrorCode = 10077

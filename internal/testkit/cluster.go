@@ -34,6 +34,8 @@ type Cluster struct {
 	syncAlways bool
 	// syncInterval is the store's fsync interval (SyncInterval); 0 keeps nats-server's default.
 	syncInterval time.Duration
+	// tags are each server's placement tags (ServerTags); nil: none.
+	tags func(i int) []string
 }
 
 // ClusterOption changes how RunCluster configures its servers.
@@ -54,6 +56,12 @@ func SyncAlways() ClusterOption { return func(c *Cluster) { c.syncAlways = true 
 // gateway's `nats.sync: 1s`) instead of the default two minutes.
 func SyncInterval(d time.Duration) ClusterOption {
 	return func(c *Cluster) { c.syncInterval = d }
+}
+
+// ServerTags gives server i the placement tags tags(i) (streams placed by tag go to the
+// servers that have it).
+func ServerTags(tags func(i int) []string) ClusterOption {
+	return func(c *Cluster) { c.tags = tags }
 }
 
 type clusterNode struct {
@@ -129,6 +137,9 @@ func (c *Cluster) options(i int) *server.Options {
 			Port: nd.routePort,
 		},
 		Routes: server.RoutesFromStr(strings.Join(routes, ",")),
+	}
+	if c.tags != nil {
+		o.Tags = c.tags(i)
 	}
 	o.SyncAlways = c.syncAlways
 	o.SyncInterval = c.syncInterval
