@@ -1,0 +1,174 @@
+package cold_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/oncegate/oncegate/cold"
+	"github.com/oncegate/oncegate/internal/testkit"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// hot is a test's hot bucket: a KV bucket whose keys expire after ttl.
+func hot(t *testing.T, js jetstream.JetStream, ttl time.Duration) jetstream.KeyValue {
+	t.Helper()
+	kvs, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "IDEM", TTL: ttl, History: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kvs
+}
+
+// run opens a tier on dir and runs it until the test ends (or stop is called).
+func run(t *testing.T, js jetstream.JetStream, dir string, hotTTL time.Duration) (*cold.Tier, func()) {
+	t.Helper()
+	tier, err := cold.Open(context.Background(), js, cold.Config{HotTTL: hotTTL, TTL: time.Hour, Source: "KV_IDEM",
+		Prefix: "$KV.IDEM.", Dir: dir, MoveAfter: 50 * time.Millisecond, Margin: hotTTL / 2, Every: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tier.Run(ctx)
+	}()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		<-done
+		if err := tier.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(stop)
+	return tier, stop
+}
+
+// holds polls until tier has every key of want with its value (read back from OG_COLD), and
+// none of gone.
+func holds(t *testing.T, tier *cold.Tier, want map[string][]byte, gone ...string) {
+	t.Helper()
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		now := time.Now()
+		for k, v := range want {
+			h, ok, err := tier.Lookup(k, now)
+			if err != nil || !ok {
+				return fmt.Errorf("%s: not in the cold index (%v)", k, err)
+			}
+			got, err := tier.Read(context.Background(), k, h)
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(got, v) {
+				return fmt.Errorf("%s: read %q, want %q", k, got, v)
+			}
+		}
+		for _, k := range gone {
+			if _, ok, _ := tier.Lookup(k, now); ok {
+				return fmt.Errorf("%s: still in the cold index", k)
+			}
+		}
+		return nil
+	})
+}
+
+// TestColdTier: records that left the hot bucket are found in the cold index and read back
+// byte-identical; a delete is carried as a tombstone; the index resumes after a restart, and
+// is rebuilt from OG_COLD when its files are deleted or unreadable.
+func TestColdTier(t *testing.T) {
+	srv := testkit.RunJetStream(t, 0)
+	ctx := context.Background()
+	kvs := hot(t, srv.JS, time.Second)
+	want := map[string][]byte{}
+	for i := range 20 {
+		k := fmt.Sprintf("k%02d", i)
+		want[k] = []byte(fmt.Sprintf(`{"state":"COMPLETED","n":%d}`+"\nbody", i))
+		if _, err := kvs.Put(ctx, k, want[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kvs.Put(ctx, "k00", []byte("second")); err != nil { // a newer revision wins
+		t.Fatal(err)
+	}
+	want["k00"] = []byte("second")
+	if _, err := kvs.Put(ctx, "deleted", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := kvs.Delete(ctx, "deleted"); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "cold")
+	tier, stop := run(t, srv.JS, dir, time.Hour)
+	holds(t, tier, want, "deleted", "never")
+	if err := tier.Ready(time.Now()); err != nil {
+		t.Fatalf("ready after the moves: %v", err)
+	}
+	// The hot bucket lets them go; the cold tier keeps them.
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if _, err := kvs.Get(ctx, "k01"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("k01 still hot (%v)", err)
+		}
+		return nil
+	})
+	holds(t, tier, want, "deleted")
+	stop()
+
+	for _, tc := range []struct {
+		name   string
+		break_ func() error
+	}{
+		{"restart", func() error { return nil }},
+		{"files deleted", func() error { return os.RemoveAll(dir) }},
+		{"files unreadable", func() error {
+			files, err := filepath.Glob(filepath.Join(dir, "*"))
+			if err != nil {
+				return err
+			}
+			for _, f := range files {
+				if err := os.WriteFile(f, []byte("not pebble"), 0o600); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.break_(); err != nil {
+				t.Fatal(err)
+			}
+			tier, stop := run(t, srv.JS, dir, time.Hour)
+			defer stop()
+			holds(t, tier, want, "deleted")
+		})
+	}
+}
+
+// TestColdTierBehind: a node whose mover and applier have not covered the hot tier's expiry
+// is not ready (its "not found" cannot mean new).
+func TestColdTierBehind(t *testing.T) {
+	srv := testkit.RunJetStream(t, 0)
+	hot(t, srv.JS, time.Hour)
+	tier, err := cold.Open(context.Background(), srv.JS, cold.Config{HotTTL: time.Minute, TTL: time.Hour, Source: "KV_IDEM", Prefix: "$KV.IDEM."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close()
+	if err := tier.Ready(time.Now()); !errors.Is(err, cold.ErrBehind) {
+		t.Fatalf("Ready before any mark = %v, want ErrBehind", err)
+	}
+}
