@@ -358,6 +358,7 @@ func (v *validator) idempotency(i *Idempotency) {
 		v.add("idempotency.auto_window", "must be less than idempotency.ttl (%s), got %s", i.TTL, i.AutoWindow)
 	}
 	v.positive("idempotency.max_wait", i.MaxWait)
+	v.hotTTL(i)
 	if i.ReplayCacheBytes < 0 || i.ReplayCacheBytes > maxReplayCache {
 		v.add("idempotency.replay_cache_bytes", "must be between 0 (off) and %d (4 GiB), got %d", int64(maxReplayCache), i.ReplayCacheBytes)
 	}
@@ -796,5 +797,25 @@ func (v *validator) tracing(t *Tracing) {
 	}
 	if t.SampleRatio < 0 || t.SampleRatio > 1 {
 		v.add("tracing.sample_ratio", "must be between 0 and 1, got %g", t.SampleRatio)
+	}
+}
+
+// minHotTTL is the least hot TTL: a record moves to the cold tier at half of it, so it must
+// outlast a lease and the auto window with room to spare.
+const minHotTTL = 4 * time.Second
+
+// hotTTL checks idempotency.hot_ttl: 0 (off), or between the lease and the auto window (each
+// times four: the mover copies a record at half the hot TTL, and admission keeps a quarter as
+// its safety margin) and the TTL.
+func (v *validator) hotTTL(i *Idempotency) {
+	h := i.HotTTL.D()
+	switch {
+	case h == 0 || h == i.TTL.D():
+	case h < 0 || h > i.TTL.D():
+		v.add("idempotency.hot_ttl", "must be between 0 (no cold tier) and idempotency.ttl (%s), got %s", i.TTL, i.HotTTL)
+	case h < max(minHotTTL, 4*i.Lease.D(), 4*i.AutoWindow.D()):
+		v.add("idempotency.hot_ttl",
+			"must be at least four times idempotency.lease (%s) and idempotency.auto_window (%s), and at least %s, got %s: a record is moved to the cold tier at half the hot TTL",
+			i.Lease, i.AutoWindow, minHotTTL, i.HotTTL)
 	}
 }
