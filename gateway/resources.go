@@ -31,6 +31,7 @@ type resources struct {
 	js       jetstream.JetStream
 	replicas int
 	ttl      time.Duration // IDEM's record TTL
+	hot      time.Duration // IDEM's hot TTL (0: no cold tier)
 	lease    time.Duration // the JOBS consumer's AckWait
 	// maxAckPending bounds the JOBS consumer's unacknowledged deliveries.
 	maxAckPending int
@@ -54,7 +55,7 @@ func (r *resources) ensure(ctx context.Context) error {
 	if err := jobs.EnsureStreams(ctx, r.js, jobs.StreamConfig{Replicas: r.replicas}); err != nil {
 		return err
 	}
-	if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, Replicas: r.replicas}); err != nil {
+	if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, HotTTL: r.hot, Replicas: r.replicas}); err != nil {
 		return err
 	}
 	if _, err := workers.EnsureConsumer(ctx, r.js, r.lease, r.maxAckPending); err != nil {

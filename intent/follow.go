@@ -13,7 +13,7 @@ import (
 
 // Record reads the record of key as stored now.
 func (c *Core) Record(ctx context.Context, key string) (*kv.Record, error) {
-	rec, _, err := c.store.Get(ctx, key)
+	rec, _, err := c.read(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("intent: read %s: %w", key, err)
 	}
@@ -76,7 +76,7 @@ func (c *Core) FindJob(ctx context.Context, tenant, id string) (key string, rec 
 	if !jobs.ParseID(id) {
 		return "", nil, 0, ErrNoJob
 	}
-	key, err = c.store.JobKey(ctx, id)
+	key, err = c.jobKey(ctx, id)
 	if errors.Is(err, kv.ErrNotFound) {
 		c.decoyLookup(ctx, tenant, id)
 		return "", nil, 0, ErrNoJob
@@ -84,7 +84,7 @@ func (c *Core) FindJob(ctx context.Context, tenant, id string) (key string, rec 
 	if err != nil {
 		return "", nil, 0, fmt.Errorf("intent: job %s: %w", id, err)
 	}
-	rec, rev, err = c.store.Get(ctx, key)
+	rec, rev, err = c.read(ctx, key)
 	if errors.Is(err, kv.ErrNotFound) {
 		return "", nil, 0, ErrNoJob
 	}
@@ -133,7 +133,7 @@ func (c *Core) decoyLookup(ctx context.Context, tenant, id string) {
 // "auto-…" one) and its record key; ErrNoRecord if there is none for this tenant.
 func (c *Core) Lookup(ctx context.Context, tenant, key string) (string, *kv.Record, error) {
 	recKey := LookupKey(tenant, key)
-	rec, _, err := c.store.Get(ctx, recKey)
+	rec, _, err := c.read(ctx, recKey)
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
 		return "", nil, ErrNoRecord
 	}

@@ -63,6 +63,10 @@ var (
 type BucketConfig struct {
 	// TTL is how long a key's record is kept after its last write.
 	TTL time.Duration
+	// HotTTL, when set below TTL, is how long the bucket itself keeps a record (the cold tier,
+	// package cold, keeps it until TTL). Open never lowers an existing bucket's MaxAge to it:
+	// the records older than HotTTL must be in the cold tier first (LowerToHot).
+	HotTTL time.Duration
 	// Replicas of the bucket, the job index, the progress and the requests streams (0 or 1:
 	// one). Open keeps an existing stream's count when it is larger.
 	Replicas int
@@ -105,7 +109,7 @@ type Store struct {
 // index and the progress stream. It never lowers a replica count an operator raised, and it is
 // also how a gateway recreates the two memory streams after a NATS restart lost them.
 func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store, error) {
-	kvs, err := replicas.EnsureKV(ctx, js, replicas.RecordsKV(Bucket, cfg.TTL, cfg.Replicas))
+	kvs, err := replicas.EnsureKV(ctx, js, replicas.RecordsKV(Bucket, bucketMaxAge(ctx, js, cfg), cfg.Replicas))
 	if err != nil {
 		return nil, fmt.Errorf("kv: open bucket %s: %w", Bucket, err)
 	}
@@ -122,6 +126,37 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 		inlineMax = DefaultInlineRequestMax
 	}
 	return &Store{kv: kvs, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: newPieceBufs(), js: js, ttl: cfg.TTL, leader: &leaderClock{}}, nil
+}
+
+// bucketMaxAge is the MaxAge Open gives the bucket: TTL, or HotTTL with a cold tier unless the
+// bucket exists with a longer MaxAge (its records have not all been moved yet).
+func bucketMaxAge(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) time.Duration {
+	if cfg.HotTTL <= 0 || cfg.HotTTL >= cfg.TTL {
+		return cfg.TTL
+	}
+	st, err := js.Stream(ctx, BucketStream)
+	if err != nil {
+		return cfg.HotTTL
+	}
+	return min(max(st.CachedInfo().Config.MaxAge, cfg.HotTTL), cfg.TTL)
+}
+
+// LowerToHot sets the bucket's MaxAge to hot (see BucketConfig.HotTTL): for the cold tier to
+// call once it holds every record older than hot.
+func LowerToHot(ctx context.Context, js jetstream.JetStream, hot time.Duration) error {
+	st, err := js.Stream(ctx, BucketStream)
+	if err != nil {
+		return fmt.Errorf("kv: %s: %w", BucketStream, err)
+	}
+	c := st.CachedInfo().Config
+	if c.MaxAge <= hot {
+		return nil
+	}
+	c.MaxAge = hot
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		return fmt.Errorf("kv: lower %s to %s: %w", BucketStream, hot, err)
+	}
+	return nil
 }
 
 // BucketStream is the stream behind the bucket.
@@ -548,6 +583,10 @@ type Expired struct {
 
 // jobIndexKey is where a job id points at its record key (same bucket, same TTL).
 func jobIndexKey(jobID string) string { return "job." + jobID }
+
+// JobIndexKey is the key under which IndexJob stores job jobID's record key: the cold tier
+// keeps it as it keeps records (its value is the record key).
+func JobIndexKey(jobID string) string { return jobIndexKey(jobID) }
 
 // IndexJob records that job jobID belongs to record key, in the synced bucket, and waits: for
 // the jobs whose id is the client's only handle (answered 202, or retrievable). A put of the

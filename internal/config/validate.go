@@ -800,22 +800,22 @@ func (v *validator) tracing(t *Tracing) {
 	}
 }
 
-// minHotTTL is the least hot TTL: a record moves to the cold tier at half of it, so it must
-// outlast a lease and the auto window with room to spare.
+// minHotTTL is the least hot TTL: a running execution's record is rewritten by its lease
+// renewals and so stays hot, and one the hot tier lets go must have gone without a write for
+// well over a lease.
 const minHotTTL = 4 * time.Second
 
-// hotTTL checks idempotency.hot_ttl: 0 (off), or between the lease and the auto window (each
-// times four: the mover copies a record at half the hot TTL, and admission keeps a quarter as
-// its safety margin) and the TTL.
+// hotTTL checks idempotency.hot_ttl: 0 (off), or between twice the lease and the auto window
+// (and minHotTTL) and the TTL.
 func (v *validator) hotTTL(i *Idempotency) {
 	h := i.HotTTL.D()
 	switch {
 	case h == 0 || h == i.TTL.D():
 	case h < 0 || h > i.TTL.D():
 		v.add("idempotency.hot_ttl", "must be between 0 (no cold tier) and idempotency.ttl (%s), got %s", i.TTL, i.HotTTL)
-	case h < max(minHotTTL, 4*i.Lease.D(), 4*i.AutoWindow.D()):
+	case h < max(minHotTTL, 2*i.Lease.D(), 2*i.AutoWindow.D()):
 		v.add("idempotency.hot_ttl",
-			"must be at least four times idempotency.lease (%s) and idempotency.auto_window (%s), and at least %s, got %s: a record is moved to the cold tier at half the hot TTL",
+			"must be at least twice idempotency.lease (%s) and idempotency.auto_window (%s), and at least %s, got %s: a record leaves the hot tier once it has gone that long without a write",
 			i.Lease, i.AutoWindow, minHotTTL, i.HotTTL)
 	}
 }
