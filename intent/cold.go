@@ -28,22 +28,22 @@ type ColdTier interface {
 // 503 store_unavailable, never "new"), its record is still hot, or its cold record asks for a
 // new execution (an auto key past its window, a retryable failure, an abandoned PENDING),
 // which the claim's create makes at most once whichever nodes race for it. A cold record to
-// replay is replayed from the cold tier; the claim is never made for it.
+// replay is replayed from the cold tier; the claim is never made for it. A node whose index
+// is behind serves the keys the hot tier holds, and refuses the others.
 //
 // A key found in neither tier costs no JetStream request here (the index is local).
 func (c *Core) admitCold(ctx context.Context, req *Request) (adm *Admission, done bool, err error) {
 	now := c.now()
-	if err := c.cold.Ready(now); err != nil {
-		return nil, true, err
-	}
+	behind := c.cold.Ready(now)
 	hit, ok, err := c.cold.Lookup(req.Key, now)
 	if err != nil {
 		return nil, true, fmt.Errorf("intent: cold tier: %w: %w", kv.ErrUnavailable, err)
 	}
-	if !ok {
+	if !ok && behind == nil {
 		return nil, false, nil
 	}
-	// The hot record, when there is one, is newer than any cold copy.
+	// A cold copy, or an index that cannot tell: the hot record, when there is one, is newer
+	// than any cold copy, and decides.
 	rec, rev, err := c.store.Get(ctx, req.Key)
 	switch {
 	case err == nil:
@@ -54,6 +54,8 @@ func (c *Core) admitCold(ctx context.Context, req *Request) (adm *Admission, don
 		return adm, true, err
 	case !errors.Is(err, kv.ErrNotFound):
 		return nil, true, fmt.Errorf("intent: read record: %w", err)
+	case behind != nil:
+		return nil, true, behind // not hot, and the cold index may lack it: never "new"
 	}
 	rec, err = c.readCold(ctx, req.Key, hit)
 	switch {
