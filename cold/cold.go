@@ -34,6 +34,11 @@ const (
 	hdrOp      = "Og-Cold-Op"      // "del" on a tombstone (a delete or purge)
 )
 
+// dupWindow is how long OG_COLD remembers a copy's Nats-Msg-Id: long enough for movers
+// racing over one batch (a round takes well under it), short because the server keeps an
+// entry per copy for it (about 150 B each: at the default 2 min, 18 MB at 1,000 intents/s).
+const dupWindow = 20 * time.Second
+
 // Sentinel errors.
 var (
 	// ErrBehind is returned by Ready when this node's index has not applied the cold tier up
@@ -94,7 +99,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tier, error
 	cfg.defaults()
 	st, err := replicas.Ensure(ctx, js, jetstream.StreamConfig{Name: Stream, Subjects: []string{recSubject + ".*", markSubject},
 		Storage: jetstream.FileStorage, MaxAge: cfg.TTL, Replicas: max(cfg.Replicas, 1), AllowDirect: true,
-		Duplicates: 2 * time.Minute, Discard: jetstream.DiscardOld})
+		Duplicates: dupWindow, Discard: jetstream.DiscardOld})
 	if err != nil {
 		return nil, fmt.Errorf("cold: open stream %s: %w", Stream, err)
 	}

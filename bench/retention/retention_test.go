@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/oncegate/oncegate/cold"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/testkit"
@@ -34,6 +35,7 @@ var (
 	heapProfile = flag.String("retention.heapprofile", "", "write a heap profile here after the settle, while the keys are retained (go tool pprof -sample_index=inuse_space)")
 	writers     = flag.Int("retention.writers", 64, "keys written at once")
 	settle      = flag.Duration("retention.settle", 30*time.Second, "wait after the writes before measuring, so the server's caches of just-written blocks expire")
+	hotTTL      = flag.Duration("retention.hot", 0, "TestRetention: keep the keys in the IDEM bucket this long (idempotency.hot_ttl) and the rest of the day in the cold tier (issue 46); the measurement waits until every key has left the hot tier. 0: every key hot for the TTL")
 	crashDir    = flag.String("retention.crashdir", "", "TestCrashImage: the gateway data directory to write -retention.keys keys into before the process SIGKILLs itself (bench/crash-restart.sh)")
 )
 
@@ -60,12 +62,19 @@ func TestRetention(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
 	defer cancel()
 	s := testkit.RunJetStream(t, time.Second)
-	st, err := kv.Open(ctx, s.JS, kv.BucketConfig{TTL: 24 * time.Hour})
+	st, err := kv.Open(ctx, s.JS, kv.BucketConfig{TTL: 24 * time.Hour, HotTTL: *hotTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var tier *cold.Tier
+	if *hotTTL > 0 {
+		tier = runCold(ctx, t, s.JS, *hotTTL)
+	}
 	if err := write(ctx, st, benchTenant, 0, warmKeys); err != nil {
 		t.Fatal(err)
+	}
+	if tier != nil {
+		leftHot(ctx, t, s.JS, tier)
 	}
 	before := measure()
 	start := time.Now()
@@ -74,6 +83,10 @@ func TestRetention(t *testing.T) {
 	}
 	took := time.Since(start)
 	written := measure()
+	if tier != nil {
+		leftHot(ctx, t, s.JS, tier)
+		t.Logf("every key left the hot tier %s after the last write", time.Since(start.Add(took)).Round(time.Second))
+	}
 	time.Sleep(*settle)
 	after := measure()
 	if *heapProfile != "" {
@@ -87,7 +100,7 @@ func TestRetention(t *testing.T) {
 	t.Logf("per retained key: RSS %+.0f B, Go heap in use %+.0f B (the embedded server's indexes and the client's, in one process)",
 		float64(after.rss-before.rss)/n, float64(after.heap-before.heap)/n)
 	for _, i := range []int{warmKeys, warmKeys + *keys - 1} {
-		rec, _, err := st.Get(ctx, keyOf(benchTenant, i))
+		rec, err := replay(ctx, st, tier, keyOf(benchTenant, i))
 		if err != nil {
 			t.Fatalf("replay of key %d: %v", i, err)
 		}
@@ -95,6 +108,61 @@ func TestRetention(t *testing.T) {
 			t.Fatalf("replay of key %d: state %s, body %q; want the completed body written", i, rec.State, resultBody(rec))
 		}
 	}
+}
+
+// runCold runs a cold tier beside the bucket (its index in a temporary directory) until the
+// test ends.
+func runCold(ctx context.Context, t *testing.T, js jetstream.JetStream, hot time.Duration) *cold.Tier {
+	tier, err := cold.Open(ctx, js, cold.Config{HotTTL: hot, TTL: 24 * time.Hour, Source: kv.BucketStream,
+		Prefix: "$KV." + kv.Bucket + ".", Dir: filepath.Join(t.TempDir(), "cold")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tier.Run(rctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = tier.Close()
+	})
+	return tier
+}
+
+// leftHot waits until the bucket holds no key (each expired from the hot tier) and the cold
+// index is ready.
+func leftHot(ctx context.Context, t *testing.T, js jetstream.JetStream, tier *cold.Tier) {
+	t.Helper()
+	testkit.CheckFor(t, 2*time.Hour, time.Second, func() error {
+		s, err := js.Stream(ctx, kv.BucketStream)
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n > 0 {
+			return fmt.Errorf("%d keys still hot", n)
+		}
+		return tier.Ready(time.Now())
+	})
+}
+
+// replay reads key's record as admission would: from the bucket, else from the cold tier.
+func replay(ctx context.Context, st *kv.Store, tier *cold.Tier, key string) (*kv.Record, error) {
+	if tier == nil {
+		rec, _, err := st.Get(ctx, key)
+		return rec, err
+	}
+	h, ok, err := tier.Lookup(key, time.Now())
+	if err != nil || !ok {
+		return nil, fmt.Errorf("not in the cold tier (%v)", err)
+	}
+	data, err := tier.Read(ctx, key, h)
+	if err != nil {
+		return nil, err
+	}
+	return kv.Decode(data)
 }
 
 // TestCrashImage leaves a crashed gateway's store behind: -retention.keys completed keys written
