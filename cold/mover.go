@@ -67,7 +67,13 @@ func (t *Tier) moveRound(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cutoff := time.Now().Add(-t.cfg.MoveAfter)
+	now := time.Now()
+	cutoff := now.Add(-t.cfg.MoveAfter)
+	if mk.W > 0 && time.Unix(0, mk.W).Before(now.Add(-t.cfg.HotTTL)) {
+		// Records written before now - HotTTL may have expired from the hot bucket uncopied.
+		t.cfg.Log.Error().Time("watermark", time.Unix(0, mk.W)).Dur("hot_ttl", t.cfg.HotTTL).
+			Msg("cold tier: no mover ran for longer than half the hot TTL; records that left the hot tier meanwhile may not have been copied, and their keys would be new")
+	}
 	src, err := t.js.Stream(ctx, t.cfg.Source)
 	if err != nil {
 		return fmt.Errorf("cold: %s: %w", t.cfg.Source, err)
