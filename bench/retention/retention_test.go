@@ -113,8 +113,13 @@ func TestRetention(t *testing.T) {
 // runCold runs a cold tier beside the bucket (its index in a temporary directory) until the
 // test ends.
 func runCold(ctx context.Context, t *testing.T, js jetstream.JetStream, hot time.Duration) *cold.Tier {
+	return runColdIn(ctx, t, js, hot, filepath.Join(t.TempDir(), "cold"))
+}
+
+// runColdIn is runCold with the index in dir.
+func runColdIn(ctx context.Context, t *testing.T, js jetstream.JetStream, hot time.Duration, dir string) *cold.Tier {
 	tier, err := cold.Open(ctx, js, cold.Config{HotTTL: hot, TTL: 24 * time.Hour, Source: kv.BucketStream,
-		Prefix: "$KV." + kv.Bucket + ".", Dir: filepath.Join(t.TempDir(), "cold")})
+		Prefix: "$KV." + kv.Bucket + ".", Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,15 +195,23 @@ func TestCrashImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: 24 * time.Hour})
+	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: 24 * time.Hour, HotTTL: *hotTTL})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var tier *cold.Tier
+	if *hotTTL > 0 { // the gateway's layout: its cold index in the data directory's cold/
+		tier = runColdIn(ctx, t, js, *hotTTL, filepath.Join(*crashDir, "cold"))
 	}
 	start := time.Now()
 	if err := write(ctx, st, crashTenant, 0, *keys); err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("%d keys written in %s (%.0f/s)\n", *keys, time.Since(start).Round(time.Millisecond), float64(*keys)/time.Since(start).Seconds())
+	if tier != nil {
+		leftHot(ctx, t, js, tier)
+		fmt.Printf("every key left the hot tier %s after the first write\n", time.Since(start).Round(time.Second))
+	}
 	time.Sleep(2 * time.Second) // past a sync: what was acknowledged is on disk
 	fmt.Println("SIGKILL")
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -217,11 +230,13 @@ func writeHeapProfile(t *testing.T, path string) {
 	}
 }
 
-// usage is the process's memory at one moment.
-type usage struct{ rss, heap int64 }
+// usage is the process's memory at one moment: RSS, the Go heap in use, and the runtime's
+// memory outside the heap that a burst leaves behind (span and GC metadata, stacks, other).
+type usage struct{ rss, heap, runtime int64 }
 
 func (u usage) String() string {
-	return fmt.Sprintf("RSS %.1f MiB, Go heap in use %.1f MiB", float64(u.rss)/(1<<20), float64(u.heap)/(1<<20))
+	return fmt.Sprintf("RSS %.1f MiB, Go heap in use %.1f MiB, runtime metadata and stacks %.1f MiB",
+		float64(u.rss)/(1<<20), float64(u.heap)/(1<<20), float64(u.runtime)/(1<<20))
 }
 
 // measure collects (twice, so that finalizers' frees are counted), returns freed pages to the
@@ -231,7 +246,8 @@ func measure() usage {
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return usage{rss: rss(), heap: int64(ms.HeapInuse)}
+	return usage{rss: rss(), heap: int64(ms.HeapInuse),
+		runtime: int64(ms.MSpanSys + ms.MCacheSys + ms.BuckHashSys + ms.GCSys + ms.OtherSys + ms.StackSys)}
 }
 
 // rss is the process's resident set from /proc (0 where there is none).
