@@ -52,3 +52,46 @@ func TestColdTierBehindRefuses(t *testing.T) {
 		t.Errorf("%d jobs published, want 0", n)
 	}
 }
+
+// TestColdTierNewKeyCostsNoRequest: with a cold tier that is ready, admitting a new key makes
+// the JetStream API requests it makes without one (none: the claim and the job are publishes),
+// since the cold index answers locally. (A record read on that path would count 2: a direct
+// get and, on its miss, the leader's.)
+func TestColdTierNewKeyCostsNoRequest(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	tier, err := cold.Open(ctx, e.srv.JS, cold.Config{HotTTL: time.Minute, TTL: recordTTL,
+		Source: kv.BucketStream, Prefix: "$KV." + kv.Bucket + ".", Every: 10 * time.Millisecond, Log: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tier.Run(ctx)
+	}()
+	t.Cleanup(func() { _ = tier.Close() })
+	for tier.Ready(time.Now()) != nil {
+		time.Sleep(10 * time.Millisecond) // polls for the first mark; no timing is asserted
+	}
+	// The mover and applier stop (their requests are not admission's); the index stays ready
+	// for a quarter of the hot TTL.
+	cancel()
+	<-done
+	withCold := e.otherNode(t, func(d *intent.Deps) { d.Cold = tier })
+	api := e.spy(t, "$JS.API.>")
+	for _, tc := range []struct {
+		name string
+		core *intent.Core
+	}{{"without a cold tier", e.core}, {"with a cold tier", withCold}} {
+		t.Run(tc.name, func(t *testing.T) {
+			api.count(t, "")
+			if adm := admit(t, tc.core, request("new "+tc.name)); adm.Outcome != intent.Created {
+				t.Fatalf("outcome %v, want created", adm.Outcome)
+			}
+			if n := api.count(t, ""); n != 0 {
+				t.Errorf("%d JetStream API requests for a new key, want 0", n)
+			}
+		})
+	}
+}
