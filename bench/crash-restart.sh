@@ -11,7 +11,8 @@
 #
 # Environment: DIR (default a new directory under /tmp; about 1.5 KB of disk per key), PORT
 # (18480), HOT (idempotency.hot_ttl, e.g. 30s: the keys are written with a cold tier and the
-# image is taken once every key has left the hot tier; serve runs with the same hot_ttl). Prints the write rate, the time to /readyz 200, and the status read.
+# image is taken once every key has left the hot tier; serve runs with the same hot_ttl), RATE
+# (keys written per second at most; 0: as fast as the writers go). Prints the write rate, the time to /readyz 200, and the status read.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,7 +28,7 @@ PORT=${PORT:-18480}
 echo "== writing $KEYS keys into $DIR, then SIGKILL"
 HOT=${HOT:-}
 out=$(cd "$here/.." && go test -count=1 -timeout 2h -run '^TestCrashImage$' ./bench/retention/ \
-	-args -retention.keys "$KEYS" -retention.crashdir "$DIR" ${HOT:+-retention.hot "$HOT"} 2>&1 || true)
+	-args -retention.keys "$KEYS" -retention.crashdir "$DIR" ${HOT:+-retention.hot "$HOT"} ${RATE:+-retention.rate "$RATE"} 2>&1 || true)
 echo "$out" | grep -E 'keys written|left the hot tier|SIGKILL|signal: killed' || die "the crash image was not written: $out"
 echo "$out" | grep -q 'signal: killed' || die "the writer was not killed: $out"
 du -sh "$DIR/jetstream" | sed 's/^/store: /'

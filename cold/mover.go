@@ -78,7 +78,8 @@ func (t *Tier) moveRound(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cold: %s: %w", t.cfg.Source, err)
 	}
-	last := src.CachedInfo().State.LastSeq // read from the leader just now
+	state := src.CachedInfo().State // read from the leader just now
+	last, empty := state.LastSeq, state.Msgs == 0
 	prefix := jsleader.APIPrefix(t.js)
 	for {
 		msgs, full, err := jsdirect.Batch(ctx, t.js.Conn(), prefix, t.cfg.Source, t.cfg.Prefix+">", mk.Seq+1, moveBatch)
@@ -89,7 +90,9 @@ func (t *Tier) moveRound(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		caughtUp := reached || (!full && max(next.Seq, mk.Seq) >= last)
+		// Caught up: a message at the cutoff was reached, or the batch read through the leader's
+		// last message (a replica behind it answers a short batch), or the bucket holds none.
+		caughtUp := reached || (!full && (max(next.Seq, mk.Seq) >= last || empty))
 		if caughtUp {
 			next.W = cutoff.UnixNano()
 		}

@@ -34,6 +34,7 @@ var (
 	keys        = flag.Int("retention.keys", 0, "completed keys to write and keep (issue 36 measures 1,000,000); 0 skips TestRetention")
 	heapProfile = flag.String("retention.heapprofile", "", "write a heap profile here after the settle, while the keys are retained (go tool pprof -sample_index=inuse_space)")
 	writers     = flag.Int("retention.writers", 64, "keys written at once")
+	rate        = flag.Int("retention.rate", 0, "keys written per second at most (0: as fast as the writers go); a gateway's own rate is 1,000-2,000 new intents/s per node")
 	settle      = flag.Duration("retention.settle", 30*time.Second, "wait after the writes before measuring, so the server's caches of just-written blocks expire")
 	hotTTL      = flag.Duration("retention.hot", 0, "TestRetention: keep the keys in the IDEM bucket this long (idempotency.hot_ttl) and the rest of the day in the cold tier (issue 46); the measurement waits until every key has left the hot tier. 0: every key hot for the TTL")
 	crashDir    = flag.String("retention.crashdir", "", "TestCrashImage: the gateway data directory to write -retention.keys keys into before the process SIGKILLs itself (bench/crash-restart.sh)")
@@ -86,6 +87,11 @@ func TestRetention(t *testing.T) {
 	if tier != nil {
 		leftHot(ctx, t, s.JS, tier)
 		t.Logf("every key left the hot tier %s after the last write", time.Since(start.Add(took)).Round(time.Second))
+		if n := copied(ctx, t, s.JS); n < uint64(warmKeys+*keys) {
+			t.Fatalf("the cold tier holds %d records of %d keys: the mover fell behind and records expired uncopied", n, warmKeys+*keys)
+		} else {
+			t.Logf("the cold tier holds %d records (a claim copied before its outcome replaced it counts too)", n)
+		}
 	}
 	time.Sleep(*settle)
 	after := measure()
@@ -153,6 +159,24 @@ func leftHot(ctx context.Context, t *testing.T, js jetstream.JetStream, tier *co
 	})
 }
 
+// copied is how many records (not marks) OG_COLD holds.
+func copied(ctx context.Context, t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	st, err := js.Stream(ctx, cold.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter("og.cold.r.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n
+}
+
 // replay reads key's record as admission would: from the bucket, else from the cold tier.
 func replay(ctx context.Context, st *kv.Store, tier *cold.Tier, key string) (*kv.Record, error) {
 	if tier == nil {
@@ -210,7 +234,7 @@ func TestCrashImage(t *testing.T) {
 	fmt.Printf("%d keys written in %s (%.0f/s)\n", *keys, time.Since(start).Round(time.Millisecond), float64(*keys)/time.Since(start).Seconds())
 	if tier != nil {
 		leftHot(ctx, t, js, tier)
-		fmt.Printf("every key left the hot tier %s after the first write\n", time.Since(start).Round(time.Second))
+		fmt.Printf("every key left the hot tier %s after the first write; the cold tier holds %d records\n", time.Since(start).Round(time.Second), copied(ctx, t, js))
 	}
 	time.Sleep(2 * time.Second) // past a sync: what was acknowledged is on disk
 	fmt.Println("SIGKILL")
@@ -270,6 +294,7 @@ func rss() int64 {
 func write(ctx context.Context, st *kv.Store, tenant string, from, to int) error {
 	var next atomic.Int64
 	next.Store(int64(from))
+	start := time.Now()
 	var first error
 	var once sync.Once
 	var wg sync.WaitGroup
@@ -279,6 +304,9 @@ func write(ctx context.Context, st *kv.Store, tenant string, from, to int) error
 				i := int(next.Add(1) - 1)
 				if i >= to || ctx.Err() != nil {
 					return
+				}
+				if *rate > 0 { // key i is due at start + (i-from)/rate
+					time.Sleep(time.Until(start.Add(time.Duration(i-from) * time.Second / time.Duration(*rate))))
 				}
 				if err := writeKey(ctx, st, tenant, i); err != nil {
 					once.Do(func() { first = err })
