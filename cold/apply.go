@@ -81,8 +81,11 @@ func (t *Tier) apply(ctx context.Context) error {
 		b, n, wm = t.ix.newBatch(), 0, time.Time{}
 		if now := time.Now(); now.Sub(lastExpiry) >= expireEvery {
 			lastExpiry = now
-			if err := t.ix.expire(now, t.cfg.TTL); err != nil {
-				return err
+			if end := unixHour(now.Add(-t.cfg.TTL)); end != t.expired { // once an hour
+				if err := t.ix.expire(now, t.cfg.TTL); err != nil {
+					return err
+				}
+				t.expired = end
 			}
 		}
 	}

@@ -88,9 +88,9 @@ type Tier struct {
 	// in this node's index.
 	watermark atomic.Int64
 	applied   atomic.Uint64
-	// paused stops the mover (tests: a node whose mover is gone).
-	paused atomic.Bool
-	closed sync.Once
+	// expired is the unix hour before which the index has dropped its entries (the applier's).
+	expired uint32
+	closed  sync.Once
 }
 
 // Open creates or updates OG_COLD and opens this node's index, rebuilding it from the start

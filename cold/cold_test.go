@@ -126,6 +126,9 @@ func TestColdTier(t *testing.T) {
 		return nil
 	})
 	holds(t, tier, want, "deleted")
+	if _, ok, err := tier.Lookup("k01", time.Now().Add(time.Hour+time.Second)); ok || err != nil {
+		t.Errorf("k01 past the TTL: found %v (%v), want a miss (a key past its TTL is new)", ok, err)
+	}
 	stop()
 
 	for _, tc := range []struct {

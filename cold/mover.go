@@ -28,10 +28,8 @@ func (t *Tier) runMover(ctx context.Context) {
 	tick := time.NewTicker(t.cfg.Every)
 	defer tick.Stop()
 	for {
-		if !t.paused.Load() {
-			if err := t.moveRound(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errMarkMoved) {
-				t.cfg.Log.Warn().Err(err).Msg("cold tier: moving hot records")
-			}
+		if err := t.moveRound(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errMarkMoved) {
+			t.cfg.Log.Warn().Err(err).Msg("cold tier: moving hot records")
 		}
 		select {
 		case <-ctx.Done():
