@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -67,7 +68,7 @@ func executions(t *testing.T, gws ...*gatewaykit.Gateway) int64 {
 // TestColdTierReplays: a record that left the hot tier (idempotency.hot_ttl) is answered from
 // the cold tier until the TTL: the same request replays byte-identical (what a replay from the
 // hot tier sent, a stream's events too) with no execution; another body with its key is 422;
-// the status API reads it. Without the cold tier's admission the retry executes again.
+// the status and job APIs read it. Without the cold tier's admission the retry executes again.
 func TestColdTierReplays(t *testing.T) {
 	gw := gatewaykit.StartGateway(t, coldConfig(gatewaykit.Config(t)))
 	js := gw.JetStream(t, "cold-test")
@@ -89,8 +90,23 @@ func TestColdTierReplays(t *testing.T) {
 		}
 		all = append(all, s)
 	}
+	// A background job: its id is found through its index entry, which moves to cold too.
+	job := post(t, gw, chatBody(config.MockModel, "a cold job", ""), map[string]string{"Idempotency-Key": "cold-job", "Prefer": "respond-async"})
+	var accepted struct{ ID string }
+	if err := json.Unmarshal(job.body, &accepted); err != nil || job.status != http.StatusAccepted {
+		t.Fatalf("background job: %d %s (%v)", job.status, job.body, err)
+	}
+	testkit.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if a := get(t, gw.URL+"/v1/jobs/"+accepted.ID); !bytes.Contains(a.body, []byte(`"completed"`)) {
+			return fmt.Errorf("job: %d %s", a.status, a.body)
+		}
+		return nil
+	})
 	before := executions(t, gw)
 	leftHot(t, js)
+	if a := get(t, gw.URL+"/v1/jobs/"+accepted.ID); a.status != http.StatusOK || !bytes.Contains(a.body, []byte(`"completed"`)) {
+		t.Errorf("job API of a cold job: %d %s, want 200 completed", a.status, a.body)
+	}
 	for _, s := range all {
 		t.Run(s.key, func(t *testing.T) {
 			again := post(t, gw, s.body, key(s.key))
