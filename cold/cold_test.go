@@ -175,3 +175,44 @@ func TestColdTierBehind(t *testing.T) {
 		t.Fatalf("Ready before any mark = %v, want ErrBehind", err)
 	}
 }
+
+// TestColdTierMoversRace: the movers of several nodes run the same rounds over the same hot
+// messages; each record is stored in OG_COLD once (Nats-Msg-Id key.revision) and every node's
+// index holds every key.
+func TestColdTierMoversRace(t *testing.T) {
+	srv := testkit.RunJetStream(t, 0)
+	ctx := context.Background()
+	kvs := hot(t, srv.JS, time.Hour)
+	want := map[string][]byte{}
+	for i := range 300 {
+		k := fmt.Sprintf("race%03d", i)
+		want[k] = []byte(k)
+		if _, err := kvs.Put(ctx, k, want[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var tiers []*cold.Tier
+	for range 3 {
+		_, js := srv.Conn(t)
+		tier, _ := run(t, js, "", time.Hour)
+		tiers = append(tiers, tier)
+	}
+	for _, tier := range tiers {
+		holds(t, tier, want)
+	}
+	st, err := srv.JS.Stream(ctx, cold.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter("og.cold.r.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copies uint64
+	for _, n := range info.State.Subjects {
+		copies += n
+	}
+	if copies != uint64(len(want)) {
+		t.Errorf("OG_COLD holds %d copies of %d records", copies, len(want))
+	}
+}
