@@ -2,6 +2,8 @@ package cold
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -64,6 +66,8 @@ type Config struct {
 	// Ready keeps (0: HotTTL/4); Every the mover's period (0: HotTTL/16, at most 5 s).
 	MoveAfter, Margin, Every time.Duration
 	Log                      zerolog.Logger
+	// Node names this node's mover in its marks ("": a random name).
+	Node string
 }
 
 func (c *Config) defaults() {
@@ -75,6 +79,11 @@ func (c *Config) defaults() {
 	}
 	if c.Every <= 0 {
 		c.Every = min(c.HotTTL/16, 5*time.Second)
+	}
+	if c.Node == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+		c.Node = hex.EncodeToString(b[:])
 	}
 }
 
@@ -218,6 +227,9 @@ func (t *Tier) Run(ctx context.Context) {
 type mark struct {
 	Seq uint64 `json:"seq"`
 	W   int64  `json:"w"`
+	// Node names the mover that wrote it: the others leave the rounds to it while its marks
+	// keep coming (moverStale).
+	Node string `json:"node,omitempty"`
 }
 
 func recordSubject(written time.Time) string {

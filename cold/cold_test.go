@@ -3,6 +3,7 @@ package cold_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -32,8 +33,14 @@ func hot(t *testing.T, js jetstream.JetStream, ttl time.Duration) jetstream.KeyV
 // run opens a tier on dir and runs it until the test ends (or stop is called).
 func run(t *testing.T, js jetstream.JetStream, dir string, hotTTL time.Duration) (*cold.Tier, func()) {
 	t.Helper()
+	return runNode(t, js, dir, hotTTL, "")
+}
+
+// runNode is run with the mover named node.
+func runNode(t *testing.T, js jetstream.JetStream, dir string, hotTTL time.Duration, node string) (*cold.Tier, func()) {
+	t.Helper()
 	tier, err := cold.Open(context.Background(), js, cold.Config{HotTTL: hotTTL, TTL: time.Hour, Source: "KV_IDEM",
-		Prefix: "$KV.IDEM.", Dir: dir, MoveAfter: 50 * time.Millisecond, Margin: hotTTL / 2, Every: 20 * time.Millisecond})
+		Prefix: "$KV.IDEM.", Dir: dir, MoveAfter: 50 * time.Millisecond, Margin: hotTTL / 2, Every: 20 * time.Millisecond, Node: node})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,43 +183,106 @@ func TestColdTierBehind(t *testing.T) {
 	}
 }
 
-// TestColdTierMoversRace: the movers of several nodes run the same rounds over the same hot
-// messages; each record is stored in OG_COLD once (Nats-Msg-Id key.revision) and every node's
-// index holds every key.
+// TestColdTierMoversRace: the movers of three nodes share the rounds over the same hot
+// messages: each record is stored in OG_COLD once (Nats-Msg-Id key.revision), every node's
+// index holds every key, one node's mover does the rounds while its marks keep coming, and
+// when it stops (its node killed during the move) another takes them over: the records
+// written after are moved too.
 func TestColdTierMoversRace(t *testing.T) {
 	srv := testkit.RunJetStream(t, 0)
 	ctx := context.Background()
 	kvs := hot(t, srv.JS, time.Hour)
 	want := map[string][]byte{}
-	for i := range 300 {
-		k := fmt.Sprintf("race%03d", i)
-		want[k] = []byte(k)
-		if _, err := kvs.Put(ctx, k, want[k]); err != nil {
-			t.Fatal(err)
+	put := func(from, to int) {
+		for i := from; i < to; i++ {
+			k := fmt.Sprintf("race%03d", i)
+			want[k] = []byte(k)
+			if _, err := kvs.Put(ctx, k, want[k]); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	var tiers []*cold.Tier
-	for range 3 {
+	put(0, 300)
+	tiers := map[string]*cold.Tier{}
+	stops := map[string]func(){}
+	for i := range 3 {
 		_, js := srv.Conn(t)
-		tier, _ := run(t, js, "", time.Hour)
-		tiers = append(tiers, tier)
+		name := fmt.Sprintf("n%d", i)
+		tiers[name], stops[name] = runNode(t, js, "", time.Hour, name)
 	}
 	for _, tier := range tiers {
 		holds(t, tier, want)
 	}
-	st, err := srv.JS.Stream(ctx, cold.Stream)
+	if n := copies(t, srv.JS); n != uint64(len(want)) {
+		t.Errorf("OG_COLD holds %d copies of %d records", n, len(want))
+	}
+	var active string
+	testkit.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		nodes := markNodes(t, srv.JS, 10)
+		for _, n := range nodes {
+			if n != nodes[0] {
+				return fmt.Errorf("the last marks come from several movers: %v", nodes)
+			}
+		}
+		active = nodes[0]
+		return nil
+	})
+	stops[active]()
+	delete(tiers, active)
+	put(300, 400)
+	for _, tier := range tiers {
+		holds(t, tier, want)
+	}
+	if nodes := markNodes(t, srv.JS, 1); nodes[0] == active {
+		t.Errorf("the last mark is still the stopped mover's (%s)", active)
+	}
+}
+
+// copies is how many records (not marks) OG_COLD holds.
+func copies(t *testing.T, js jetstream.JetStream) uint64 {
+	t.Helper()
+	st, err := js.Stream(context.Background(), cold.Stream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter("og.cold.r.>"))
+	info, err := st.Info(context.Background(), jetstream.WithSubjectFilter("og.cold.r.>"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var copies uint64
-	for _, n := range info.State.Subjects {
-		copies += n
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
 	}
-	if copies != uint64(len(want)) {
-		t.Errorf("OG_COLD holds %d copies of %d records", copies, len(want))
+	return n
+}
+
+// markNodes names the movers of OG_COLD's last n marks, oldest first.
+func markNodes(t *testing.T, js jetstream.JetStream, n int) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, cold.Stream)
+	if err != nil {
+		t.Fatal(err)
 	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string
+	for seq := info.State.LastSeq; seq > 0 && len(nodes) < n; seq-- {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil || m.Subject != "og.cold.mark" {
+			continue
+		}
+		var mk struct{ Node string }
+		if err := json.Unmarshal(m.Data, &mk); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append([]string{mk.Node}, nodes...)
+	}
+	if len(nodes) == 0 {
+		t.Fatal("no mark in OG_COLD")
+	}
+	return nodes
 }

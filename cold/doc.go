@@ -7,8 +7,9 @@
 // records, og.cold.mark for the mover's watermark), so nats-server's per-subject index stays a
 // few entries whatever the key count. Three parts:
 //
-//   - the mover (Tier.Run, on every node; a compare-and-set on the mark subject makes one
-//     round win) copies IDEM messages in stream order once they are older than MoveAfter, with
+//   - the mover (Tier.Run, on every node; the node whose marks keep coming does the rounds,
+//     another takes over when they stop, and a compare-and-set on the mark subject makes one
+//     of two racing rounds win) copies IDEM messages in stream order once they are older than MoveAfter, with
 //     Nats-Msg-Id key.revision, deletes and purges as tombstones, then publishes a mark:
 //     "every IDEM message up to sequence S, and every one written before W, is in OG_COLD";
 //   - the applier (every node, one ordered consumer) applies OG_COLD in order into a local

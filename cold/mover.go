@@ -40,20 +40,25 @@ func (t *Tier) runMover(ctx context.Context) {
 }
 
 // lastMark reads the last mark from OG_COLD's leader: the mark and its sequence (0, 0: none).
-func (t *Tier) lastMark(ctx context.Context) (mark, uint64, error) {
+func (t *Tier) lastMark(ctx context.Context) (mark, uint64, time.Time, error) {
 	m, err := jsleader.Get(ctx, t.js.Conn(), jsleader.APIPrefix(t.js), Stream, jsleader.Request{LastBySubject: markSubject})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return mark{}, 0, nil
+		return mark{}, 0, time.Time{}, nil
 	}
 	if err != nil {
-		return mark{}, 0, fmt.Errorf("cold: read the last mark: %w", err)
+		return mark{}, 0, time.Time{}, fmt.Errorf("cold: read the last mark: %w", err)
 	}
 	var mk mark
 	if err := json.Unmarshal(m.Data, &mk); err != nil {
-		return mark{}, 0, fmt.Errorf("cold: mark %d: %w", m.Seq, err)
+		return mark{}, 0, time.Time{}, fmt.Errorf("cold: mark %d: %w", m.Seq, err)
 	}
-	return mk, m.Seq, nil
+	return mk, m.Seq, m.Time, nil
 }
+
+// moverStale is how long after another node's last mark this node's mover takes the rounds
+// over: that mover stopped (or its node did). Until then this node's rounds only read the
+// mark, so a cluster's nodes do not each copy every record.
+func (t *Tier) moverStale() time.Duration { return 3*t.cfg.Every + time.Second }
 
 // moveRound copies the hot messages older than MoveAfter that the last mark does not cover,
 // then marks them. A round that loses the mark's compare-and-set to another node stops: its
@@ -61,11 +66,14 @@ func (t *Tier) lastMark(ctx context.Context) (mark, uint64, error) {
 func (t *Tier) moveRound(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	mk, markSeq, err := t.lastMark(ctx)
+	mk, markSeq, marked, err := t.lastMark(ctx)
 	if err != nil {
 		return err
 	}
 	now := time.Now()
+	if mk.Node != "" && mk.Node != t.cfg.Node && now.Sub(marked) < t.moverStale() {
+		return nil // another node's mover is at work
+	}
 	cutoff := now.Add(-t.cfg.MoveAfter)
 	if mk.W > 0 && time.Unix(0, mk.W).Before(now.Add(-t.cfg.HotTTL)) {
 		// Records written before now - HotTTL may have expired from the hot bucket uncopied.
@@ -88,6 +96,7 @@ func (t *Tier) moveRound(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		next.Node = t.cfg.Node
 		// Caught up: a message at the cutoff was reached, or the batch read through the leader's
 		// last message (a replica behind it answers a short batch), or the bucket holds none.
 		caughtUp := reached || (!full && (max(next.Seq, mk.Seq) >= last || empty))

@@ -36,7 +36,7 @@ func (g *Gateway) startCold(ctx context.Context, js jetstream.JetStream, log zer
 	}
 	log = log.With().Str("component", "cold").Logger()
 	tier, err := cold.Open(ctx, js, cold.Config{HotTTL: idem.HotTTL.D(), TTL: idem.TTL.D(), Source: kv.BucketStream,
-		Prefix: "$KV." + kv.Bucket + ".", Replicas: g.res.replicas, Dir: dir, Log: log})
+		Prefix: "$KV." + kv.Bucket + ".", Replicas: g.res.replicas, Dir: dir, Log: log, Node: g.id})
 	if err != nil {
 		return nil, err
 	}
