@@ -207,6 +207,19 @@ func (t *Tier) Read(ctx context.Context, key string, h Hit) ([]byte, error) {
 	return data, nil
 }
 
+// Records is how many record copies (tombstones included, marks not) OG_COLD holds.
+func (t *Tier) Records(ctx context.Context) (uint64, error) {
+	info, err := t.stream.Info(ctx, jetstream.WithSubjectFilter(recSubject+".>"))
+	if err != nil {
+		return 0, fmt.Errorf("cold: %s info: %w", Stream, err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n, nil
+}
+
 // Run moves and applies until ctx ends.
 func (t *Tier) Run(ctx context.Context) {
 	var wg sync.WaitGroup
