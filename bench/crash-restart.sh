@@ -10,7 +10,9 @@
 #   bench/crash-restart.sh BIN [KEYS]       # KEYS: default 6000000 (a day of 70 intents/s)
 #
 # Environment: DIR (default a new directory under /tmp; about 1.5 KB of disk per key), PORT
-# (18480). Prints the write rate, the time to /readyz 200, and the status read.
+# (18480), HOT (idempotency.hot_ttl, e.g. 30s: the keys are written with a cold tier and the
+# image is taken once every key has left the hot tier; serve runs with the same hot_ttl), RATE
+# (keys written per second at most; 0: as fast as the writers go). Prints the write rate, the time to /readyz 200, and the status read.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,9 +26,10 @@ DIR=${DIR:-$(mktemp -d /tmp/crash-restart.XXXXXX)}
 PORT=${PORT:-18480}
 
 echo "== writing $KEYS keys into $DIR, then SIGKILL"
+HOT=${HOT:-}
 out=$(cd "$here/.." && go test -count=1 -timeout 2h -run '^TestCrashImage$' ./bench/retention/ \
-	-args -retention.keys "$KEYS" -retention.crashdir "$DIR" 2>&1 || true)
-echo "$out" | grep -E 'keys written|SIGKILL|signal: killed' || die "the crash image was not written: $out"
+	-args -retention.keys "$KEYS" -retention.crashdir "$DIR" ${HOT:+-retention.hot "$HOT"} ${RATE:+-retention.rate "$RATE"} 2>&1 || true)
+echo "$out" | grep -E 'keys written|left the hot tier|SIGKILL|signal: killed' || die "the crash image was not written: $out"
 echo "$out" | grep -q 'signal: killed' || die "the writer was not killed: $out"
 du -sh "$DIR/jetstream" | sed 's/^/store: /'
 ls "$DIR/jetstream/jetstream/\$G/streams/KV_IDEM/msgs/" | grep -c '\.blk$' | sed 's/^/KV_IDEM blocks: /'
@@ -34,7 +37,12 @@ ls "$DIR/jetstream/jetstream/\$G/streams/KV_IDEM/msgs/" | grep -c '\.blk$' | sed
 
 echo "== oncegate serve --data-dir $DIR"
 start=$(date +%s.%N)
-"$BIN" serve --data-dir "$DIR" --listen "127.0.0.1:$PORT" >"$DIR/serve.log" 2>&1 &
+conf=()
+if [ -n "$HOT" ]; then
+	printf 'idempotency:\n  hot_ttl: %s\n' "$HOT" >"$DIR/hot.yaml"
+	conf=(--config "$DIR/hot.yaml")
+fi
+"$BIN" serve "${conf[@]}" --data-dir "$DIR" --listen "127.0.0.1:$PORT" >"$DIR/serve.log" 2>&1 &
 pids+=($!)
 recovering=0 refused=0
 while :; do

@@ -31,7 +31,26 @@ const storedCeiling = 5
 // is logged per stream: the table of issue 36's round.
 func TestStoredMessagesPerNewIntent(t *testing.T) {
 	t.Parallel()
-	gw := gatewaykit.StartGateway(t, nil)
+	for _, tc := range []struct {
+		name   string
+		hotTTL time.Duration
+	}{
+		{"every key hot for the TTL", 0},
+		// With a cold tier an intent that ends inside the hot TTL stores what it stores without
+		// one: its record's copy to OG_COLD comes at half the hot TTL, off its path.
+		{"a cold tier", 15 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := gatewaykit.Config(t)
+			cfg.Idempotency.HotTTL = config.Duration(tc.hotTTL)
+			countStored(t, gatewaykit.StartGateway(t, cfg))
+		})
+	}
+}
+
+// countStored is TestStoredMessagesPerNewIntent on gw.
+func countStored(t *testing.T, gw *gatewaykit.Gateway) {
 	js := gw.JetStream(t, "stored-count")
 	expect(t, postChat(t, gw.URL, chatBody(config.MockModel, "stored count warm-up", ""), map[string]string{"Idempotency-Key": "warm"}),
 		http.StatusOK, "created")
@@ -58,8 +77,8 @@ func TestStoredMessagesPerNewIntent(t *testing.T) {
 }
 
 // periodic are the streams written on a timer whatever the traffic (the workers' status
-// board, the dashboard's snapshots): not an intent's messages.
-var periodic = map[string]bool{"KV_STATUS": true, "KV_DASHBOARD": true}
+// board, the dashboard's snapshots, the cold tier's marks): not an intent's messages.
+var periodic = map[string]bool{"KV_STATUS": true, "KV_DASHBOARD": true, "OG_COLD": true}
 
 // settledSeqs is every stream's last sequence once none has moved for a second (what follows
 // an answer, its charge and its chunks' discard, lands within that), bounded by 30 s.

@@ -84,6 +84,8 @@ type Gateway struct {
 	// refusals releases claims this API refused (503) that the store took after all
 	// (intent.Core.RunRefusals).
 	refusals *loop
+	// cold runs this API's cold tier (cold.go; nil without one).
+	cold *coldLoop
 	// ready refreshes the API's /readyz verdict (httpapi.Server.WatchReadiness).
 	ready *loop
 	// dashHub feeds this API's dashboards, dashPub posts this process's snapshot (dashboard.go).
@@ -286,7 +288,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	g.res = &resources{js: setupJS, replicas: chooseReplicas(cfg.NATS.Replicas, shapeOf(cfg.NATS.Cluster, setupNC, g.ns != nil)),
-		ttl: cfg.Idempotency.TTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup,
+		ttl: cfg.Idempotency.TTL.D(), hot: cfg.Idempotency.HotTTL.D(), lease: cfg.Idempotency.Lease.D(), maxAckPending: cfg.Workers.Concurrency * 4, kick: g.kickSetup,
 		local: g.localView(), parts: max(cfg.NATS.Partitions, 1), place: cfg.NATS.PlacePartitions}
 	if g.ns != nil {
 		g.res.missingStreams, g.res.self = g.ns.MissingStreams, g.ns.Name()
@@ -508,7 +510,8 @@ func (g *Gateway) openSide(ctx context.Context, connect func(string) (*nats.Conn
 	}
 	s := &side{nc: nc, js: js, board: board}
 	for _, p := range partition.All(g.res.parts) {
-		store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D(), Replicas: g.res.replicas, Partition: p, Placement: g.res.placement(p)})
+		store, err := kv.Open(ctx, js, kv.BucketConfig{TTL: g.cfg.Idempotency.TTL.D(), HotTTL: g.cfg.Idempotency.HotTTL.D(), Replicas: g.res.replicas,
+			Partition: p, Placement: g.res.placement(p)})
 		if err != nil {
 			return nil, err
 		}
@@ -621,13 +624,16 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	}
 	tally := g.startTally(ctx, js)
 	idem, adm := g.cfg.Idempotency, g.cfg.Admission
+	if g.cold, err = g.startCold(ctx, js, apiLog); err != nil {
+		return err
+	}
 	var local intent.LocalRunner // a bypass runs on this node's workers, when it has some
 	var offer intent.Offerer     // and they take the jobs admitted here from memory
 	if g.pool != nil {
 		local, offer = poolOf(g.pools), poolOf(g.pools)
 	}
 	intents := intent.New(intent.Deps{JS: js, Partitions: parts, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
-		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer,
+		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer, Cold: g.cold.tierOf(),
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			StoreWait: adm.StoreWait.D(), StoreWaitMax: adm.StoreWaitMax.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
@@ -815,6 +821,7 @@ func (g *Gateway) Stop(ctx context.Context) error {
 		q.stop()
 	}
 	g.refusals.stop()
+	g.cold.stop()
 	if g.stopWorkers != nil {
 		g.stopWorkers()
 		<-g.workersDone

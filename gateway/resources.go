@@ -33,6 +33,7 @@ type resources struct {
 	js       jetstream.JetStream
 	replicas int
 	ttl      time.Duration // IDEM's record TTL
+	hot      time.Duration // IDEM's hot TTL (0: no cold tier)
 	lease    time.Duration // the JOBS consumer's AckWait
 	// maxAckPending bounds the JOBS consumer's unacknowledged deliveries.
 	maxAckPending int
@@ -129,7 +130,7 @@ func (r *resources) ensure(ctx context.Context) error {
 			MaxChunkBytes: jobs.DefaultMaxChunkBytes / int64(r.parts)}); err != nil {
 			return err
 		}
-		if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, Replicas: r.replicas, Partition: p, Placement: r.placement(p)}); err != nil {
+		if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, HotTTL: r.hot, Replicas: r.replicas, Partition: p, Placement: r.placement(p)}); err != nil {
 			return err
 		}
 		if _, err := workers.EnsureConsumer(ctx, r.js, p, r.lease, r.maxAckPending); err != nil {

@@ -46,6 +46,11 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 	if adm, ok := c.joinLocal(req); ok {
 		return adm, nil
 	}
+	if c.cold != nil {
+		if adm, done, err := c.admitCold(ctx, req); done {
+			return adm, err
+		}
+	}
 	for range maxDecisions {
 		adm, err := c.create(ctx, req, req.Key, c.newJobID(req.Key), Created)
 		if !errors.Is(err, kv.ErrExists) {

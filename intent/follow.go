@@ -14,7 +14,7 @@ import (
 
 // Record reads the record of key as stored now.
 func (c *Core) Record(ctx context.Context, key string) (*kv.Record, error) {
-	rec, _, err := c.storeOf(key).Get(ctx, key)
+	rec, _, err := c.read(ctx, key)
 	if err != nil {
 		return nil, fmt.Errorf("intent: read %s: %w", key, err)
 	}
@@ -82,7 +82,7 @@ func (c *Core) FindJob(ctx context.Context, tenant, id string) (key string, rec 
 		c.decoyLookup(ctx, tenant, id)
 		return "", nil, 0, ErrNoJob
 	}
-	key, err = c.parts[p].Store.JobKey(ctx, id)
+	key, err = c.jobKey(ctx, p, id)
 	if errors.Is(err, kv.ErrNotFound) {
 		c.decoyLookup(ctx, tenant, id)
 		return "", nil, 0, ErrNoJob
@@ -90,7 +90,7 @@ func (c *Core) FindJob(ctx context.Context, tenant, id string) (key string, rec 
 	if err != nil {
 		return "", nil, 0, fmt.Errorf("intent: job %s: %w", id, err)
 	}
-	rec, rev, err = c.storeOf(key).Get(ctx, key)
+	rec, rev, err = c.read(ctx, key)
 	if errors.Is(err, kv.ErrNotFound) {
 		return "", nil, 0, ErrNoJob
 	}
@@ -139,7 +139,7 @@ func (c *Core) decoyLookup(ctx context.Context, tenant, id string) {
 // "auto-…" one) and its record key; ErrNoRecord if there is none for this tenant.
 func (c *Core) Lookup(ctx context.Context, tenant, key string) (string, *kv.Record, error) {
 	recKey := LookupKey(len(c.parts), tenant, key)
-	rec, _, err := c.storeOf(recKey).Get(ctx, recKey)
+	rec, _, err := c.read(ctx, recKey)
 	if errors.Is(err, kv.ErrNotFound) || (err == nil && rec.Tenant != tenant) {
 		return "", nil, ErrNoRecord
 	}

@@ -133,6 +133,9 @@ type Deps struct {
 	Offer Offerer
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// Cold is the cold tier, when idempotency.hot_ttl is below the TTL (nil: none, every
+	// record stays in the hot bucket for the whole TTL).
+	Cold ColdTier
 }
 
 // Partition is one partition's records (its IDEM copy) and the hub that follows its
@@ -170,6 +173,7 @@ type Core struct {
 	prices   ledger.Prices
 	opts     Options
 	finished *finishedCache // nil: off
+	cold     ColdTier       // nil: no cold tier
 	live     *liveKeys
 	log      zerolog.Logger
 	metrics  *telemetry.Metrics
@@ -193,7 +197,7 @@ type Core struct {
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, parts: d.Partitions, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, now: d.Now,
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, now: d.Now, cold: d.Cold,
 		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now

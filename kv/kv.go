@@ -64,6 +64,10 @@ var (
 type BucketConfig struct {
 	// TTL is how long a key's record is kept after its last write.
 	TTL time.Duration
+	// HotTTL, when set below TTL, is how long the bucket itself keeps a record (the cold tier,
+	// package cold, keeps it until TTL). Open never lowers an existing bucket's MaxAge to it:
+	// the records older than HotTTL must be in the cold tier first (LowerToHot).
+	HotTTL time.Duration
 	// Replicas of the bucket, the job index, the progress and the requests streams (0 or 1:
 	// one). Open keeps an existing stream's count when it is larger.
 	Replicas int
@@ -128,7 +132,7 @@ type Store struct {
 // also how a gateway recreates the two memory streams after a NATS restart lost them.
 func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store, error) {
 	n := namesOf(cfg.Partition)
-	kvc := replicas.RecordsKV(n.bucket, cfg.TTL, cfg.Replicas)
+	kvc := replicas.RecordsKV(n.bucket, bucketMaxAge(ctx, js, n.stream, cfg), cfg.Replicas)
 	kvc.Placement = cfg.Placement
 	kvs, err := replicas.EnsureKV(ctx, js, kvc)
 	if err != nil {
@@ -147,6 +151,38 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 		inlineMax = DefaultInlineRequestMax
 	}
 	return &Store{kv: kvs, prog: prog, reqs: reqs, inlineMax: inlineMax, storing: make(chan struct{}, 1), pieceBufs: newPieceBufs(), js: js, ttl: cfg.TTL, leader: &leaderClock{}, names: n}, nil
+}
+
+// bucketMaxAge is the MaxAge Open gives the bucket: TTL, or HotTTL with a cold tier unless the
+// bucket exists with a longer MaxAge (its records have not all been moved yet).
+func bucketMaxAge(ctx context.Context, js jetstream.JetStream, stream string, cfg BucketConfig) time.Duration {
+	if cfg.HotTTL <= 0 || cfg.HotTTL >= cfg.TTL {
+		return cfg.TTL
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return cfg.HotTTL
+	}
+	return min(max(st.CachedInfo().Config.MaxAge, cfg.HotTTL), cfg.TTL)
+}
+
+// LowerToHot sets the bucket's MaxAge to hot (see BucketConfig.HotTTL): for the cold tier to
+// call once it holds every record older than hot. The cold tier covers partition 0's bucket
+// only (a partitioned store has none: config refuses hot_ttl with nats.partitions above 1).
+func LowerToHot(ctx context.Context, js jetstream.JetStream, hot time.Duration) error {
+	st, err := js.Stream(ctx, BucketStream)
+	if err != nil {
+		return fmt.Errorf("kv: %s: %w", BucketStream, err)
+	}
+	c := st.CachedInfo().Config
+	if c.MaxAge <= hot {
+		return nil
+	}
+	c.MaxAge = hot
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		return fmt.Errorf("kv: lower %s to %s: %w", BucketStream, hot, err)
+	}
+	return nil
 }
 
 // BucketStream is the stream behind the bucket (partition 0's; Stream names the store's).
@@ -573,6 +609,10 @@ type Expired struct {
 
 // jobIndexKey is where a job id points at its record key (same bucket, same TTL).
 func jobIndexKey(jobID string) string { return "job." + jobID }
+
+// JobIndexKey is the key under which IndexJob stores job jobID's record key: the cold tier
+// keeps it as it keeps records (its value is the record key).
+func JobIndexKey(jobID string) string { return jobIndexKey(jobID) }
 
 // IndexJob records that job jobID belongs to record key, in the synced bucket, and waits: for
 // the jobs whose id is the client's only handle (answered 202, or retrievable). A put of the

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/oncegate/oncegate/cold"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/testkit"
@@ -33,7 +34,9 @@ var (
 	keys        = flag.Int("retention.keys", 0, "completed keys to write and keep (issue 36 measures 1,000,000); 0 skips TestRetention")
 	heapProfile = flag.String("retention.heapprofile", "", "write a heap profile here after the settle, while the keys are retained (go tool pprof -sample_index=inuse_space)")
 	writers     = flag.Int("retention.writers", 64, "keys written at once")
+	rate        = flag.Int("retention.rate", 0, "keys written per second at most (0: as fast as the writers go); a gateway's own rate is 1,000-2,000 new intents/s per node")
 	settle      = flag.Duration("retention.settle", 30*time.Second, "wait after the writes before measuring, so the server's caches of just-written blocks expire")
+	hotTTL      = flag.Duration("retention.hot", 0, "TestRetention: keep the keys in the IDEM bucket this long (idempotency.hot_ttl) and the rest of the day in the cold tier (issue 46); the measurement waits until every key has left the hot tier. 0: every key hot for the TTL")
 	crashDir    = flag.String("retention.crashdir", "", "TestCrashImage: the gateway data directory to write -retention.keys keys into before the process SIGKILLs itself (bench/crash-restart.sh)")
 )
 
@@ -60,12 +63,19 @@ func TestRetention(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Hour)
 	defer cancel()
 	s := testkit.RunJetStream(t, time.Second)
-	st, err := kv.Open(ctx, s.JS, kv.BucketConfig{TTL: 24 * time.Hour})
+	st, err := kv.Open(ctx, s.JS, kv.BucketConfig{TTL: 24 * time.Hour, HotTTL: *hotTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var tier *cold.Tier
+	if *hotTTL > 0 {
+		tier = runCold(ctx, t, s.JS, *hotTTL)
+	}
 	if err := write(ctx, st, benchTenant, 0, warmKeys); err != nil {
 		t.Fatal(err)
+	}
+	if tier != nil {
+		leftHot(ctx, t, s.JS, tier)
 	}
 	before := measure()
 	start := time.Now()
@@ -74,6 +84,19 @@ func TestRetention(t *testing.T) {
 	}
 	took := time.Since(start)
 	written := measure()
+	if tier != nil {
+		leftHot(ctx, t, s.JS, tier)
+		t.Logf("every key left the hot tier %s after the last write", time.Since(start.Add(took)).Round(time.Second))
+		n, err := tier.Records(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n < uint64(warmKeys+*keys) {
+			t.Fatalf("the cold tier holds %d records of %d keys: the mover fell behind and records expired uncopied", n, warmKeys+*keys)
+		} else {
+			t.Logf("the cold tier holds %d records (a claim copied before its outcome replaced it counts too)", n)
+		}
+	}
 	time.Sleep(*settle)
 	after := measure()
 	if *heapProfile != "" {
@@ -87,7 +110,7 @@ func TestRetention(t *testing.T) {
 	t.Logf("per retained key: RSS %+.0f B, Go heap in use %+.0f B (the embedded server's indexes and the client's, in one process)",
 		float64(after.rss-before.rss)/n, float64(after.heap-before.heap)/n)
 	for _, i := range []int{warmKeys, warmKeys + *keys - 1} {
-		rec, _, err := st.Get(ctx, keyOf(benchTenant, i))
+		rec, err := replay(ctx, st, tier, keyOf(benchTenant, i))
 		if err != nil {
 			t.Fatalf("replay of key %d: %v", i, err)
 		}
@@ -95,6 +118,66 @@ func TestRetention(t *testing.T) {
 			t.Fatalf("replay of key %d: state %s, body %q; want the completed body written", i, rec.State, resultBody(rec))
 		}
 	}
+}
+
+// runCold runs a cold tier beside the bucket (its index in a temporary directory) until the
+// test ends.
+func runCold(ctx context.Context, t *testing.T, js jetstream.JetStream, hot time.Duration) *cold.Tier {
+	return runColdIn(ctx, t, js, hot, filepath.Join(t.TempDir(), "cold"))
+}
+
+// runColdIn is runCold with the index in dir.
+func runColdIn(ctx context.Context, t *testing.T, js jetstream.JetStream, hot time.Duration, dir string) *cold.Tier {
+	tier, err := cold.Open(ctx, js, cold.Config{HotTTL: hot, TTL: 24 * time.Hour, Source: kv.BucketStream,
+		Prefix: "$KV." + kv.Bucket + ".", Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tier.Run(rctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = tier.Close()
+	})
+	return tier
+}
+
+// leftHot waits until the bucket holds no key (each expired from the hot tier) and the cold
+// index is ready.
+func leftHot(ctx context.Context, t *testing.T, js jetstream.JetStream, tier *cold.Tier) {
+	t.Helper()
+	testkit.CheckFor(t, 2*time.Hour, time.Second, func() error {
+		s, err := js.Stream(ctx, kv.BucketStream)
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n > 0 {
+			return fmt.Errorf("%d keys still hot", n)
+		}
+		return tier.Ready(time.Now())
+	})
+}
+
+// replay reads key's record as admission would: from the bucket, else from the cold tier.
+func replay(ctx context.Context, st *kv.Store, tier *cold.Tier, key string) (*kv.Record, error) {
+	if tier == nil {
+		rec, _, err := st.Get(ctx, key)
+		return rec, err
+	}
+	h, ok, err := tier.Lookup(key, time.Now())
+	if err != nil || !ok {
+		return nil, fmt.Errorf("not in the cold tier (%v)", err)
+	}
+	data, err := tier.Read(ctx, key, h)
+	if err != nil {
+		return nil, err
+	}
+	return kv.Decode(data)
 }
 
 // TestCrashImage leaves a crashed gateway's store behind: -retention.keys completed keys written
@@ -122,15 +205,27 @@ func TestCrashImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: 24 * time.Hour})
+	st, err := kv.Open(ctx, js, kv.BucketConfig{TTL: 24 * time.Hour, HotTTL: *hotTTL})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var tier *cold.Tier
+	if *hotTTL > 0 { // the gateway's layout: its cold index in the data directory's cold/
+		tier = runColdIn(ctx, t, js, *hotTTL, filepath.Join(*crashDir, "cold"))
 	}
 	start := time.Now()
 	if err := write(ctx, st, crashTenant, 0, *keys); err != nil {
 		t.Fatal(err)
 	}
 	fmt.Printf("%d keys written in %s (%.0f/s)\n", *keys, time.Since(start).Round(time.Millisecond), float64(*keys)/time.Since(start).Seconds())
+	if tier != nil {
+		leftHot(ctx, t, js, tier)
+		n, err := tier.Records(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("every key left the hot tier %s after the first write; the cold tier holds %d records\n", time.Since(start).Round(time.Second), n)
+	}
 	time.Sleep(2 * time.Second) // past a sync: what was acknowledged is on disk
 	fmt.Println("SIGKILL")
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -149,11 +244,13 @@ func writeHeapProfile(t *testing.T, path string) {
 	}
 }
 
-// usage is the process's memory at one moment.
-type usage struct{ rss, heap int64 }
+// usage is the process's memory at one moment: RSS, the Go heap in use, and the runtime's
+// memory outside the heap that a burst leaves behind (span and GC metadata, stacks, other).
+type usage struct{ rss, heap, runtime int64 }
 
 func (u usage) String() string {
-	return fmt.Sprintf("RSS %.1f MiB, Go heap in use %.1f MiB", float64(u.rss)/(1<<20), float64(u.heap)/(1<<20))
+	return fmt.Sprintf("RSS %.1f MiB, Go heap in use %.1f MiB, runtime metadata and stacks %.1f MiB",
+		float64(u.rss)/(1<<20), float64(u.heap)/(1<<20), float64(u.runtime)/(1<<20))
 }
 
 // measure collects (twice, so that finalizers' frees are counted), returns freed pages to the
@@ -163,7 +260,8 @@ func measure() usage {
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return usage{rss: rss(), heap: int64(ms.HeapInuse)}
+	return usage{rss: rss(), heap: int64(ms.HeapInuse),
+		runtime: int64(ms.MSpanSys + ms.MCacheSys + ms.BuckHashSys + ms.GCSys + ms.OtherSys + ms.StackSys)}
 }
 
 // rss is the process's resident set from /proc (0 where there is none).
@@ -186,6 +284,7 @@ func rss() int64 {
 func write(ctx context.Context, st *kv.Store, tenant string, from, to int) error {
 	var next atomic.Int64
 	next.Store(int64(from))
+	start := time.Now()
 	var first error
 	var once sync.Once
 	var wg sync.WaitGroup
@@ -195,6 +294,9 @@ func write(ctx context.Context, st *kv.Store, tenant string, from, to int) error
 				i := int(next.Add(1) - 1)
 				if i >= to || ctx.Err() != nil {
 					return
+				}
+				if *rate > 0 { // key i is due at start + (i-from)/rate
+					time.Sleep(time.Until(start.Add(time.Duration(i-from) * time.Second / time.Duration(*rate))))
 				}
 				if err := writeKey(ctx, st, tenant, i); err != nil {
 					once.Do(func() { first = err })

@@ -67,6 +67,7 @@ var floors = map[string]int{
 	"jobs":      2,
 	"ledger":    2,
 	"dashboard": 2,
+	"cold":      2,
 	// 3: the exactly-once core.
 	"intent": 3,
 	// 4: the two faces of the core.

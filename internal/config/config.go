@@ -218,6 +218,10 @@ type Idempotency struct {
 	// TTL is how long a key's record, and the result it holds, is kept: a copy within it is
 	// replayed, after it the key is new.
 	TTL Duration `yaml:"ttl"`
+	// HotTTL is how long a key's record stays in the IDEM bucket (the hot tier); after it the
+	// record is found in the cold tier (OG_COLD, indexed on each node's disk) until TTL. 0 or
+	// TTL: no cold tier, every record stays hot for the whole TTL.
+	HotTTL Duration `yaml:"hot_ttl"`
 	// AutoWindow is how long identical requests without an Idempotency-Key are one intent,
 	// measured from when each reached the gateway (a declared retry matches for the whole TTL).
 	AutoWindow Duration `yaml:"auto_window"`
@@ -800,4 +804,16 @@ func (c *Config) Backend(name string) (Backend, bool) {
 		}
 	}
 	return Backend{}, false
+}
+
+// ColdTier reports whether records move from the hot IDEM bucket to the cold tier: a hot TTL
+// set below the TTL.
+func (i Idempotency) ColdTier() bool { return i.HotTTL > 0 && i.HotTTL < i.TTL }
+
+// Hot is how long a record stays in the IDEM bucket: the hot TTL with a cold tier, else TTL.
+func (i Idempotency) Hot() time.Duration {
+	if i.ColdTier() {
+		return i.HotTTL.D()
+	}
+	return i.TTL.D()
 }

@@ -132,6 +132,11 @@ func (c *Config) Validate() error {
 	v.http(&c.HTTP)
 	v.workers(&c.Workers)
 	v.idempotency(&c.Idempotency)
+	if h := c.Idempotency.HotTTL.D(); c.NATS.Partitions > 1 && h > 0 && h < c.Idempotency.TTL.D() {
+		// The cold tier moves one IDEM bucket's records; a partitioned store has one per
+		// partition.
+		v.add("idempotency.hot_ttl", "the cold tier is not available with nats.partitions above 1 (%d): set hot_ttl to 0", c.NATS.Partitions)
+	}
 	v.admission(&c.Admission, c.HTTP.MaxBodyBytes)
 	v.backends(c.Backends)
 	v.routes(c.Routes, c.Backends)
@@ -367,6 +372,7 @@ func (v *validator) idempotency(i *Idempotency) {
 		v.add("idempotency.auto_window", "must be less than idempotency.ttl (%s), got %s", i.TTL, i.AutoWindow)
 	}
 	v.positive("idempotency.max_wait", i.MaxWait)
+	v.hotTTL(i)
 	if i.ReplayCacheBytes < 0 || i.ReplayCacheBytes > maxReplayCache {
 		v.add("idempotency.replay_cache_bytes", "must be between 0 (off) and %d (4 GiB), got %d", int64(maxReplayCache), i.ReplayCacheBytes)
 	}
@@ -805,5 +811,25 @@ func (v *validator) tracing(t *Tracing) {
 	}
 	if t.SampleRatio < 0 || t.SampleRatio > 1 {
 		v.add("tracing.sample_ratio", "must be between 0 and 1, got %g", t.SampleRatio)
+	}
+}
+
+// minHotTTL is the least hot TTL: a running execution's record is rewritten by its lease
+// renewals and so stays hot, and one the hot tier lets go must have gone without a write for
+// well over a lease.
+const minHotTTL = 4 * time.Second
+
+// hotTTL checks idempotency.hot_ttl: 0 (off), or between twice the lease and the auto window
+// (and minHotTTL) and the TTL.
+func (v *validator) hotTTL(i *Idempotency) {
+	h := i.HotTTL.D()
+	switch {
+	case h == 0 || h == i.TTL.D():
+	case h < 0 || h > i.TTL.D():
+		v.add("idempotency.hot_ttl", "must be between 0 (no cold tier) and idempotency.ttl (%s), got %s", i.TTL, i.HotTTL)
+	case h < max(minHotTTL, 2*i.Lease.D(), 2*i.AutoWindow.D()):
+		v.add("idempotency.hot_ttl",
+			"must be at least twice idempotency.lease (%s) and idempotency.auto_window (%s), and at least %s, got %s: a record leaves the hot tier once it has gone that long without a write",
+			i.Lease, i.AutoWindow, minHotTTL, i.HotTTL)
 	}
 }

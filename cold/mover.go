@@ -1,0 +1,188 @@
+package cold
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/internal/jsdirect"
+	"github.com/oncegate/oncegate/internal/jsleader"
+)
+
+// moveBatch is how many hot messages one direct get reads; a mark follows each batch, so a
+// mover that stops loses at most one batch's work.
+const moveBatch = 512
+
+// errMarkMoved: another node's mover advanced the mark first; this round stops.
+var errMarkMoved = errors.New("cold: another mover advanced the mark")
+
+// runMover runs a round now and every cfg.Every until ctx ends.
+func (t *Tier) runMover(ctx context.Context) {
+	tick := time.NewTicker(t.cfg.Every)
+	defer tick.Stop()
+	for {
+		if err := t.moveRound(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, errMarkMoved) {
+			t.cfg.Log.Warn().Err(err).Msg("cold tier: moving hot records")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// lastMark reads the last mark from OG_COLD's leader: the mark and its sequence (0, 0: none).
+func (t *Tier) lastMark(ctx context.Context) (mark, uint64, time.Time, error) {
+	m, err := jsleader.Get(ctx, t.js.Conn(), jsleader.APIPrefix(t.js), Stream, jsleader.Request{LastBySubject: markSubject})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return mark{}, 0, time.Time{}, nil
+	}
+	if err != nil {
+		return mark{}, 0, time.Time{}, fmt.Errorf("cold: read the last mark: %w", err)
+	}
+	var mk mark
+	if err := json.Unmarshal(m.Data, &mk); err != nil {
+		return mark{}, 0, time.Time{}, fmt.Errorf("cold: mark %d: %w", m.Seq, err)
+	}
+	return mk, m.Seq, m.Time, nil
+}
+
+// moverStale is how long after another node's last mark this node's mover takes the rounds
+// over: that mover stopped (or its node did). Until then this node's rounds only read the
+// mark, so a cluster's nodes do not each copy every record.
+func (t *Tier) moverStale() time.Duration { return 3*t.cfg.Every + time.Second }
+
+// moveRound copies the hot messages older than MoveAfter that the last mark does not cover,
+// then marks them. A round that loses the mark's compare-and-set to another node stops: its
+// copies are duplicates (Nats-Msg-Id) or harmless (the index keeps a key's newest revision).
+func (t *Tier) moveRound(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	mk, markSeq, marked, err := t.lastMark(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	if mk.Node != "" && mk.Node != t.cfg.Node && now.Sub(marked) < t.moverStale() {
+		return nil // another node's mover is at work
+	}
+	cutoff := now.Add(-t.cfg.MoveAfter)
+	if mk.W > 0 && time.Unix(0, mk.W).Before(now.Add(-t.cfg.HotTTL)) {
+		// Records written before now - HotTTL may have expired from the hot bucket uncopied.
+		t.cfg.Log.Error().Time("watermark", time.Unix(0, mk.W)).Dur("hot_ttl", t.cfg.HotTTL).
+			Msg("cold tier: no mover ran for longer than half the hot TTL; records that left the hot tier meanwhile may not have been copied, and their keys would be new")
+	}
+	src, err := t.js.Stream(ctx, t.cfg.Source)
+	if err != nil {
+		return fmt.Errorf("cold: %s: %w", t.cfg.Source, err)
+	}
+	state := src.CachedInfo().State // read from the leader just now
+	last, empty := state.LastSeq, state.Msgs == 0
+	prefix := jsleader.APIPrefix(t.js)
+	for {
+		msgs, full, err := jsdirect.Batch(ctx, t.js.Conn(), prefix, t.cfg.Source, t.cfg.Prefix+">", mk.Seq+1, moveBatch)
+		if err != nil {
+			return fmt.Errorf("cold: read %s from %d: %w", t.cfg.Source, mk.Seq+1, err)
+		}
+		next, reached, err := t.copyAll(ctx, msgs, cutoff)
+		if err != nil {
+			return err
+		}
+		next.Node = t.cfg.Node
+		// Caught up: a message at the cutoff was reached, or the batch read through the leader's
+		// last message (a replica behind it answers a short batch), or the bucket holds none.
+		caughtUp := reached || (!full && (max(next.Seq, mk.Seq) >= last || empty))
+		if caughtUp {
+			next.W = cutoff.UnixNano()
+		}
+		next.Seq, next.W = max(next.Seq, mk.Seq), max(next.W, mk.W)
+		if markSeq, err = t.publishMark(ctx, next, markSeq); err != nil {
+			return err
+		}
+		mk = next
+		if caughtUp || !full {
+			return nil // done, or a replica behind its leader: the next round goes on
+		}
+	}
+}
+
+// copyAll publishes msgs to OG_COLD up to the first one stored at or after cutoff (reached),
+// and waits for their acknowledgements; the mark that covers them.
+func (t *Tier) copyAll(ctx context.Context, msgs []jsdirect.Msg, cutoff time.Time) (mark, bool, error) {
+	var mk mark
+	var acks []jetstream.PubAckFuture
+	reached := false
+	for _, m := range msgs {
+		stored, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+		if err != nil {
+			return mark{}, false, fmt.Errorf("cold: %s %d: stored time: %w", t.cfg.Source, m.Seq, err)
+		}
+		if !stored.Before(cutoff) {
+			reached = true
+			break
+		}
+		if m.Header.Get("Nats-Marker-Reason") == "" { // an expiry marker is no write
+			f, err := t.js.PublishMsgAsync(t.copyOf(m, stored))
+			if err != nil {
+				return mark{}, false, fmt.Errorf("cold: copy %d: %w", m.Seq, err)
+			}
+			acks = append(acks, f)
+		}
+		mk = mark{Seq: m.Seq, W: stored.UnixNano()}
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return mark{}, false, fmt.Errorf("cold: copy: %w", err)
+		case <-ctx.Done():
+			return mark{}, false, ctx.Err()
+		}
+	}
+	return mk, reached, nil
+}
+
+// copyOf is the OG_COLD message of hot message m, stored at stored.
+func (t *Tier) copyOf(m jsdirect.Msg, stored time.Time) *nats.Msg {
+	key := strings.TrimPrefix(m.Subject, t.cfg.Prefix)
+	c := nats.NewMsg(recordSubject(stored))
+	c.Header.Set(hdrKey, key)
+	c.Header.Set(hdrRev, strconv.FormatUint(m.Seq, 10))
+	c.Header.Set(hdrWritten, strconv.FormatInt(stored.UnixNano(), 10))
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		c.Header.Set(hdrOp, "del")
+	} else {
+		c.Data = m.Data
+	}
+	c.Header.Set(jetstream.MsgIDHeader, key+"."+strconv.FormatUint(m.Seq, 10))
+	return c
+}
+
+// publishMark writes mk if the last mark is still at seq; its sequence.
+func (t *Tier) publishMark(ctx context.Context, mk mark, seq uint64) (uint64, error) {
+	data, err := json.Marshal(mk)
+	if err != nil {
+		return 0, err
+	}
+	m := nats.NewMsg(markSubject)
+	m.Data = data
+	expectLast(m, seq)
+	ack, err := t.js.PublishMsg(ctx, m)
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		return 0, errMarkMoved
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cold: publish mark: %w", err)
+	}
+	return ack.Sequence, nil
+}
