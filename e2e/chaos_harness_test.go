@@ -38,6 +38,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/jobs"
 )
@@ -421,6 +422,12 @@ func startChaos(t *testing.T, row string, opts ...chaosOption) *chaosEnv {
 		t.FailNow()
 	}
 	c.waitSettled()
+	if *chaosPartitions > 1 { // the processes run on the partitioned store: its last copy exists
+		last := jobs.JobsStreamOf(partition.P(*chaosPartitions - 1))
+		if _, err := c.js.Stream(context.Background(), last); err != nil {
+			t.Fatalf("-chaos.partitions %d: stream %s: %v", *chaosPartitions, last, err)
+		}
+	}
 	n, err := c.nats.ClientConns()
 	if err != nil {
 		t.Fatal(err)
