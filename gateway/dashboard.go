@@ -53,6 +53,9 @@ func (g *Gateway) openDashboard(js jetstream.JetStream) func(context.Context) (j
 // how many run in all.
 func (ps poolOf) Running(max int) (rows []dashboard.Execution, total int) {
 	for _, p := range ps {
+		if p == nil {
+			continue
+		}
 		r, n := p.Running(max)
 		rows, total = append(rows, r...), total+n
 	}
@@ -66,6 +69,9 @@ func (ps poolOf) Running(max int) (rows []dashboard.Execution, total int) {
 func (ps poolOf) Events(max int) []dashboard.Event {
 	var out []dashboard.Event
 	for _, p := range ps {
+		if p == nil {
+			continue
+		}
 		out = append(out, p.Events(max)...)
 	}
 	slices.SortFunc(out, func(a, b dashboard.Event) int { return b.At.Compare(a.At) })

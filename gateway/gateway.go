@@ -531,7 +531,8 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	if err != nil {
 		return err
 	}
-	js, store, board := side.js, side.stores[0], side.board
+	own := g.ownPartitions()
+	js, store, board := side.js, side.stores[own[0]], side.board
 	led := g.newLedger(js) // one ledger for the charges and the reconciler: they share its state
 	backends := map[string]workers.Backend{}
 	for _, b := range g.cfg.Backends {
@@ -554,11 +555,12 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
 		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, CaptureContent: g.cfg.Tracing.CaptureContent, Dialects: g.dialects, Running: posts.Posting,
-		Log: g.log.With().Str("component", "workers").Logger(),
+		Partition: own[0], Log: g.log.With().Str("component", "workers").Logger(),
 	})
-	g.pool, g.pools = pool, []*workers.Pool{pool}
-	for p, st := range side.stores[1:] {
-		g.pools = append(g.pools, pool.Sibling(st, partition.P(p+1), led))
+	g.pool, g.pools = pool, make([]*workers.Pool, len(side.stores))
+	g.pools[own[0]] = pool
+	for _, p := range own[1:] {
+		g.pools[p] = pool.Sibling(side.stores[p], p, led)
 	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.stopWorkers, g.workersDone = cancel, make(chan struct{})
@@ -572,6 +574,9 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 		defer func() { <-reconciled }()
 		var wg sync.WaitGroup
 		for p, pl := range g.pools {
+			if pl == nil {
+				continue
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -588,7 +593,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 			g.log.Debug().Err(err).Msg("removing this worker's status")
 		}
 	}()
-	g.log.Info().Int("concurrency", g.cfg.Workers.Concurrency).Int("partitions", len(g.pools)).Msg("workers started")
+	g.log.Info().Int("concurrency", g.cfg.Workers.Concurrency).Int("partitions", len(own)).Msg("workers started")
 	return nil
 }
 
@@ -744,22 +749,50 @@ func (l longestWait) Wait() time.Duration {
 	return w
 }
 
-// poolOf runs and offers each key's execution on its partition's pool.
+// ownPartitions are the partitions this node's workers take jobs of: with
+// nats.place_partitions, those whose servers this node's server is (its og-p<k> tags), so a
+// node works the jobs its own servers lead and the other partitions' jobs cross no route to it;
+// else, or on a node tagged for none, every partition.
+func (g *Gateway) ownPartitions() []partition.P {
+	all := partition.All(g.res.parts)
+	if !g.cfg.NATS.PlacePartitions {
+		return all
+	}
+	var own []partition.P
+	for _, p := range all {
+		if slices.Contains(g.cfg.NATS.Cluster.Tags, p.Tag()) {
+			own = append(own, p)
+		}
+	}
+	if len(own) == 0 {
+		return all
+	}
+	return own
+}
+
+// poolOf runs and offers each key's execution on its partition's pool; nil where this node
+// runs no pool of that partition (its jobs go through JOBS to the nodes that do).
 type poolOf []*workers.Pool
 
 func (ps poolOf) pool(key string) *workers.Pool {
 	if p := int(partition.OfKey(key)); p < len(ps) {
 		return ps[p]
 	}
-	return ps[0]
+	return nil
 }
 
 func (ps poolOf) RunLocal(job *jobs.Job, rec *kv.Record, out *jobs.LocalPublisher) bool {
-	return ps.pool(job.Key).RunLocal(job, rec, out)
+	if p := ps.pool(job.Key); p != nil {
+		return p.RunLocal(job, rec, out)
+	}
+	return false
 }
 
 func (ps poolOf) Offer(key string, epoch int, rev uint64, rec *kv.Record) (withdraw func()) {
-	return ps.pool(key).Offer(key, epoch, rev, rec)
+	if p := ps.pool(key); p != nil {
+		return p.Offer(key, epoch, rev, rec)
+	}
+	return func() {}
 }
 
 // loop is a goroutine the gateway owns until Stop ends it.
