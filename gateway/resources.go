@@ -217,9 +217,7 @@ func (r *resources) Check(ctx context.Context) error {
 		return errors.New(why)
 	}
 	if r.parts == 1 {
-		err := r.admits(ctx, 0)
-		r.record(0, err, time.Now())
-		return err
+		return r.admits(ctx, 0) // nothing to list per partition (Partitions stays empty)
 	}
 	// With partitions, the node is ready while one partition admits: a request of a partition
 	// that cannot is answered 503 store_unavailable with Retry-After by its own admission,
@@ -305,7 +303,7 @@ func (r *resources) partitionStreams(p partition.P) []string {
 }
 
 // Partitions is what the last checks found of every partition (/readyz's detail, the
-// partition metrics); empty before the first check.
+// partition metrics); empty before the first check, and always with one partition.
 func (r *resources) Partitions() []partition.State {
 	r.partMu.Lock()
 	defer r.partMu.Unlock()
