@@ -37,7 +37,7 @@ func (t *Tier) apply(ctx context.Context) error {
 	if a := t.applied.Load(); a > 0 {
 		cc = jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: a + 1}
 	}
-	cons, err := t.js.OrderedConsumer(ctx, Stream, cc)
+	cons, err := t.js.OrderedConsumer(ctx, t.name, cc)
 	if err != nil {
 		return fmt.Errorf("cold: consumer: %w", err)
 	}
@@ -98,7 +98,7 @@ func (t *Tier) applyOne(b *batch, msg jetstream.Msg, wm *time.Time) error {
 	if err != nil {
 		return err
 	}
-	if msg.Subject() == markSubject {
+	if msg.Subject() == t.mark {
 		var mk mark
 		if err := json.Unmarshal(msg.Data(), &mk); err != nil {
 			return fmt.Errorf("cold: mark: %w", err)

@@ -16,13 +16,16 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/replicas"
 )
 
-// Stream is the cold tier's stream.
+// Stream is the cold tier's stream (partition 0's; partition k's is OG_COLD_P<k>, with its
+// subjects under "p<k>.": Config.Partition).
 const Stream = "OG_COLD"
 
-// Subjects: records on recSubject.<unix hour of the write>, the mover's marks on markSubject.
+// Subjects: records on recSubject.<unix hour of the write>, the mover's marks on markSubject
+// (partition 0's; a partition's are partition.P.Subject of them).
 const (
 	recSubject  = "og.cold.r"
 	markSubject = "og.cold.mark"
@@ -68,6 +71,10 @@ type Config struct {
 	Log                      zerolog.Logger
 	// Node names this node's mover in its marks ("": a random name).
 	Node string
+	// Partition is the partition whose hot bucket Source is: its copies go to its own OG_COLD
+	// (partition.P.Stream), placed by Placement when set (the partition's own servers).
+	Partition partition.P
+	Placement *jetstream.Placement
 }
 
 func (c *Config) defaults() {
@@ -92,7 +99,10 @@ type Tier struct {
 	cfg    Config
 	js     jetstream.JetStream
 	stream jetstream.Stream
-	ix     *index
+	// name is the partition's OG_COLD, rec and mark its record subjects' prefix and its mark
+	// subject.
+	name, rec, mark string
+	ix              *index
 	// watermark is the applied mark's W in unix ns: every hot message written before it is
 	// in this node's index.
 	watermark atomic.Int64
@@ -106,17 +116,18 @@ type Tier struct {
 // of OG_COLD when it is missing or unreadable, or holds more than the stream (recreated).
 func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tier, error) {
 	cfg.defaults()
-	st, err := replicas.Ensure(ctx, js, jetstream.StreamConfig{Name: Stream, Subjects: []string{recSubject + ".*", markSubject},
+	name, rec, mk := cfg.Partition.Stream(Stream), cfg.Partition.Subject(recSubject), cfg.Partition.Subject(markSubject)
+	st, err := replicas.Ensure(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{rec + ".*", mk},
 		Storage: jetstream.FileStorage, MaxAge: cfg.TTL, Replicas: max(cfg.Replicas, 1), AllowDirect: true,
-		Duplicates: dupWindow, Discard: jetstream.DiscardOld})
+		Duplicates: dupWindow, Discard: jetstream.DiscardOld, Placement: cfg.Placement})
 	if err != nil {
-		return nil, fmt.Errorf("cold: open stream %s: %w", Stream, err)
+		return nil, fmt.Errorf("cold: open stream %s: %w", name, err)
 	}
 	ix, rebuilt, err := openIndex(cfg.Dir)
 	if err != nil {
 		return nil, err
 	}
-	t := &Tier{cfg: cfg, js: js, stream: st, ix: ix}
+	t := &Tier{cfg: cfg, js: js, stream: st, ix: ix, name: name, rec: rec, mark: mk}
 	applied, wm, err := ix.state()
 	if err != nil {
 		_ = ix.close()
@@ -209,9 +220,9 @@ func (t *Tier) Read(ctx context.Context, key string, h Hit) ([]byte, error) {
 
 // Records is how many record copies (tombstones included, marks not) OG_COLD holds.
 func (t *Tier) Records(ctx context.Context) (uint64, error) {
-	info, err := t.stream.Info(ctx, jetstream.WithSubjectFilter(recSubject+".>"))
+	info, err := t.stream.Info(ctx, jetstream.WithSubjectFilter(t.rec+".>"))
 	if err != nil {
-		return 0, fmt.Errorf("cold: %s info: %w", Stream, err)
+		return 0, fmt.Errorf("cold: %s info: %w", t.name, err)
 	}
 	var n uint64
 	for _, c := range info.State.Subjects {
@@ -245,8 +256,9 @@ type mark struct {
 	Node string `json:"node,omitempty"`
 }
 
-func recordSubject(written time.Time) string {
-	return recSubject + "." + strconv.FormatUint(uint64(unixHour(written)), 10)
+// recordSubject is the subject of a copy written at written.
+func (t *Tier) recordSubject(written time.Time) string {
+	return t.rec + "." + strconv.FormatUint(uint64(unixHour(written)), 10)
 }
 
 // expectLast is the header of a publish conditional on the subject's last sequence.

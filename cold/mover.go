@@ -41,7 +41,7 @@ func (t *Tier) runMover(ctx context.Context) {
 
 // lastMark reads the last mark from OG_COLD's leader: the mark and its sequence (0, 0: none).
 func (t *Tier) lastMark(ctx context.Context) (mark, uint64, time.Time, error) {
-	m, err := jsleader.Get(ctx, t.js.Conn(), jsleader.APIPrefix(t.js), Stream, jsleader.Request{LastBySubject: markSubject})
+	m, err := jsleader.Get(ctx, t.js.Conn(), jsleader.APIPrefix(t.js), t.name, jsleader.Request{LastBySubject: t.mark})
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return mark{}, 0, time.Time{}, nil
 	}
@@ -153,7 +153,7 @@ func (t *Tier) copyAll(ctx context.Context, msgs []jsdirect.Msg, cutoff time.Tim
 // copyOf is the OG_COLD message of hot message m, stored at stored.
 func (t *Tier) copyOf(m jsdirect.Msg, stored time.Time) *nats.Msg {
 	key := strings.TrimPrefix(m.Subject, t.cfg.Prefix)
-	c := nats.NewMsg(recordSubject(stored))
+	c := nats.NewMsg(t.recordSubject(stored))
 	c.Header.Set(hdrKey, key)
 	c.Header.Set(hdrRev, strconv.FormatUint(m.Seq, 10))
 	c.Header.Set(hdrWritten, strconv.FormatInt(stored.UnixNano(), 10))
@@ -172,7 +172,7 @@ func (t *Tier) publishMark(ctx context.Context, mk mark, seq uint64) (uint64, er
 	if err != nil {
 		return 0, err
 	}
-	m := nats.NewMsg(markSubject)
+	m := nats.NewMsg(t.mark)
 	m.Data = data
 	expectLast(m, seq)
 	ack, err := t.js.PublishMsg(ctx, m)

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"time"
 
@@ -9,48 +10,64 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/oncegate/oncegate/cold"
-	"github.com/oncegate/oncegate/intent"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/kv"
 )
 
-// coldLoop is an API node's cold tier (issue 46) and the loop that runs it.
+// coldLoop is an API node's cold tiers (issue 46), one per partition, and the loop that runs
+// them.
 type coldLoop struct {
-	tier *cold.Tier
-	run  *loop
-	log  zerolog.Logger
+	tiers []*cold.Tier // by partition
+	run   *loop
+	log   zerolog.Logger
 }
 
-// startCold opens and runs the cold tier when idempotency.hot_ttl is below the TTL (nil
-// otherwise: today's path, every record hot for the whole TTL). Its index lives in the data
-// directory's cold/ (it is rebuilt from OG_COLD when missing). Once it has moved every record
-// older than the hot TTL, it lowers the IDEM bucket's MaxAge to the hot TTL (a bucket made
-// before had the TTL).
+// startCold opens and runs a cold tier per partition when idempotency.hot_ttl is below the TTL
+// (nil otherwise: today's path, every record hot for the whole TTL). Partition 0's index lives
+// in the data directory's cold/, partition k's in p<k>-cold/ (each is rebuilt from its OG_COLD
+// when missing). Once a tier has moved every record older than the hot TTL, it lowers its IDEM
+// bucket's MaxAge to the hot TTL (a bucket made before had the TTL).
 func (g *Gateway) startCold(ctx context.Context, js jetstream.JetStream, log zerolog.Logger) (*coldLoop, error) {
 	idem := g.cfg.Idempotency
 	if !idem.ColdTier() {
 		return nil, nil
 	}
-	dir := ""
-	if g.cfg.DataDir != "" {
-		dir = filepath.Join(g.cfg.DataDir, "cold")
-	}
 	log = log.With().Str("component", "cold").Logger()
-	tier, err := cold.Open(ctx, js, cold.Config{HotTTL: idem.HotTTL.D(), TTL: idem.TTL.D(), Source: kv.BucketStream,
-		Prefix: "$KV." + kv.Bucket + ".", Replicas: g.res.replicas, Dir: dir, Log: log, Node: g.id})
-	if err != nil {
-		return nil, err
+	l := &coldLoop{log: log}
+	for _, p := range partition.All(g.res.parts) {
+		dir := ""
+		if g.cfg.DataDir != "" {
+			dir = filepath.Join(g.cfg.DataDir, p.Tagged("cold")) // cold, p1-cold, ...
+		}
+		source, prefix := kv.BucketNames(p)
+		tier, err := cold.Open(ctx, js, cold.Config{HotTTL: idem.HotTTL.D(), TTL: idem.TTL.D(), Source: source,
+			Prefix: prefix, Replicas: g.res.replicas, Dir: dir, Log: log.With().Int("partition", int(p)).Logger(), Node: g.id,
+			Partition: p, Placement: g.res.placement(p)})
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("partition %d: %w", p, err)
+		}
+		l.tiers = append(l.tiers, tier)
 	}
-	l := &coldLoop{tier: tier, log: log}
 	l.run = startLoop(ctx, func(ctx context.Context) {
-		lowered := make(chan struct{})
-		go func() {
-			defer close(lowered)
-			lowerWhenMoved(ctx, js, tier, idem.HotTTL.D(), log)
-		}()
-		tier.Run(ctx)
-		<-lowered
+		done := make(chan struct{}, 2*len(l.tiers))
+		for p, tier := range l.tiers {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				lowerWhenMoved(ctx, js, tier, partition.P(p), idem.HotTTL.D(), log)
+			}()
+			go func() {
+				defer func() { done <- struct{}{} }()
+				tier.Run(ctx)
+			}()
+		}
+		for range 2 * len(l.tiers) {
+			<-done
+		}
 	})
-	waitReady(ctx, tier, log)
+	for _, tier := range l.tiers {
+		waitReady(ctx, tier, log)
+	}
 	return l, nil
 }
 
@@ -75,15 +92,15 @@ func waitReady(ctx context.Context, tier *cold.Tier, log zerolog.Logger) {
 	}
 }
 
-// lowerWhenMoved lowers IDEM's MaxAge to hot once tier is ready (every record older than hot
-// less its margin is in OG_COLD and applied here).
-func lowerWhenMoved(ctx context.Context, js jetstream.JetStream, tier *cold.Tier, hot time.Duration, log zerolog.Logger) {
+// lowerWhenMoved lowers partition p's IDEM MaxAge to hot once tier is ready (every record
+// older than hot less its margin is in its OG_COLD and applied here).
+func lowerWhenMoved(ctx context.Context, js jetstream.JetStream, tier *cold.Tier, p partition.P, hot time.Duration, log zerolog.Logger) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		if tier.Ready(time.Now()) == nil {
-			if err := kv.LowerToHot(ctx, js, hot); err != nil {
-				log.Warn().Err(err).Msg("lowering the IDEM bucket's MaxAge to the hot TTL")
+			if err := kv.LowerToHot(ctx, js, p, hot); err != nil {
+				log.Warn().Err(err).Int("partition", int(p)).Msg("lowering the IDEM bucket's MaxAge to the hot TTL")
 			} else {
 				return
 			}
@@ -96,21 +113,28 @@ func lowerWhenMoved(ctx context.Context, js jetstream.JetStream, tier *cold.Tier
 	}
 }
 
-// tierOf is the tier for intent (nil: none).
-func (l *coldLoop) tierOf() intent.ColdTier {
+// tierOf is partition p's tier for intent (nil: none).
+func (l *coldLoop) tierOf(p partition.P) *cold.Tier {
 	if l == nil {
 		return nil
 	}
-	return l.tier
+	return l.tiers[p]
 }
 
-// stop ends the loop and closes the index.
+// stop ends the loop and closes the indexes.
 func (l *coldLoop) stop() {
 	if l == nil {
 		return
 	}
 	l.run.stop()
-	if err := l.tier.Close(); err != nil { // the index is a cache of OG_COLD: a rebuild at most
-		l.log.Warn().Err(err).Msg("closing the cold index")
+	l.close()
+}
+
+// close closes the indexes: each is a cache of its OG_COLD, a rebuild at most.
+func (l *coldLoop) close() {
+	for _, tier := range l.tiers {
+		if err := tier.Close(); err != nil {
+			l.log.Warn().Err(err).Msg("closing the cold index")
+		}
 	}
 }

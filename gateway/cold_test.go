@@ -17,9 +17,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/cold"
 	"github.com/oncegate/oncegate/gateway"
+	"github.com/oncegate/oncegate/intent"
 
 	"github.com/oncegate/oncegate/internal/config"
+	"github.com/oncegate/oncegate/internal/partition"
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/kv"
@@ -40,17 +43,18 @@ func coldConfig(cfg *config.Config) *config.Config {
 // leftHot waits until the hot bucket no longer holds any of keys' records (the record keys
 // of the Idempotency-Keys of the anonymous tenant are not known here: the bucket's stream is
 // read instead, for a subject of each message it still has).
-func leftHot(t *testing.T, js jetstream.JetStream) {
+func leftHot(t *testing.T, js jetstream.JetStream, p partition.P) {
 	t.Helper()
+	name, _ := kv.BucketNames(p)
 	testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		st, err := js.Stream(ctx, kv.BucketStream)
+		st, err := js.Stream(ctx, name)
 		if err != nil {
 			return err
 		}
 		if n := st.CachedInfo().State.Msgs; n > 0 {
-			return fmt.Errorf("%s still holds %d messages", kv.BucketStream, n)
+			return fmt.Errorf("%s still holds %d messages", name, n)
 		}
 		return nil
 	})
@@ -69,20 +73,31 @@ func executions(t *testing.T, gws ...*gatewaykit.Gateway) int64 {
 // the cold tier until the TTL: the same request replays byte-identical (what a replay from the
 // hot tier sent, a stream's events too) with no execution; another body with its key is 422;
 // the status and job APIs read it. Without the cold tier's admission the retry executes again.
+//
+// With two partitions each has its own cold tier (OG_COLD_P1 beside OG_COLD): the non-stream
+// key is one of partition 0 and the stream key one of partition 1, and both tiers hold copies.
 func TestColdTierReplays(t *testing.T) {
-	gw := gatewaykit.StartGateway(t, coldConfig(gatewaykit.Config(t)))
+	for _, parts := range []int{1, 2} {
+		t.Run(fmt.Sprintf("partitions=%d", parts), func(t *testing.T) { coldTierReplays(t, parts) })
+	}
+}
+
+func coldTierReplays(t *testing.T, parts int) {
+	cfg := coldConfig(gatewaykit.Config(t))
+	cfg.NATS.Partitions = parts
+	gw := gatewaykit.StartGateway(t, cfg)
 	js := gw.JetStream(t, "cold-test")
 	type sent struct {
 		key, body       string
 		first, hotAgain answer
 	}
 	var all []*sent
-	for _, stream := range []bool{false, true} {
+	for i, stream := range []bool{false, true} {
 		extra := ""
 		if stream {
 			extra = `"stream":true`
 		}
-		s := &sent{key: fmt.Sprintf("cold-%v", stream), body: chatBody(config.MockModel, fmt.Sprintf("kept cold %v", stream), extra)}
+		s := &sent{key: keyIn(parts, partition.P(i%parts), fmt.Sprintf("cold-%v", stream)), body: chatBody(config.MockModel, fmt.Sprintf("kept cold %v", stream), extra)}
 		s.first = post(t, gw, s.body, key(s.key))
 		s.hotAgain = post(t, gw, s.body, key(s.key))
 		if s.first.status != http.StatusOK || s.hotAgain.header.Get("Oncegate-Idempotency") != "replayed" {
@@ -103,7 +118,9 @@ func TestColdTierReplays(t *testing.T) {
 		return nil
 	})
 	before := executions(t, gw)
-	leftHot(t, js)
+	for _, p := range partition.All(parts) {
+		leftHot(t, js, p)
+	}
 	if a := get(t, gw.URL+"/v1/jobs/"+accepted.ID); a.status != http.StatusOK || !bytes.Contains(a.body, []byte(`"completed"`)) {
 		t.Errorf("job API of a cold job: %d %s, want 200 completed", a.status, a.body)
 	}
@@ -128,6 +145,31 @@ func TestColdTierReplays(t *testing.T) {
 	}
 	if got := executions(t, gw) - before; got != 0 {
 		t.Errorf("%d executions after the records left the hot tier, want 0", got)
+	}
+	for _, p := range partition.All(parts) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := js.Stream(ctx, p.Stream(cold.Stream))
+		cancel()
+		if err != nil {
+			t.Fatalf("partition %d's cold tier: %v", p, err)
+		}
+		if n := st.CachedInfo().State.Msgs; n < 2 { // a copy and a mark at least
+			t.Errorf("%s holds %d messages: its partition's records were not copied there", p.Stream(cold.Stream), n)
+		}
+	}
+}
+
+// keyIn is an Idempotency-Key of the anonymous tenant whose record is in partition p of parts:
+// base, or base with the first suffix that lands there.
+func keyIn(parts int, p partition.P, base string) string {
+	for i := 0; ; i++ {
+		k := base
+		if i > 0 {
+			k = fmt.Sprintf("%s-%d", base, i)
+		}
+		if partition.OfKey(intent.RecordKey(parts, "anonymous", k)) == p {
+			return k
+		}
 	}
 }
 
@@ -281,7 +323,7 @@ func TestColdTierCluster(t *testing.T) {
 			t.Fatalf("the record never left the hot tier: %v", boundary())
 		}
 	}
-	leftHot(t, js)
+	leftHot(t, js, 0)
 
 	// Node 2 goes down, loses its cold index, and comes back.
 	dataDir := nodes[1].Cfg.DataDir

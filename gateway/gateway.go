@@ -632,13 +632,18 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if g.cold, err = g.startCold(ctx, js, apiLog); err != nil {
 		return err
 	}
+	for p := range parts {
+		if tier := g.cold.tierOf(partition.P(p)); tier != nil { // never a typed nil
+			parts[p].Cold = tier
+		}
+	}
 	var local intent.LocalRunner // a bypass runs on this node's workers, when it has some
 	var offer intent.Offerer     // and they take the jobs admitted here from memory
 	if g.pool != nil {
 		local, offer = poolOf(g.pools), poolOf(g.pools)
 	}
 	intents := intent.New(intent.Deps{JS: js, Partitions: parts, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
-		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer, Cold: g.cold.tierOf(),
+		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			StoreWait: adm.StoreWait.D(), StoreWaitMax: adm.StoreWaitMax.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,

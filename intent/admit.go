@@ -46,7 +46,7 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 	if adm, ok := c.joinLocal(req); ok {
 		return adm, nil
 	}
-	if c.cold != nil {
+	if c.coldOf(req.Key) != nil {
 		if adm, done, err := c.admitCold(ctx, req); done {
 			return adm, err
 		}

@@ -35,8 +35,9 @@ type ColdTier interface {
 // A key found in neither tier costs no JetStream request here (the index is local).
 func (c *Core) admitCold(ctx context.Context, req *Request) (adm *Admission, done bool, err error) {
 	now := c.now()
-	behind := c.cold.Ready(now)
-	hit, ok, err := c.cold.Lookup(req.Key, now)
+	tier := c.coldOf(req.Key)
+	behind := tier.Ready(now)
+	hit, ok, err := tier.Lookup(req.Key, now)
 	if err != nil {
 		return nil, true, fmt.Errorf("intent: cold tier: %w: %w", kv.ErrUnavailable, err)
 	}
@@ -58,7 +59,7 @@ func (c *Core) admitCold(ctx context.Context, req *Request) (adm *Admission, don
 	case behind != nil:
 		return nil, true, behind // not hot, and the cold index may lack it: never "new"
 	}
-	rec, err = c.readCold(ctx, req.Key, hit)
+	rec, err = c.readCold(ctx, tier, req.Key, hit)
 	switch {
 	case errors.Is(err, cold.ErrNotFound):
 		return nil, false, nil // past its TTL: new
@@ -77,9 +78,12 @@ func (c *Core) admitCold(ctx context.Context, req *Request) (adm *Admission, don
 	return explain(c.admission(Replayed, req.Key, rec, nil, nil), rule, req.RetryHeader, rec), true, nil
 }
 
-// readCold reads and decodes key's cold copy h.
-func (c *Core) readCold(ctx context.Context, key string, h cold.Hit) (*kv.Record, error) {
-	data, err := c.cold.Read(ctx, key, h)
+// coldOf is the cold tier of key's partition (nil: none).
+func (c *Core) coldOf(key string) ColdTier { return c.parts[partition.OfKey(key)].Cold }
+
+// readCold reads and decodes key's cold copy h from tier.
+func (c *Core) readCold(ctx context.Context, tier ColdTier, key string, h cold.Hit) (*kv.Record, error) {
+	data, err := tier.Read(ctx, key, h)
 	if err != nil {
 		if errors.Is(err, cold.ErrNotFound) {
 			return nil, err
@@ -97,14 +101,15 @@ func (c *Core) readCold(ctx context.Context, key string, h cold.Hit) (*kv.Record
 // tier's (rev 0: a cold record cannot be written over).
 func (c *Core) read(ctx context.Context, key string) (*kv.Record, uint64, error) {
 	rec, rev, err := c.storeOf(key).Get(ctx, key)
-	if c.cold == nil || !errors.Is(err, kv.ErrNotFound) {
+	tier := c.coldOf(key)
+	if tier == nil || !errors.Is(err, kv.ErrNotFound) {
 		return rec, rev, err
 	}
-	hit, ok, cerr := c.cold.Lookup(key, c.now())
+	hit, ok, cerr := tier.Lookup(key, c.now())
 	if cerr != nil || !ok {
 		return rec, rev, err
 	}
-	crec, cerr := c.readCold(ctx, key, hit)
+	crec, cerr := c.readCold(ctx, tier, key, hit)
 	if cerr != nil {
 		return rec, rev, err
 	}
@@ -115,15 +120,16 @@ func (c *Core) read(ctx context.Context, key string) (*kv.Record, uint64, error)
 // copy of the job's index entry.
 func (c *Core) jobKey(ctx context.Context, p partition.P, id string) (string, error) {
 	key, err := c.parts[p].Store.JobKey(ctx, id)
-	if c.cold == nil || !errors.Is(err, kv.ErrNotFound) {
+	tier := c.parts[p].Cold
+	if tier == nil || !errors.Is(err, kv.ErrNotFound) {
 		return key, err
 	}
 	ik := kv.JobIndexKey(id)
-	hit, ok, cerr := c.cold.Lookup(ik, c.now())
+	hit, ok, cerr := tier.Lookup(ik, c.now())
 	if cerr != nil || !ok {
 		return key, err
 	}
-	data, cerr := c.cold.Read(ctx, ik, hit)
+	data, cerr := tier.Read(ctx, ik, hit)
 	if cerr != nil {
 		return key, err
 	}

@@ -133,16 +133,18 @@ type Deps struct {
 	Offer Offerer
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
-	// Cold is the cold tier, when idempotency.hot_ttl is below the TTL (nil: none, every
-	// record stays in the hot bucket for the whole TTL).
+	// Cold is partition 0's cold tier, with Store and Hub (nil: none; Partitions carry their
+	// own).
 	Cold ColdTier
 }
 
-// Partition is one partition's records (its IDEM copy) and the hub that follows its
-// executions (its CHUNKS copy).
+// Partition is one partition's records (its IDEM copy), the hub that follows its executions
+// (its CHUNKS copy) and its cold tier.
 type Partition struct {
 	Store *kv.Store
 	Hub   *jobs.Hub
+	// Cold is the partition's cold tier (issue 46; nil: every record stays hot for the TTL).
+	Cold ColdTier
 }
 
 // LocalRunner runs an execution whose record is not stored, for the one client following
@@ -173,7 +175,6 @@ type Core struct {
 	prices   ledger.Prices
 	opts     Options
 	finished *finishedCache // nil: off
-	cold     ColdTier       // nil: no cold tier
 	live     *liveKeys
 	log      zerolog.Logger
 	metrics  *telemetry.Metrics
@@ -197,13 +198,13 @@ type Core struct {
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, parts: d.Partitions, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, now: d.Now, cold: d.Cold,
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, now: d.Now,
 		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now
 	}
 	if len(c.parts) == 0 {
-		c.parts = []Partition{{Store: d.Store, Hub: d.Hub}}
+		c.parts = []Partition{{Store: d.Store, Hub: d.Hub, Cold: d.Cold}}
 	}
 	if d.Metrics != nil || capsFollowers(c.limits) {
 		c.followers = newFollowers()

@@ -167,12 +167,13 @@ func bucketMaxAge(ctx context.Context, js jetstream.JetStream, stream string, cf
 }
 
 // LowerToHot sets the bucket's MaxAge to hot (see BucketConfig.HotTTL): for the cold tier to
-// call once it holds every record older than hot. The cold tier covers partition 0's bucket
-// only (a partitioned store has none: config refuses hot_ttl with nats.partitions above 1).
-func LowerToHot(ctx context.Context, js jetstream.JetStream, hot time.Duration) error {
-	st, err := js.Stream(ctx, BucketStream)
+// call once it holds every record older than hot. p is the partition whose bucket it is (each
+// has its own cold tier).
+func LowerToHot(ctx context.Context, js jetstream.JetStream, p partition.P, hot time.Duration) error {
+	name := namesOf(p).stream
+	st, err := js.Stream(ctx, name)
 	if err != nil {
-		return fmt.Errorf("kv: %s: %w", BucketStream, err)
+		return fmt.Errorf("kv: %s: %w", name, err)
 	}
 	c := st.CachedInfo().Config
 	if c.MaxAge <= hot {
@@ -180,13 +181,20 @@ func LowerToHot(ctx context.Context, js jetstream.JetStream, hot time.Duration) 
 	}
 	c.MaxAge = hot
 	if _, err := js.UpdateStream(ctx, c); err != nil {
-		return fmt.Errorf("kv: lower %s to %s: %w", BucketStream, hot, err)
+		return fmt.Errorf("kv: lower %s to %s: %w", name, hot, err)
 	}
 	return nil
 }
 
 // BucketStream is the stream behind the bucket (partition 0's; Stream names the store's).
 const BucketStream = "KV_" + Bucket
+
+// Names of partition p's bucket: its stream (KV_IDEM_P<k>) and its keys' subject prefix
+// ("$KV.IDEM_P<k>."), what the cold tier copies from.
+func BucketNames(p partition.P) (stream, prefix string) {
+	n := namesOf(p)
+	return n.stream, n.subjects
+}
 
 // recordV2 is the record format that stores the request after the record's JSON; version 1
 // (records written before it) had the request inside, as the "request" member.

@@ -303,6 +303,10 @@ func TestValidEdgeCases(t *testing.T) {
 		{"auto_window zero", func(c *Config) { c.Idempotency.AutoWindow = 0 }},
 		{"hot_ttl 15m of 24h", func(c *Config) { c.Idempotency.HotTTL = Duration(15 * time.Minute) }},
 		{"hot_ttl equal to ttl", func(c *Config) { c.Idempotency.HotTTL = c.Idempotency.TTL }},
+		{"hot_ttl with partitions (a cold tier each)", func(c *Config) {
+			c.Idempotency.HotTTL = Duration(15 * time.Minute)
+			c.NATS.Partitions = 2
+		}},
 		{"lease exactly 3x renew_every", func(c *Config) {
 			c.Idempotency.Lease = Duration(6 * time.Second)
 			c.Idempotency.RenewEvery = Duration(2 * time.Second)

@@ -132,11 +132,6 @@ func (c *Config) Validate() error {
 	v.http(&c.HTTP)
 	v.workers(&c.Workers)
 	v.idempotency(&c.Idempotency)
-	if h := c.Idempotency.HotTTL.D(); c.NATS.Partitions > 1 && h > 0 && h < c.Idempotency.TTL.D() {
-		// The cold tier moves one IDEM bucket's records; a partitioned store has one per
-		// partition.
-		v.add("idempotency.hot_ttl", "the cold tier is not available with nats.partitions above 1 (%d): set hot_ttl to 0", c.NATS.Partitions)
-	}
 	v.admission(&c.Admission, c.HTTP.MaxBodyBytes)
 	v.backends(c.Backends)
 	v.routes(c.Routes, c.Backends)
