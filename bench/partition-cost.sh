@@ -16,8 +16,15 @@
 # intents all benches had answered. The table gives the busiest node's CPU per intent and the sum
 # over the nodes, and p2's over p1's at the same C (issue 45's targets: busiest ≤ 0.6×, sum ≤ 1.1×).
 #
+# With RATE set (intents/s in all), the load is an open loop instead: RATE / nodes intents/s to each
+# node (CONCURRENCIES are then each bench's in-flight cap times the nodes), so both setups serve the
+# same intents per second and neither saturates the machine; CPU per intent then also carries the
+# nodes' idle cost, measured first (IDLE, 10s) and printed per node.
+#
 # Environment: SYNC (auto | always | 1s; default auto: 1s on a cluster), WARMUP (3s), ONCEGATE (a
-# built binary). Nothing is pinned: on a 2-core machine the six nodes and the benches share the
+# built binary), RATE (unset: closed loop), IDLE (10s), SETUPS ("p1 p2": which to run), PROFILE (a
+# number of seconds: a CPU profile of every node taken during each measured run, to OUT).
+# Nothing is pinned: on a 2-core machine the six nodes and the benches share the
 # cores, so a node's CPU per intent is a proxy for its share of the work, not a capacity. Run it on
 # a quiet machine. Raw outputs, node logs and table.md go to OUT.
 set -euo pipefail
@@ -28,12 +35,17 @@ DURATION=${2:-20s}
 OUT=${3:-$here/results/i45/partition-cost-$(date -u +%Y%m%dT%H%M%SZ)}
 SYNC=${SYNC:-auto}
 WARMUP=${WARMUP:-3s}
+RATE=${RATE:-}
+IDLE=${IDLE:-10s}
+SETUPS=${SETUPS:-p1 p2}
+PROFILE=${PROFILE:-}
 HZ=$(getconf CLK_TCK)
 
 # Node i's HTTP, NATS client and route ports are BASE + i.
 HTTP_BASE=18680
 NATS_BASE=14321
 ROUTE_BASE=16321
+PPROF_BASE=16980
 
 die() { echo "partition-cost.sh: $*" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
@@ -52,8 +64,9 @@ start_setup() {
 	nodes=$n
 	for i in $(seq "$n"); do
 		extra=()
+		[ -z "$PROFILE" ] || extra+=(--pprof "127.0.0.1:$((PPROF_BASE + i))")
 		if [ "$parts" -gt 1 ]; then
-			extra=(--nats-partitions "$parts" --nats-place-partitions --nats-tags "og-p$(((i - 1) / 3))")
+			extra+=(--nats-partitions "$parts" --nats-place-partitions --nats-tags "og-p$(((i - 1) / 3))")
 		fi
 		"$ONCEGATE" serve --config "$cfg" --listen "127.0.0.1:$((HTTP_BASE + i))" --data-dir "$tmp/$name-n$i" \
 			--nats-listen "127.0.0.1:$((NATS_BASE + i))" \
@@ -67,10 +80,11 @@ start_setup() {
 
 # load C DURATION PREFIX: one bench per node, C / nodes concurrency each, all at once.
 load() {
-	local c=$1 d=$2 prefix=$3 i bpids=()
+	local c=$1 d=$2 prefix=$3 i bpids=() open=()
+	[ -z "$RATE" ] || open=(--rate "$(awk -v r="$RATE" -v n="$nodes" 'BEGIN { print r / n }')")
 	for i in $(seq "$nodes"); do
 		"$ONCEGATE" bench --url "http://127.0.0.1:$((HTTP_BASE + i))" --concurrency $((c / nodes)) \
-			--duration "$d" --warmup 0s >"$prefix-b$i.txt" 2>&1 &
+			--duration "$d" --warmup 0s "${open[@]}" >"$prefix-b$i.txt" 2>&1 &
 		bpids+=($!)
 	done
 	for i in "${bpids[@]}"; do wait "$i" || echo "(a bench exited non-zero: $prefix-b*.txt)"; done
@@ -83,7 +97,15 @@ measure() {
 	load "$c" "$WARMUP" "$raw-warmup"
 	alive "before $setup c=$c"
 	for p in "${serve_pids[@]}"; do before+=("$(ticks "$p")"); done
+	local profiling=()
+	if [ -n "$PROFILE" ]; then
+		for i in $(seq "$nodes"); do
+			curl -s -o "$raw-n$i.pprof" "http://127.0.0.1:$((PPROF_BASE + i))/debug/pprof/profile?seconds=$PROFILE" &
+			profiling+=($!)
+		done
+	fi
 	load "$c" "$DURATION" "$raw"
+	for p in "${profiling[@]}"; do wait "$p" || echo "(a profile failed: $raw-n*.pprof)"; done
 	for p in "${serve_pids[@]}"; do after+=("$(ticks "$p")"); done
 	alive "during $setup c=$c"
 	ok=$(awk '$1 == "successes" { s += $2 } END { print s + 0 }' "$raw"-b*.txt)
@@ -102,15 +124,32 @@ measure() {
 	echo
 }
 
+# idle SETUP: each node's CPU over IDLE with no load, µs per second, to idle.tsv.
+idle() {
+	local before=() i p secs
+	secs=$(awk -v d="$IDLE" 'BEGIN { sub(/s$/, "", d); print d }')
+	sleep 2 # past the start's own work
+	for p in "${serve_pids[@]}"; do before+=("$(ticks "$p")"); done
+	sleep "$secs"
+	i=0
+	for p in "${serve_pids[@]}"; do
+		printf '%s\t%s\t%.0f\n' "$1" $((i + 1)) "$(awk -v d=$(($(ticks "$p") - before[i])) -v hz="$HZ" -v s="$secs" 'BEGIN { print d / hz * 1e6 / s }')" >>"$OUT/idle.tsv"
+		i=$((i + 1))
+	done
+	echo "idle CPU µs/s per node: $(grep -P "^$1\t" "$OUT/idle.tsv" | cut -f3 | tr '\n' ' ')"
+}
+
 {
 	echo "oncegate: $built"
-	echo "nats.sync: $SYNC; concurrencies: $CONCURRENCIES; duration $DURATION, warm-up $WARMUP each"
+	echo "nats.sync: $SYNC; concurrencies: $CONCURRENCIES; duration $DURATION, warm-up $WARMUP each; load: $([ -n "$RATE" ] && echo "open loop, $RATE intents/s in all" || echo "closed loop")"
 	echo "machine: $(nproc) CPUs; $(uptime)"
 } | tee "$OUT/info.txt"
 : >"$OUT/results.tsv"
-for setup in p1 p2; do
+: >"$OUT/idle.tsv"
+for setup in $SETUPS; do
 	echo "== $setup"
 	if [ "$setup" = p1 ]; then start_setup p1 3 1; else start_setup p2 6 2; fi
+	idle "$setup"
 	for c in $CONCURRENCIES; do measure "$setup" "$c"; done
 	stop_setup
 done
