@@ -154,14 +154,20 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg BucketConfig) (*Store
 }
 
 // bucketMaxAge is the MaxAge Open gives the bucket: TTL, or HotTTL with a cold tier unless the
-// bucket exists with a longer MaxAge (its records have not all been moved yet).
+// bucket exists with a longer MaxAge (its records have not all been moved yet). Only a bucket
+// known not to exist is made with HotTTL: a failed read (a timeout, an election) keeps the TTL,
+// for a MaxAge lowered before the records are in the cold tier would expire them uncopied,
+// and their keys would be new.
 func bucketMaxAge(ctx context.Context, js jetstream.JetStream, stream string, cfg BucketConfig) time.Duration {
 	if cfg.HotTTL <= 0 || cfg.HotTTL >= cfg.TTL {
 		return cfg.TTL
 	}
 	st, err := js.Stream(ctx, stream)
-	if err != nil {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return cfg.HotTTL
+	}
+	if err != nil {
+		return cfg.TTL
 	}
 	return min(max(st.CachedInfo().Config.MaxAge, cfg.HotTTL), cfg.TTL)
 }
