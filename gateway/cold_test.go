@@ -347,3 +347,83 @@ func TestColdTierCluster(t *testing.T) {
 		t.Errorf("%d executions, want %d: a key was executed again", got, created)
 	}
 }
+
+// TestColdTierKeepsAHotStoreHot: a hot TTL (the default's 15 minutes, or any) does not turn the
+// cold tier on for a store that has kept every key hot (made without a cold tier): its IDEM
+// bucket keeps the TTL, no OG_COLD is made, and a key stays hot past the hot TTL. With
+// idempotency.move_existing the cold tier starts: OG_COLD is made, the bucket is lowered to
+// the hot TTL once its records are moved, and the key is then replayed from the cold tier.
+func TestColdTierKeepsAHotStoreHot(t *testing.T) {
+	dataDir := t.TempDir() // one store, through three gateways in turn
+	base := func() *config.Config {
+		cfg := coldConfig(gatewaykit.Config(t))
+		cfg.DataDir = dataDir
+		return cfg
+	}
+	maxAge := func(js jetstream.JetStream) time.Duration {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := js.Stream(ctx, kv.BucketStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().Config.MaxAge
+	}
+	coldExists := func(js jetstream.JetStream) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := js.Stream(ctx, cold.Stream)
+		return err == nil
+	}
+	run := func(cfg *config.Config, f func(gw *gatewaykit.Gateway, js jetstream.JetStream)) {
+		t.Helper()
+		n := startColdNode(t, cfg)
+		nc, err := n.Connect("cold-test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(n.Gateway, js)
+		nc.Close()
+		n.stop()
+	}
+	body := chatBody(config.MockModel, "made before the cold tier", "")
+	var first answer
+	hot := base()
+	hot.Idempotency.HotTTL = 0
+	run(hot, func(gw *gatewaykit.Gateway, _ jetstream.JetStream) { // the store as a gateway without a cold tier made it
+		first = post(t, gw, body, key("kept-hot"))
+	})
+	run(base(), func(gw *gatewaykit.Gateway, js jetstream.JetStream) {
+		if got := maxAge(js); got != time.Hour {
+			t.Errorf("IDEM's MaxAge %s with a hot TTL on a hot store, want the TTL (1h)", got)
+		}
+		if coldExists(js) {
+			t.Errorf("%s was made on a store that keeps its keys hot", cold.Stream)
+		}
+		time.Sleep(5 * time.Second) // past the hot TTL: the bucket still keeps the key
+		if a := post(t, gw, body, key("kept-hot")); a.header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(a.body, first.body) {
+			t.Errorf("the key past the hot TTL: %d %q, want replayed", a.status, a.header.Get("Oncegate-Idempotency"))
+		}
+	})
+	moving := base()
+	moving.Idempotency.MoveExisting = true
+	run(moving, func(gw *gatewaykit.Gateway, js jetstream.JetStream) {
+		if !coldExists(js) {
+			t.Errorf("no %s with move_existing", cold.Stream)
+		}
+		testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+			if got := maxAge(js); got != 4*time.Second {
+				return fmt.Errorf("IDEM's MaxAge is %s, want the hot TTL once the records are moved", got)
+			}
+			return nil
+		})
+		leftHot(t, js, 0)
+		if a := post(t, gw, body, key("kept-hot")); a.header.Get("Oncegate-Idempotency") != "replayed" || !bytes.Equal(a.body, first.body) {
+			t.Errorf("the key from the cold tier: %d %q, want replayed", a.status, a.header.Get("Oncegate-Idempotency"))
+		}
+	})
+}

@@ -186,6 +186,7 @@ func LowerToHot(ctx context.Context, js jetstream.JetStream, p partition.P, hot 
 		return nil
 	}
 	c.MaxAge = hot
+	c.Duplicates = min(c.Duplicates, hot) // the server refuses a window longer than MaxAge
 	if _, err := js.UpdateStream(ctx, c); err != nil {
 		return fmt.Errorf("kv: lower %s to %s: %w", name, hot, err)
 	}

@@ -219,9 +219,15 @@ type Idempotency struct {
 	// replayed, after it the key is new.
 	TTL Duration `yaml:"ttl"`
 	// HotTTL is how long a key's record stays in the IDEM bucket (the hot tier); after it the
-	// record is found in the cold tier (OG_COLD, indexed on each node's disk) until TTL. 0 or
-	// TTL: no cold tier, every record stays hot for the whole TTL.
+	// record is found in the cold tier (OG_COLD, indexed on each node's disk) until TTL. 0, or
+	// TTL or more: no cold tier, every record stays hot for the whole TTL. A store that has
+	// kept its keys hot so far stays so unless MoveExisting is set.
 	HotTTL Duration `yaml:"hot_ttl"`
+	// MoveExisting turns the cold tier on for a store that has kept every key hot (its IDEM
+	// bucket keeps the TTL and it has no OG_COLD: made without a cold tier). Its records older
+	// than HotTTL are copied first, and until they are, keys the hot tier does not hold are
+	// answered 503 store_unavailable; turn it on at a quiet hour, on every node.
+	MoveExisting bool `yaml:"move_existing"`
 	// AutoWindow is how long identical requests without an Idempotency-Key are one intent,
 	// measured from when each reached the gateway (a declared retry matches for the whole TTL).
 	AutoWindow Duration `yaml:"auto_window"`
@@ -658,6 +664,7 @@ func Default() *Config {
 		Workers: Workers{Concurrency: 256, SweepEvery: Duration(5 * time.Second), DiscardChunksAfter: Duration(10 * time.Second)},
 		Idempotency: Idempotency{
 			TTL:        Duration(24 * time.Hour),
+			HotTTL:     Duration(15 * time.Minute),
 			AutoWindow: Duration(3 * time.Second),
 			MaxWait:    Duration(30 * time.Second),
 			Lease:      Duration(15 * time.Second),

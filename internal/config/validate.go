@@ -814,14 +814,14 @@ func (v *validator) tracing(t *Tracing) {
 // well over a lease.
 const minHotTTL = 4 * time.Second
 
-// hotTTL checks idempotency.hot_ttl: 0 (off), or between twice the lease and the auto window
-// (and minHotTTL) and the TTL.
+// hotTTL checks idempotency.hot_ttl: 0 or at least the TTL (off), or between twice the lease
+// and the auto window (and minHotTTL) and the TTL.
 func (v *validator) hotTTL(i *Idempotency) {
 	h := i.HotTTL.D()
 	switch {
-	case h == 0 || h == i.TTL.D():
-	case h < 0 || h > i.TTL.D():
-		v.add("idempotency.hot_ttl", "must be between 0 (no cold tier) and idempotency.ttl (%s), got %s", i.TTL, i.HotTTL)
+	case h == 0 || h >= i.TTL.D():
+	case h < 0:
+		v.add("idempotency.hot_ttl", "must not be negative (0: no cold tier), got %s", i.HotTTL)
 	case h < max(minHotTTL, 2*i.Lease.D(), 2*i.AutoWindow.D()):
 		v.add("idempotency.hot_ttl",
 			"must be at least twice idempotency.lease (%s) and idempotency.auto_window (%s), and at least %s, got %s: a record leaves the hot tier once it has gone that long without a write",
