@@ -12,7 +12,11 @@
 # Environment: DIR (default a new directory under /tmp; about 1.5 KB of disk per key), PORT
 # (18480), HOT (idempotency.hot_ttl, e.g. 30s: the keys are written with a cold tier and the
 # image is taken once every key has left the hot tier; serve runs with the same hot_ttl), RATE
-# (keys written per second at most; 0: as fast as the writers go). Prints the write rate, the time to /readyz 200, and the status read.
+# (keys written per second at most; 0: as fast as the writers go), SETTLE (with HOT: how long after
+# every key left the hot tier the writer's memory growth per key is measured, as bench/retention's
+# TestRetention does, before the kill; default 30s). Prints the write rate, the memory per key and
+# the oldest and newest key read back from the cold tier (with HOT), the time to /readyz 200, and
+# the oldest and newest key's status read through the API.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,8 +32,9 @@ PORT=${PORT:-18480}
 echo "== writing $KEYS keys into $DIR, then SIGKILL"
 HOT=${HOT:-}
 out=$(cd "$here/.." && go test -count=1 -timeout 2h -run '^TestCrashImage$' ./bench/retention/ \
-	-args -retention.keys "$KEYS" -retention.crashdir "$DIR" ${HOT:+-retention.hot "$HOT"} ${RATE:+-retention.rate "$RATE"} 2>&1 || true)
-echo "$out" | grep -E 'keys written|left the hot tier|SIGKILL|signal: killed' || die "the crash image was not written: $out"
+	-args -retention.keys "$KEYS" -retention.crashdir "$DIR" ${HOT:+-retention.hot "$HOT"} ${RATE:+-retention.rate "$RATE"} \
+	${SETTLE:+-retention.settle "$SETTLE"} 2>&1 || true)
+echo "$out" | grep -E 'keys written|left the hot tier|MOVER BEHIND|^before|^after|per retained key|replays|REPLAY|SIGKILL|signal: killed' || die "the crash image was not written: $out"
 echo "$out" | grep -q 'signal: killed' || die "the writer was not killed: $out"
 du -sh "$DIR/jetstream" | sed 's/^/store: /'
 ls "$DIR/jetstream/jetstream/\$G/streams/KV_IDEM/msgs/" | grep -c '\.blk$' | sed 's/^/KV_IDEM blocks: /'
@@ -58,5 +63,6 @@ done
 ready=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
 printf 'ready after %.1f s (polls: %d answered recovering, %d refused or not listening)\n' "$ready" "$recovering" "$refused"
 grep -E 'restor|recover' "$DIR/serve.log" | head -5
-echo "== the oldest key"
+echo "== the oldest and the newest key"
 curl -s "http://127.0.0.1:$PORT/v1/idempotency/0"; echo
+curl -s "http://127.0.0.1:$PORT/v1/idempotency/$((KEYS - 1))"; echo
