@@ -14,7 +14,8 @@
 # image is taken once every key has left the hot tier; serve runs with the same hot_ttl), RATE
 # (keys written per second at most; 0: as fast as the writers go), SETTLE (with HOT: how long after
 # every key left the hot tier the writer's memory growth per key is measured, as bench/retention's
-# TestRetention does, before the kill; default 30s). Prints the write rate, the memory per key and
+# TestRetention does, before the kill; default 30s), HEAPPROFILE (with HOT: a heap profile written
+# then). Prints the write rate, the memory per key and
 # the oldest and newest key read back from the cold tier (with HOT), the time to /readyz 200, and
 # the oldest and newest key's status read through the API.
 set -euo pipefail
@@ -33,7 +34,7 @@ echo "== writing $KEYS keys into $DIR, then SIGKILL"
 HOT=${HOT:-}
 out=$(cd "$here/.." && go test -count=1 -timeout 2h -run '^TestCrashImage$' ./bench/retention/ \
 	-args -retention.keys "$KEYS" -retention.crashdir "$DIR" ${HOT:+-retention.hot "$HOT"} ${RATE:+-retention.rate "$RATE"} \
-	${SETTLE:+-retention.settle "$SETTLE"} 2>&1 || true)
+	${SETTLE:+-retention.settle "$SETTLE"} ${HEAPPROFILE:+-retention.heapprofile "$HEAPPROFILE"} 2>&1 || true)
 echo "$out" | grep -E 'keys written|left the hot tier|MOVER BEHIND|^before|^after|per retained key|replays|REPLAY|SIGKILL|signal: killed' || die "the crash image was not written: $out"
 echo "$out" | grep -q 'signal: killed' || die "the writer was not killed: $out"
 du -sh "$DIR/jetstream" | sed 's/^/store: /'
