@@ -78,10 +78,10 @@ func (g *Gateway) startCold(ctx context.Context, js jetstream.JetStream, log zer
 
 // keptHot reports whether the store has kept its keys hot so far: partition 0's IDEM bucket
 // keeps the TTL (or more) and it has no OG_COLD (a partitioned store's copies were made with
-// partition 0's). Turning the cold tier on for such a store is
-// the operator's choice (idempotency.move_existing): its backlog is copied first, and new keys
-// are refused meanwhile. A read that fails is no such store: starting the cold tier is safe on
-// any store (at worst the refusals), leaving it off is not on one whose bucket was lowered.
+// partition 0's). Turning the cold tier on for such a store is the operator's choice
+// (idempotency.move_existing): its backlog is copied first, and new keys are refused
+// meanwhile. A read that fails is no such store: starting the cold tier is safe on any store
+// (at worst the refusals), leaving it off is not on one whose bucket was lowered.
 func keptHot(ctx context.Context, js jetstream.JetStream, ttl time.Duration) bool {
 	if _, err := js.Stream(ctx, cold.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return false
