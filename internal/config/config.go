@@ -70,7 +70,7 @@ const (
 // Config is oncegate's whole configuration.
 type Config struct {
 	Listen      string      `yaml:"listen"`    // HTTP listen address, host:port
-	DataDir     string      `yaml:"data_dir"`  // embedded NATS store directory
+	DataDir     string      `yaml:"data_dir"`  // the embedded NATS store, and an API node's cold tier index (also with nats.url)
 	LogLevel    string      `yaml:"log_level"` // debug|info|warn|error
 	Role        string      `yaml:"role"`      // all|api|worker
 	NATS        NATS        `yaml:"nats"`
