@@ -802,6 +802,12 @@ func TestExternalNATS(t *testing.T) {
 				t.Errorf("%s: readiness %v, ONCEGATE_LISTEN %q; want /readyz and port 8080", where, c.ReadinessProbe, e["ONCEGATE_LISTEN"])
 			}
 			checkService(t, o.services[0], d.Spec.Template.Labels, c)
+			// Its cold tier's index is written to the data dir (the image's /data), which a
+			// read-only root filesystem does not hold: a volume must be mounted there.
+			if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/data" }) {
+				t.Errorf("%s: nothing mounted at /data, where an api node writes its cold tier's index (root filesystem read-only: %v)",
+					where, c.SecurityContext != nil && c.SecurityContext.ReadOnlyRootFilesystem != nil && *c.SecurityContext.ReadOnlyRootFilesystem)
+			}
 		case "worker":
 			if c.ReadinessProbe != nil || e["ONCEGATE_LISTEN"] != "" || portOf(a["metrics-listen"]) != "9464" {
 				t.Errorf("%s: a worker serves no API: readiness %v, ONCEGATE_LISTEN %q; --metrics-listen %q", where, c.ReadinessProbe, e["ONCEGATE_LISTEN"], a["metrics-listen"])
