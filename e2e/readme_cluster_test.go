@@ -398,6 +398,9 @@ func TestReadmeExternalCluster(t *testing.T) {
 		name := []string{"api", "worker"}[i]
 		args := strings.Fields(strings.TrimPrefix(line, "oncegate "))
 		t.Logf("%s: oncegate %s", name, strings.Join(args, " "))
+		// The page's data dir is ./data, where an api node keeps its cold tier's index: here
+		// that would be e2e/data, in the source tree, so the test gives each its own.
+		args = append(args, "--data-dir", filepath.Join(t.TempDir(), name))
 		procs = append(procs, startProc(t, name, oncegateBinary(t), args...))
 	}
 	base := "http://" + listen
