@@ -46,8 +46,8 @@ func (c *Core) Admit(ctx context.Context, req *Request) (*Admission, error) {
 	if adm, ok := c.joinLocal(req); ok {
 		return adm, nil
 	}
-	if c.coldOf(req.Key) != nil {
-		if adm, done, err := c.admitCold(ctx, req); done {
+	if tier := c.coldOf(req.Key); tier != nil {
+		if adm, done, err := c.admitCold(ctx, req, tier); done {
 			return adm, err
 		}
 	}

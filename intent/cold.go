@@ -22,7 +22,7 @@ type ColdTier interface {
 	Read(ctx context.Context, key string, h cold.Hit) ([]byte, error)
 }
 
-// admitCold is admission's look at the cold tier, before any claim (issue 46): the hot bucket
+// admitCold is admission's look at tier, the cold tier of the key's partition, before any claim (issue 46): the hot bucket
 // keeps a key for the hot TTL only, so a claim that succeeds there may be a key whose record
 // left it. done is false when the claim decides as before: the key is in neither tier (and the
 // local index has applied everything that could have left the hot tier: else ErrBehind, a
@@ -33,9 +33,8 @@ type ColdTier interface {
 // is behind serves the keys the hot tier holds, and refuses the others.
 //
 // A key found in neither tier costs no JetStream request here (the index is local).
-func (c *Core) admitCold(ctx context.Context, req *Request) (adm *Admission, done bool, err error) {
+func (c *Core) admitCold(ctx context.Context, req *Request, tier ColdTier) (adm *Admission, done bool, err error) {
 	now := c.now()
-	tier := c.coldOf(req.Key)
 	behind := tier.Ready(now)
 	hit, ok, err := tier.Lookup(req.Key, now)
 	if err != nil {
