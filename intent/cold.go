@@ -22,9 +22,9 @@ type ColdTier interface {
 	Read(ctx context.Context, key string, h cold.Hit) ([]byte, error)
 }
 
-// admitCold is admission's look at tier, the cold tier of the key's partition, before any claim (issue 46): the hot bucket
-// keeps a key for the hot TTL only, so a claim that succeeds there may be a key whose record
-// left it. done is false when the claim decides as before: the key is in neither tier (and the
+// admitCold is admission's look at tier, the cold tier of the key's partition, before any
+// claim (issue 46): the hot bucket keeps a key for the hot TTL only, so a claim that succeeds
+// there may be a key whose record left it. done is false when the claim decides as before: the key is in neither tier (and the
 // local index has applied everything that could have left the hot tier: else ErrBehind, a
 // 503 store_unavailable, never "new"), its record is still hot, or its cold record asks for a
 // new execution (an auto key past its window, a retryable failure, an abandoned PENDING),
