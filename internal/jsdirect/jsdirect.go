@@ -25,9 +25,17 @@ type Msg struct {
 
 // Batch asks any replica of stream, under the JetStream API prefix apiPrefix, for up to n
 // messages on subject (a filter: wildcards allowed) at or after stream sequence from (0: the
-// subject's first). full reports that the batch holds n messages: more may follow it. A
-// replica without the stream answers nats.ErrNoResponders; a timeout is the context's error.
+// subject's first). full reports that more may follow the batch: it holds n messages, or the
+// replica cut it at the bytes it sends in one answer (its max_pending, 64 MB by default) with
+// messages left. A replica without the stream answers nats.ErrNoResponders; a timeout is the
+// context's error.
 func Batch(ctx context.Context, nc *nats.Conn, apiPrefix, stream, subject string, from uint64, n int) (msgs []Msg, full bool, err error) {
+	return BatchMax(ctx, nc, apiPrefix, stream, subject, from, n, 0)
+}
+
+// BatchMax is Batch with the batch cut once it holds maxBytes (0: the replica's max_pending):
+// a reader of large messages bounds what one answer holds in memory.
+func BatchMax(ctx context.Context, nc *nats.Conn, apiPrefix, stream, subject string, from uint64, n, maxBytes int) (msgs []Msg, full bool, err error) {
 	inbox := nc.NewRespInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -39,7 +47,8 @@ func Batch(ctx context.Context, nc *nats.Conn, apiPrefix, stream, subject string
 		Seq     uint64 `json:"seq,omitempty"`
 		NextFor string `json:"next_by_subj"`
 		Batch   int    `json:"batch"`
-	}{from, subject, n})
+		Max     int    `json:"max_bytes,omitempty"`
+	}{from, subject, n, maxBytes})
 	if err := nc.PublishRequest(apiPrefix+"DIRECT.GET."+stream, inbox, req); err != nil {
 		return nil, false, err
 	}
@@ -54,8 +63,9 @@ func Batch(ctx context.Context, nc *nats.Conn, apiPrefix, stream, subject string
 				return nil, false, nats.ErrNoResponders
 			case "404": // nothing (more) on the subject
 				return msgs, false, nil
-			case "204": // the end of the batch
-				return msgs, len(msgs) >= n, nil
+			case "204": // the end of the batch: the messages left after it on the replica
+				pending, _ := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
+				return msgs, len(msgs) >= n || (len(msgs) > 0 && pending > 0), nil
 			default:
 				return nil, false, fmt.Errorf("jsdirect: %s: %s %s", stream, status, m.Header.Get("Description"))
 			}

@@ -16,7 +16,8 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestBatch: a subject's messages from a sequence in batches (full while more may follow),
+// TestBatch: a subject's messages from a sequence in batches (full while more may follow, also
+// when the answer is cut at its bytes),
 // a wildcard filter, none on a subject without messages, and no responders from a stream that
 // does not allow direct gets.
 func TestBatch(t *testing.T) {
@@ -44,20 +45,24 @@ func TestBatch(t *testing.T) {
 		subject string
 		from    uint64
 		n       int
+		max     int
 		seqs    []uint64
 		full    bool
 		err     error
 	}{
-		{"a full batch", "S", "s.a", 0, 2, []uint64{1, 3}, true, nil},
-		{"the rest from a sequence", "S", "s.a", 4, 10, []uint64{4}, false, nil},
-		{"a wildcard", "S", "s.>", 2, 10, []uint64{2, 3, 4, 5}, false, nil},
-		{"nothing past the last", "S", "s.b", 6, 10, nil, false, nil},
-		{"no such subject", "S", "s.z", 0, 10, nil, false, nil},
-		{"no direct gets", "NODIRECT", "n.a", 0, 10, nil, false, nats.ErrNoResponders},
+		{"a full batch", "S", "s.a", 0, 2, 0, []uint64{1, 3}, true, nil},
+		{"the rest from a sequence", "S", "s.a", 4, 10, 0, []uint64{4}, false, nil},
+		{"a wildcard", "S", "s.>", 2, 10, 0, []uint64{2, 3, 4, 5}, false, nil},
+		{"nothing past the last", "S", "s.b", 6, 10, 0, nil, false, nil},
+		{"no such subject", "S", "s.z", 0, 10, 0, nil, false, nil},
+		{"no direct gets", "NODIRECT", "n.a", 0, 10, 0, nil, false, nats.ErrNoResponders},
+		// Each message is about 30 bytes of subject and header: the answer is cut after two.
+		{"cut at max bytes, more left", "S", "s.>", 1, 10, 40, []uint64{1, 2}, true, nil},
+		{"cut at max bytes, none left", "S", "s.>", 4, 10, 40, []uint64{4, 5}, false, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			msgs, full, err := jsdirect.Batch(ctx, srv.NC, jetstream.DefaultAPIPrefix, tc.stream, tc.subject, tc.from, tc.n)
+			msgs, full, err := jsdirect.BatchMax(ctx, srv.NC, jetstream.DefaultAPIPrefix, tc.stream, tc.subject, tc.from, tc.n, tc.max)
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("err %v, want %v", err, tc.err)
 			}
