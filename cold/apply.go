@@ -8,11 +8,12 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// applyBatch bounds the OG_COLD messages one index commit holds.
-const applyBatch = 1024
+// applyBatch bounds the OG_COLD messages and records one index commit holds (about).
+const applyBatch = 4096
 
 // expireEvery is how often the index drops the hours past the TTL.
 const expireEvery = time.Minute
@@ -64,10 +65,11 @@ func (t *Tier) apply(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := t.applyOne(b, msg, &wm); err != nil {
+		records, err := t.applyOne(b, msg, &wm)
+		if err != nil {
 			t.cfg.Log.Error().Err(err).Uint64("seq", meta.Sequence.Stream).Msg("cold tier: a message the index cannot apply (skipped)")
 		}
-		n, seq = n+1, meta.Sequence.Stream
+		n, seq = n+1+records, meta.Sequence.Stream
 		if n < applyBatch && meta.NumPending > 0 {
 			continue
 		}
@@ -81,7 +83,7 @@ func (t *Tier) apply(ctx context.Context) error {
 		b, n, wm = t.ix.newBatch(), 0, time.Time{}
 		if now := time.Now(); now.Sub(lastExpiry) >= expireEvery {
 			lastExpiry = now
-			if end := unixHour(now.Add(-t.cfg.TTL)); end != t.expired { // once an hour
+			if end := t.ix.spanAt(now.Add(-t.cfg.TTL)); end != t.expired { // once a span
 				if err := t.ix.expire(now, t.cfg.TTL); err != nil {
 					return err
 				}
@@ -91,33 +93,52 @@ func (t *Tier) apply(ctx context.Context) error {
 	}
 }
 
-// applyOne adds one OG_COLD message to b: a record's copy (or tombstone) as an entry, a mark
-// as the watermark the commit will store.
-func (t *Tier) applyOne(b *batch, msg jetstream.Msg, wm *time.Time) error {
+// applyOne adds one OG_COLD message to b: a pack's or a single copy's records (or tombstones)
+// as entries, a mark as the watermark the commit will store. n is how many records it held.
+func (t *Tier) applyOne(b *batch, msg jetstream.Msg, wm *time.Time) (n int, err error) {
 	meta, err := msg.Metadata()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if msg.Subject() == t.mark {
 		var mk mark
 		if err := json.Unmarshal(msg.Data(), &mk); err != nil {
-			return fmt.Errorf("cold: mark: %w", err)
+			return 0, fmt.Errorf("cold: mark: %w", err)
 		}
 		*wm = time.Unix(0, mk.W)
-		return nil
+		return 0, nil
 	}
-	h := msg.Headers()
+	records, err := copiedRecords(msg.Headers(), msg.Data())
+	if err != nil {
+		return 0, err
+	}
+	for i, r := range records {
+		if err := b.put(r.key, entry{seq: meta.Sequence.Stream, rev: r.rev, written: r.written, op: r.op, pos: uint32(i)}); err != nil {
+			return i, err
+		}
+	}
+	return len(records), nil
+}
+
+// copiedRecords are the records of an OG_COLD copy: a pack's, or the one of a single copy.
+func copiedRecords(h nats.Header, data []byte) ([]record, error) {
+	if f := h.Get(hdrPack); f != "" {
+		if f != packFormat {
+			return nil, fmt.Errorf("cold: pack format %q (this version reads %q)", f, packFormat)
+		}
+		return decodePack(data)
+	}
 	rev, err := strconv.ParseUint(h.Get(hdrRev), 10, 64)
 	if err != nil {
-		return fmt.Errorf("cold: revision: %w", err)
+		return nil, fmt.Errorf("cold: revision: %w", err)
 	}
 	written, err := strconv.ParseInt(h.Get(hdrWritten), 10, 64)
 	if err != nil {
-		return fmt.Errorf("cold: written: %w", err)
+		return nil, fmt.Errorf("cold: written: %w", err)
 	}
-	e := entry{seq: meta.Sequence.Stream, rev: rev, written: time.Unix(0, written), op: opPut}
+	r := record{key: h.Get(hdrKey), rev: rev, written: time.Unix(0, written), op: opPut, data: data}
 	if h.Get(hdrOp) == "del" {
-		e.op = opDel
+		r.op, r.data = opDel, nil
 	}
-	return b.put(h.Get(hdrKey), e)
+	return []record{r}, nil
 }

@@ -107,7 +107,7 @@ type Tier struct {
 	// in this node's index.
 	watermark atomic.Int64
 	applied   atomic.Uint64
-	// expired is the unix hour before which the index has dropped its entries (the applier's).
+	// expired is the index span before which the index has dropped its entries (the applier's).
 	expired uint32
 	closed  sync.Once
 }
@@ -123,7 +123,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tier, error
 	if err != nil {
 		return nil, fmt.Errorf("cold: open stream %s: %w", name, err)
 	}
-	ix, rebuilt, err := openIndex(cfg.Dir)
+	ix, rebuilt, err := openIndex(cfg.Dir, cfg.TTL)
 	if err != nil {
 		return nil, err
 	}
@@ -181,6 +181,7 @@ func (t *Tier) Ready(now time.Time) error {
 type Hit struct {
 	Seq, Rev uint64
 	Written  time.Time
+	pos      uint32 // in its pack
 }
 
 // Lookup finds key in the local index at now, without any NATS request: ok is false when it
@@ -188,11 +189,11 @@ type Hit struct {
 // when Ready is nil.
 func (t *Tier) Lookup(key string, now time.Time) (Hit, bool, error) {
 	from := now.Add(-t.cfg.TTL)
-	e, ok, err := t.ix.lookup(key, unixHour(from), unixHour(now)+1)
+	e, ok, err := t.ix.lookup(key, from, now.Add(maxSkew))
 	if err != nil || !ok || e.op == opDel || !e.written.After(from) {
 		return Hit{}, false, err
 	}
-	return Hit{Seq: e.seq, Rev: e.rev, Written: e.written}, true, nil
+	return Hit{Seq: e.seq, Rev: e.rev, Written: e.written, pos: e.pos}, true, nil
 }
 
 // Read fetches the stored record of key at h from OG_COLD (a direct get, any replica).
@@ -206,10 +207,14 @@ func (t *Tier) Read(ctx context.Context, key string, h Hit) ([]byte, error) {
 		if err != nil {
 			return err
 		}
-		if m.Header.Get(hdrKey) != key {
-			return fmt.Errorf("cold: OG_COLD %d holds another key", h.Seq)
+		records, err := copiedRecords(m.Header, m.Data)
+		if err != nil {
+			return fmt.Errorf("cold: OG_COLD %d: %w", h.Seq, err)
 		}
-		data = m.Data
+		if int(h.pos) >= len(records) || records[h.pos].key != key || records[h.pos].rev != h.Rev {
+			return fmt.Errorf("cold: OG_COLD %d holds another key at %d", h.Seq, h.pos)
+		}
+		data = records[h.pos].data
 		return nil
 	})
 	if err != nil {
@@ -218,17 +223,39 @@ func (t *Tier) Read(ctx context.Context, key string, h Hit) ([]byte, error) {
 	return data, nil
 }
 
-// Records is how many record copies (tombstones included, marks not) OG_COLD holds.
+// Records is how many record copies (tombstones included, marks not) OG_COLD holds. It reads
+// the whole stream: for tests and small benchmarks.
 func (t *Tier) Records(ctx context.Context) (uint64, error) {
-	info, err := t.stream.Info(ctx, jetstream.WithSubjectFilter(t.rec+".>"))
+	info, err := t.stream.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("cold: %s info: %w", t.name, err)
 	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
+	if info.State.Msgs == 0 {
+		return 0, nil
 	}
-	return n, nil
+	cons, err := t.js.OrderedConsumer(ctx, t.name, jetstream.OrderedConsumerConfig{FilterSubjects: []string{t.rec + ".>"}})
+	if err != nil {
+		return 0, fmt.Errorf("cold: %s: %w", t.name, err)
+	}
+	var n uint64
+	for {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			return 0, fmt.Errorf("cold: read %s: %w", t.name, err)
+		}
+		records, err := copiedRecords(msg.Headers(), msg.Data())
+		if err != nil {
+			return 0, err
+		}
+		n += uint64(len(records))
+		meta, err := msg.Metadata()
+		if err != nil {
+			return 0, err
+		}
+		if meta.NumPending == 0 {
+			return n, nil
+		}
+	}
 }
 
 // Run moves and applies until ctx ends.

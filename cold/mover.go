@@ -16,9 +16,13 @@ import (
 	"github.com/oncegate/oncegate/internal/jsleader"
 )
 
-// moveBatch is how many hot messages one direct get reads; a mark follows each batch, so a
-// mover that stops loses at most one batch's work.
-const moveBatch = 512
+// moveBatch and moveBytes bound the hot messages one direct get reads (2,048 completed records
+// of 1.4 KB: 45,000 records a second on one synced server, against 21,000 with 512); a mark
+// follows each batch, so a mover that stops loses at most one batch's work.
+const (
+	moveBatch = 2048
+	moveBytes = 8 << 20
+)
 
 // errMarkMoved: another node's mover advanced the mark first; this round stops.
 var errMarkMoved = errors.New("cold: another mover advanced the mark")
@@ -74,7 +78,8 @@ func (t *Tier) moveRound(ctx context.Context) error {
 	if mk.Node != "" && mk.Node != t.cfg.Node && now.Sub(marked) < t.moverStale() {
 		return nil // another node's mover is at work
 	}
-	cutoff := now.Add(-t.cfg.MoveAfter)
+	// On a grid of Every: movers racing from one mark in one period pack alike (Nats-Msg-Id).
+	cutoff := now.Add(-t.cfg.MoveAfter).Truncate(t.cfg.Every)
 	if mk.W > 0 && time.Unix(0, mk.W).Before(now.Add(-t.cfg.HotTTL)) {
 		// Records written before now - HotTTL may have expired from the hot bucket uncopied.
 		t.cfg.Log.Error().Time("watermark", time.Unix(0, mk.W)).Dur("hot_ttl", t.cfg.HotTTL).
@@ -88,7 +93,7 @@ func (t *Tier) moveRound(ctx context.Context) error {
 	last, empty := state.LastSeq, state.Msgs == 0
 	prefix := jsleader.APIPrefix(t.js)
 	for {
-		msgs, full, err := jsdirect.Batch(ctx, t.js.Conn(), prefix, t.cfg.Source, t.cfg.Prefix+">", mk.Seq+1, moveBatch)
+		msgs, full, err := jsdirect.BatchMax(ctx, t.js.Conn(), prefix, t.cfg.Source, t.cfg.Prefix+">", mk.Seq+1, moveBatch, moveBytes)
 		if err != nil {
 			return fmt.Errorf("cold: read %s from %d: %w", t.cfg.Source, mk.Seq+1, err)
 		}
@@ -98,7 +103,8 @@ func (t *Tier) moveRound(ctx context.Context) error {
 		}
 		next.Node = t.cfg.Node
 		// Caught up: a message at the cutoff was reached, or the batch read through the leader's
-		// last message (a replica behind it answers a short batch), or the bucket holds none.
+		// last message (a replica behind it answers a batch that is not full), or the bucket
+		// holds none.
 		caughtUp := reached || (!full && (max(next.Seq, mk.Seq) >= last || empty))
 		if caughtUp {
 			next.W = cutoff.UnixNano()
@@ -115,10 +121,27 @@ func (t *Tier) moveRound(ctx context.Context) error {
 }
 
 // copyAll publishes msgs to OG_COLD up to the first one stored at or after cutoff (reached),
-// and waits for their acknowledgements; the mark that covers them.
+// in packs and in stream order, and waits for their acknowledgements; the mark that covers them.
 func (t *Tier) copyAll(ctx context.Context, msgs []jsdirect.Msg, cutoff time.Time) (mark, bool, error) {
 	var mk mark
 	var acks []jetstream.PubAckFuture
+	publish := func(m *nats.Msg) error {
+		f, err := t.js.PublishMsgAsync(m)
+		if err != nil {
+			return fmt.Errorf("cold: copy: %w", err)
+		}
+		acks = append(acks, f)
+		return nil
+	}
+	var p pack
+	flush := func() error {
+		if p.n == 0 {
+			return nil
+		}
+		m := p.msg(t.recordSubject(p.written))
+		p = pack{} // not the body's buffer: the message keeps it until acknowledged (a retry sends it again)
+		return publish(m)
+	}
 	reached := false
 	for _, m := range msgs {
 		stored, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
@@ -130,13 +153,28 @@ func (t *Tier) copyAll(ctx context.Context, msgs []jsdirect.Msg, cutoff time.Tim
 			break
 		}
 		if m.Header.Get("Nats-Marker-Reason") == "" { // an expiry marker is no write
-			f, err := t.js.PublishMsgAsync(t.copyOf(m, stored))
-			if err != nil {
-				return mark{}, false, fmt.Errorf("cold: copy %d: %w", m.Seq, err)
+			r := t.recordOf(m, stored)
+			switch {
+			case r.packedSize() > packBytes/2: // alone, after the records before it
+				if err := flush(); err != nil {
+					return mark{}, false, err
+				}
+				if err := publish(t.single(r)); err != nil {
+					return mark{}, false, err
+				}
+			default:
+				if p.n > 0 && (len(p.body)+r.packedSize() > packBytes || unixHour(r.written) != unixHour(p.written)) {
+					if err := flush(); err != nil {
+						return mark{}, false, err
+					}
+				}
+				p.add(r)
 			}
-			acks = append(acks, f)
 		}
 		mk = mark{Seq: m.Seq, W: stored.UnixNano()}
+	}
+	if err := flush(); err != nil {
+		return mark{}, false, err
 	}
 	for _, f := range acks {
 		select {
@@ -150,20 +188,53 @@ func (t *Tier) copyAll(ctx context.Context, msgs []jsdirect.Msg, cutoff time.Tim
 	return mk, reached, nil
 }
 
-// copyOf is the OG_COLD message of hot message m, stored at stored.
-func (t *Tier) copyOf(m jsdirect.Msg, stored time.Time) *nats.Msg {
-	key := strings.TrimPrefix(m.Subject, t.cfg.Prefix)
-	c := nats.NewMsg(t.recordSubject(stored))
-	c.Header.Set(hdrKey, key)
-	c.Header.Set(hdrRev, strconv.FormatUint(m.Seq, 10))
-	c.Header.Set(hdrWritten, strconv.FormatInt(stored.UnixNano(), 10))
+// recordOf is hot message m, stored at stored, as a record to copy.
+func (t *Tier) recordOf(m jsdirect.Msg, stored time.Time) record {
+	r := record{key: strings.TrimPrefix(m.Subject, t.cfg.Prefix), rev: m.Seq, written: stored, op: opPut, data: m.Data}
 	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-		c.Header.Set(hdrOp, "del")
-	} else {
-		c.Data = m.Data
+		r.op, r.data = opDel, nil
 	}
-	c.Header.Set(jetstream.MsgIDHeader, key+"."+strconv.FormatUint(m.Seq, 10))
+	return r
+}
+
+// single is the OG_COLD message of a record copied alone: its fields in headers, its data as
+// the body.
+func (t *Tier) single(r record) *nats.Msg {
+	c := nats.NewMsg(t.recordSubject(r.written))
+	c.Header.Set(hdrKey, r.key)
+	c.Header.Set(hdrRev, strconv.FormatUint(r.rev, 10))
+	c.Header.Set(hdrWritten, strconv.FormatInt(r.written.UnixNano(), 10))
+	if r.op == opDel {
+		c.Header.Set(hdrOp, "del")
+	}
+	c.Data = r.data
+	c.Header.Set(jetstream.MsgIDHeader, r.key+"."+strconv.FormatUint(r.rev, 10))
 	return c
+}
+
+// pack is a pack being filled: records of one hour of writes, in stream order.
+type pack struct {
+	body        []byte
+	n           int
+	first, last uint64 // revisions (hot sequences)
+	written     time.Time
+}
+
+func (p *pack) add(r record) {
+	if p.n == 0 {
+		p.first, p.written = r.rev, r.written
+	}
+	p.body, p.n, p.last = appendRecord(p.body, r), p.n+1, r.rev
+}
+
+// msg is the pack's message on subject. Its Nats-Msg-Id names the hot sequences it holds:
+// movers racing from one mark pack a batch alike, and OG_COLD stores it once.
+func (p *pack) msg(subject string) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Header.Set(hdrPack, packFormat)
+	m.Header.Set(jetstream.MsgIDHeader, "pack."+strconv.FormatUint(p.first, 10)+"-"+strconv.FormatUint(p.last, 10))
+	m.Data = p.body
+	return m
 }
 
 // publishMark writes mk if the last mark is still at seq; its sequence.
