@@ -24,8 +24,10 @@ type Msg struct {
 }
 
 // Batch asks any replica of stream, under the JetStream API prefix apiPrefix, for up to n
-// messages on subject (a filter: wildcards allowed) at or after stream sequence from (0: the
-// subject's first). full reports that more may follow the batch: it holds n messages, or the
+// messages on subject (a filter: wildcards allowed; "": every subject, from a sequence above 0)
+// at or after stream sequence from (0: the subject's first). A wildcard filter costs the
+// replica a walk of the stream's matching subjects per batch (its pending count): a reader of
+// a whole stream with many subjects passes "". full reports that more may follow the batch: it holds n messages, or the
 // replica cut it at the bytes it sends in one answer (its max_pending, 64 MB by default) with
 // messages left. A replica without the stream answers nats.ErrNoResponders; a timeout is the
 // context's error.

@@ -53,6 +53,7 @@ func TestBatch(t *testing.T) {
 		{"a full batch", "S", "s.a", 0, 2, 0, []uint64{1, 3}, true, nil},
 		{"the rest from a sequence", "S", "s.a", 4, 10, 0, []uint64{4}, false, nil},
 		{"a wildcard", "S", "s.>", 2, 10, 0, []uint64{2, 3, 4, 5}, false, nil},
+		{"every subject", "S", "", 2, 2, 0, []uint64{2, 3}, true, nil},
 		{"nothing past the last", "S", "s.b", 6, 10, 0, nil, false, nil},
 		{"no such subject", "S", "s.z", 0, 10, 0, nil, false, nil},
 		{"no direct gets", "NODIRECT", "n.a", 0, 10, 0, nil, false, nats.ErrNoResponders},
