@@ -107,6 +107,8 @@ type Tier struct {
 	// in this node's index.
 	watermark atomic.Int64
 	applied   atomic.Uint64
+	// first is the mover's last read of the first hot message after its mark (the mover's).
+	first firstAfter
 	// expired is the index span before which the index has dropped its entries (the applier's).
 	expired uint32
 	closed  sync.Once

@@ -276,3 +276,42 @@ func markNodes(t *testing.T, js jetstream.JetStream, n int) []string {
 	}
 	return nodes
 }
+
+// TestColdTierIdleRoundsAskLittle: while the hot records are not due, a mover's rounds do not
+// read the hot bucket again (one read of its first message, then the rounds remember it) and
+// make no consumer; an idle cluster stays quiet (issue 44).
+func TestColdTierIdleRoundsAskLittle(t *testing.T) {
+	srv := testkit.RunJetStream(t, 0)
+	kvs := hot(t, srv.JS, time.Hour)
+	if _, err := kvs.Put(context.Background(), "fresh", []byte("not due for half an hour")); err != nil {
+		t.Fatal(err)
+	}
+	gets := testkit.Watch(t, srv.NC, "$JS.API.DIRECT.GET.KV_IDEM")
+	creates := testkit.Watch(t, srv.NC, "$JS.API.CONSUMER.CREATE.KV_IDEM.>")
+	tier, err := cold.Open(context.Background(), srv.JS, cold.Config{HotTTL: time.Hour, TTL: 2 * time.Hour, Source: "KV_IDEM",
+		Prefix: "$KV.IDEM.", Every: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tier.Run(ctx)
+	}()
+	time.Sleep(time.Second) // about fifty rounds
+	cancel()
+	<-done
+	if err := tier.Close(); err != nil {
+		t.Error(err)
+	}
+	if n := len(gets); n != 1 {
+		t.Errorf("%d direct gets of the hot bucket in about fifty idle rounds, want 1", n)
+	}
+	if n := len(creates); n != 0 {
+		t.Errorf("%d consumers made on the hot bucket with nothing due, want none", n)
+	}
+	if err := tier.Ready(time.Now()); err != nil {
+		t.Errorf("the idle rounds did not move the watermark: %v", err)
+	}
+}

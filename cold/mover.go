@@ -87,13 +87,11 @@ func (t *Tier) moveRound(ctx context.Context) error {
 	state := src.CachedInfo().State // read from the leader just now
 	began, from := time.Now(), mk.Seq
 	if state.Msgs > 0 && state.LastSeq > mk.Seq {
-		first, err := src.GetMsg(ctx, mk.Seq+1, jetstream.WithGetMsgSubject(">"))
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			return nil // a replica behind its leader answered: the next round goes on
-		case err != nil:
-			return fmt.Errorf("cold: read %s from %d: %w", t.cfg.Source, mk.Seq+1, err)
-		case first.Time.Before(cutoff):
+		due, err := t.due(ctx, src, mk.Seq, cutoff)
+		if err != nil || !due.ok {
+			return err // on !ok a replica behind its leader answered: the next round goes on
+		}
+		if due.stored.Before(cutoff) {
 			var caughtUp bool
 			if mk, markSeq, caughtUp, err = t.copyFrom(ctx, mk, markSeq, cutoff, state.LastSeq); err != nil || !caughtUp {
 				return err
@@ -111,6 +109,31 @@ func (t *Tier) moveRound(ctx context.Context) error {
 			Time("watermark", time.Unix(0, mk.W)).Msg("cold tier: moved")
 	}
 	return nil
+}
+
+// firstAfter is the first hot message after a mark's sequence, as a round read it.
+type firstAfter struct {
+	mark   uint64
+	stored time.Time
+	ok     bool
+}
+
+// due reads when the first hot message after the mark's sequence seq was stored (ok false: the
+// replica that answered has none). An earlier round's answer for the same mark stands while it
+// is not due yet: a message after it is newer, and an idle cluster's rounds ask nothing more.
+func (t *Tier) due(ctx context.Context, src jetstream.Stream, seq uint64, cutoff time.Time) (firstAfter, error) {
+	if f := t.first; f.ok && f.mark == seq && !f.stored.Before(cutoff) {
+		return f, nil
+	}
+	m, err := src.GetMsg(ctx, seq+1, jetstream.WithGetMsgSubject(">"))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return firstAfter{}, nil
+	}
+	if err != nil {
+		return firstAfter{}, fmt.Errorf("cold: read %s from %d: %w", t.cfg.Source, seq+1, err)
+	}
+	t.first = firstAfter{mark: seq, stored: m.Time, ok: true}
+	return t.first, nil
 }
 
 // copyFrom copies the hot messages after mk stored before cutoff, reading them through one
