@@ -16,8 +16,11 @@ import (
 // that runs until Stop). It returns once the copy holds every key the bucket held, so the
 // API never serves with a revocation it has not seen yet.
 func (g *Gateway) startKeys(ctx context.Context, js jetstream.JetStream) (httpapi.KeyStore, error) {
-	keys, err := kv.OpenAPIKeys(ctx, js, g.res.replicas)
-	if err != nil {
+	var keys *kv.APIKeys
+	if err := openRetried(ctx, g.log, "API keys", clusterSetupWindow, func(ctx context.Context) (err error) {
+		keys, err = kv.OpenAPIKeys(ctx, js, g.res.replicas)
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	loaded := make(chan struct{})

@@ -45,9 +45,13 @@ func (g *Gateway) startCold(ctx context.Context, js jetstream.JetStream, log zer
 			dir = filepath.Join(g.cfg.DataDir, p.Tagged("cold")) // cold, p1-cold, ...
 		}
 		source, prefix := kv.BucketNames(p)
-		tier, err := cold.Open(ctx, js, cold.Config{HotTTL: idem.HotTTL.D(), TTL: idem.TTL.D(), Source: source,
-			Prefix: prefix, Replicas: g.res.replicas, Dir: dir, Log: log.With().Int("partition", int(p)).Logger(), Node: g.id,
-			Partition: p, Placement: g.res.placement(p)})
+		var tier *cold.Tier
+		err := openRetried(ctx, log, p.Stream(cold.Stream), clusterSetupWindow, func(ctx context.Context) (err error) {
+			tier, err = cold.Open(ctx, js, cold.Config{HotTTL: idem.HotTTL.D(), TTL: idem.TTL.D(), Source: source,
+				Prefix: prefix, Replicas: g.res.replicas, Dir: dir, Log: log.With().Int("partition", int(p)).Logger(), Node: g.id,
+				Partition: p, Placement: g.res.placement(p)})
+			return err
+		})
 		if err != nil {
 			l.close()
 			return nil, fmt.Errorf("partition %d: %w", p, err)

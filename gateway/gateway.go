@@ -663,8 +663,11 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if err != nil {
 		return err
 	}
-	effectLedger, err := effects.Open(ctx, js, effects.Config{TTL: idem.TTL.D(), Replicas: g.res.replicas})
-	if err != nil {
+	var effectLedger *effects.Store
+	if err := openRetried(ctx, apiLog, effects.Bucket, clusterSetupWindow, func(ctx context.Context) (err error) {
+		effectLedger, err = effects.Open(ctx, js, effects.Config{TTL: idem.TTL.D(), Replicas: g.res.replicas})
+		return err
+	}); err != nil {
 		return err
 	}
 	g.api = httpapi.New(httpapi.Deps{Effects: effectLedger, Keys: keys, Models: catalog(models), Dashboard: g.newDashboard(ctx, js), NC: nc, JS: js, Intents: intents, Router: g.cfg, Status: board,

@@ -1,0 +1,35 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/oncegate/oncegate/internal/jsretry"
+	"github.com/oncegate/oncegate/internal/resilience"
+)
+
+// openRetried calls open until it succeeds, fails with an error a retry cannot cure, or
+// window has passed. The API's start opens what the setup (ensureResourcesRetried) made
+// (the effects bucket, the API keys bucket, each partition's cold tier), and on a loaded or
+// settling cluster one of those requests can go unanswered in time as the setup's can: a node
+// restarted after a kill under load exited with "effects: open bucket OG_EFFECTS: replicas:
+// stream KV_OG_EFFECTS: context deadline exceeded" (TestDeployedRow, seen once).
+func openRetried(ctx context.Context, log zerolog.Logger, what string, window time.Duration, open func(context.Context) error) error {
+	deadline := time.Now().Add(window)
+	for attempt := 0; ; attempt++ {
+		err := open(ctx)
+		if err == nil || !jsretry.Transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		log.Info().Err(err).Str("opening", what).Msg("JetStream did not answer in time while the API starts: retrying")
+		t := time.NewTimer(resilience.Backoff(attempt, 50*time.Millisecond, setupJitter))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
