@@ -18,13 +18,15 @@ import (
 // stream KV_OG_EFFECTS: context deadline exceeded" (TestDeployedRow, seen once).
 func openRetried(ctx context.Context, log zerolog.Logger, what string, window time.Duration, open func(context.Context) error) error {
 	deadline := time.Now().Add(window)
-	for attempt := 0; ; attempt++ {
+	for {
 		err := open(ctx)
 		if err == nil || !jsretry.Transient(err) || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}
 		log.Info().Err(err).Str("opening", what).Msg("JetStream did not answer in time while the API starts: retrying")
-		t := time.NewTimer(resilience.Backoff(attempt, 50*time.Millisecond, setupJitter))
+		// As the setup waits: two nodes creating the same new stream at once both go
+		// unanswered (nats-server 2.15), and a random wait of up to a second puts one ahead.
+		t := time.NewTimer(resilience.Backoff(0, setupJitter, setupJitter))
 		select {
 		case <-ctx.Done():
 			t.Stop()
