@@ -119,11 +119,9 @@ type Tier struct {
 func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tier, error) {
 	cfg.defaults()
 	name, rec, mk := cfg.Partition.Stream(Stream), cfg.Partition.Subject(recSubject), cfg.Partition.Subject(markSubject)
-	st, err := replicas.Ensure(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{rec + ".*", mk},
-		Storage: jetstream.FileStorage, MaxAge: cfg.TTL, Replicas: max(cfg.Replicas, 1), AllowDirect: true,
-		Duplicates: dupWindow, Discard: jetstream.DiscardOld, Placement: cfg.Placement})
+	st, err := EnsureStream(ctx, js, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("cold: open stream %s: %w", name, err)
+		return nil, err
 	}
 	ix, rebuilt, err := openIndex(cfg.Dir, cfg.TTL)
 	if err != nil {
@@ -151,6 +149,20 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Tier, error
 		t.watermark.Store(wm.UnixNano())
 	}
 	return t, nil
+}
+
+// EnsureStream creates or updates the partition's OG_COLD (cfg's TTL, Replicas, Partition and
+// Placement): a node's start makes it with its other streams, so that nodes starting together
+// race in the setup's retries, not in Open.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg Config) (jetstream.Stream, error) {
+	name, rec, mk := cfg.Partition.Stream(Stream), cfg.Partition.Subject(recSubject), cfg.Partition.Subject(markSubject)
+	st, err := replicas.Ensure(ctx, js, jetstream.StreamConfig{Name: name, Subjects: []string{rec + ".*", mk},
+		Storage: jetstream.FileStorage, MaxAge: cfg.TTL, Replicas: max(cfg.Replicas, 1), AllowDirect: true,
+		Duplicates: dupWindow, Discard: jetstream.DiscardOld, Placement: cfg.Placement})
+	if err != nil {
+		return nil, fmt.Errorf("cold: open stream %s: %w", name, err)
+	}
+	return st, nil
 }
 
 // Close closes the index; Run must have returned.

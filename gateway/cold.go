@@ -34,7 +34,7 @@ func (g *Gateway) startCold(ctx context.Context, js jetstream.JetStream, log zer
 		return nil, nil
 	}
 	log = log.With().Str("component", "cold").Logger()
-	if !idem.MoveExisting && keptHot(ctx, js, idem.TTL.D()) {
+	if !g.res.cold { // a store that kept its keys hot (decided before the setup)
 		log.Warn().Dur("hot_ttl", idem.HotTTL.D()).Msg("the cold tier is off: this store has kept every key in IDEM for the TTL (it was made without a cold tier); set idempotency.move_existing to move its records to the cold tier (keys the hot tier lacks are refused until they are moved), or idempotency.hot_ttl to 0 to keep it so")
 		return nil, nil
 	}
@@ -84,15 +84,24 @@ func (g *Gateway) startCold(ctx context.Context, js jetstream.JetStream, log zer
 // keeps the TTL (or more) and it has no OG_COLD (a partitioned store's copies were made with
 // partition 0's). Turning the cold tier on for such a store is the operator's choice
 // (idempotency.move_existing): its backlog is copied first, and new keys are refused
-// meanwhile. A read that fails is no such store: starting the cold tier is safe on any store
-// (at worst the refusals), leaving it off is not on one whose bucket was lowered.
-func keptHot(ctx context.Context, js jetstream.JetStream, ttl time.Duration) bool {
-	if _, err := js.Stream(ctx, cold.Stream); !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return false
+// meanwhile. A read that fails is an error: the setup, which decides it, tries again.
+func keptHot(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (bool, error) {
+	_, err := js.Stream(ctx, cold.Stream)
+	if err == nil {
+		return false, nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, fmt.Errorf("cold tier: %s: %w", cold.Stream, err)
 	}
 	idem, _ := kv.BucketNames(0)
 	st, err := js.Stream(ctx, idem)
-	return err == nil && st.CachedInfo().Config.MaxAge >= ttl
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return false, nil // a new store
+	}
+	if err != nil {
+		return false, fmt.Errorf("cold tier: %s: %w", idem, err)
+	}
+	return st.CachedInfo().Config.MaxAge >= ttl, nil
 }
 
 // coldReadyWait bounds how long a start waits for its cold tier's first mark: until then the

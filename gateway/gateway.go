@@ -304,6 +304,7 @@ func (g *Gateway) start(ctx context.Context, getenv func(string) string) error {
 		}
 		return err
 	}
+	g.res.coldWanted, g.res.moveExisting = cfg.Idempotency.ColdTier(), cfg.Idempotency.MoveExisting
 	if err := g.ensureResourcesRetried(ctx); err != nil {
 		var re *replicas.Error
 		if errors.As(err, &re) {

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/cold"
 	"github.com/oncegate/oncegate/effects"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/jsleader"
@@ -34,7 +35,11 @@ type resources struct {
 	replicas int
 	ttl      time.Duration // IDEM's record TTL
 	hot      time.Duration // IDEM's hot TTL (0: no cold tier)
-	lease    time.Duration // the JOBS consumer's AckWait
+	// coldWanted: a hot TTL is set (idempotency.hot_ttl); cold: the store has a cold tier
+	// (wanted, and not a store that kept its keys hot unless moveExisting), decided by the
+	// first setup (coldDecided), which makes its OG_COLD streams.
+	coldWanted, moveExisting, cold, coldDecided bool
+	lease                                       time.Duration // the JOBS consumer's AckWait
 	// maxAckPending bounds the JOBS consumer's unacknowledged deliveries.
 	maxAckPending int
 	// parts is the partition count (nats.partitions, at least 1); place puts partition k's
@@ -125,6 +130,13 @@ func (r *resources) checkPartitions(ctx context.Context) error {
 // ensure creates or updates every stream, bucket and the JOBS consumers; idempotent, and it
 // never lowers a replica count.
 func (r *resources) ensure(ctx context.Context) error {
+	if r.coldWanted && !r.coldDecided {
+		kept, err := keptHot(ctx, r.js, r.ttl)
+		if err != nil {
+			return err
+		}
+		r.cold, r.coldDecided = r.moveExisting || !kept, true
+	}
 	for _, p := range partition.All(r.parts) {
 		if err := jobs.EnsureStreams(ctx, r.js, jobs.StreamConfig{Replicas: r.replicas, Partition: p, Placement: r.placement(p),
 			MaxChunkBytes: jobs.DefaultMaxChunkBytes / int64(r.parts)}); err != nil {
@@ -132,6 +144,11 @@ func (r *resources) ensure(ctx context.Context) error {
 		}
 		if _, err := kv.Open(ctx, r.js, kv.BucketConfig{TTL: r.ttl, HotTTL: r.hot, Replicas: r.replicas, Partition: p, Placement: r.placement(p)}); err != nil {
 			return err
+		}
+		if r.cold {
+			if _, err := cold.EnsureStream(ctx, r.js, cold.Config{TTL: r.ttl, Replicas: r.replicas, Partition: p, Placement: r.placement(p)}); err != nil {
+				return err
+			}
 		}
 		if _, err := workers.EnsureConsumer(ctx, r.js, p, r.lease, r.maxAckPending); err != nil {
 			return err
