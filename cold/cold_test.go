@@ -39,8 +39,14 @@ func run(t testing.TB, js jetstream.JetStream, dir string, hotTTL time.Duration)
 // runNode is run with the mover named node.
 func runNode(t testing.TB, js jetstream.JetStream, dir string, hotTTL time.Duration, node string) (*cold.Tier, func()) {
 	t.Helper()
-	tier, err := cold.Open(context.Background(), js, cold.Config{HotTTL: hotTTL, TTL: time.Hour, Source: "KV_IDEM",
+	return runTier(t, js, cold.Config{HotTTL: hotTTL, TTL: time.Hour, Source: "KV_IDEM",
 		Prefix: "$KV.IDEM.", Dir: dir, MoveAfter: 50 * time.Millisecond, Margin: hotTTL / 2, Every: 20 * time.Millisecond, Node: node})
+}
+
+// runTier opens a tier with cfg and runs it until the test ends (or stop is called).
+func runTier(t testing.TB, js jetstream.JetStream, cfg cold.Config) (*cold.Tier, func()) {
+	t.Helper()
+	tier, err := cold.Open(context.Background(), js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,23 +294,10 @@ func TestColdTierIdleRoundsAskLittle(t *testing.T) {
 	}
 	gets := testkit.Watch(t, srv.NC, "$JS.API.DIRECT.GET.KV_IDEM")
 	creates := testkit.Watch(t, srv.NC, "$JS.API.CONSUMER.CREATE.KV_IDEM.>")
-	tier, err := cold.Open(context.Background(), srv.JS, cold.Config{HotTTL: time.Hour, TTL: 2 * time.Hour, Source: "KV_IDEM",
+	tier, stop := runTier(t, srv.JS, cold.Config{HotTTL: time.Hour, TTL: 2 * time.Hour, Source: "KV_IDEM",
 		Prefix: "$KV.IDEM.", Every: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tier.Run(ctx)
-	}()
 	time.Sleep(time.Second) // about fifty rounds
-	cancel()
-	<-done
-	if err := tier.Close(); err != nil {
-		t.Error(err)
-	}
+	stop()
 	if n := len(gets); n != 1 {
 		t.Errorf("%d direct gets of the hot bucket in about fifty idle rounds, want 1", n)
 	}

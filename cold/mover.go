@@ -229,13 +229,12 @@ func (t *Tier) copyAll(ctx context.Context, msgs []hotMsg, cutoff time.Time) (ma
 	}
 	reached := false
 	for _, m := range msgs {
-		stored := m.stored
-		if !stored.Before(cutoff) {
+		if !m.stored.Before(cutoff) {
 			reached = true
 			break
 		}
 		if m.header.Get("Nats-Marker-Reason") == "" { // an expiry marker is no write
-			r := t.recordOf(m, stored)
+			r := t.recordOf(m)
 			switch {
 			case r.packedSize() > packBytes/2: // alone, after the records before it
 				if err := flush(); err != nil {
@@ -253,7 +252,7 @@ func (t *Tier) copyAll(ctx context.Context, msgs []hotMsg, cutoff time.Time) (ma
 				p.add(r)
 			}
 		}
-		mk = mark{Seq: m.seq, W: stored.UnixNano()}
+		mk = mark{Seq: m.seq, W: m.stored.UnixNano()}
 	}
 	if err := flush(); err != nil {
 		return mark{}, false, err
@@ -270,9 +269,9 @@ func (t *Tier) copyAll(ctx context.Context, msgs []hotMsg, cutoff time.Time) (ma
 	return mk, reached, nil
 }
 
-// recordOf is hot message m, stored at stored, as a record to copy.
-func (t *Tier) recordOf(m hotMsg, stored time.Time) record {
-	r := record{key: strings.TrimPrefix(m.subject, t.cfg.Prefix), rev: m.seq, written: stored, op: opPut, data: m.data}
+// recordOf is hot message m as a record to copy.
+func (t *Tier) recordOf(m hotMsg) record {
+	r := record{key: strings.TrimPrefix(m.subject, t.cfg.Prefix), rev: m.seq, written: m.stored, op: opPut, data: m.data}
 	if op := m.header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
 		r.op, r.data = opDel, nil
 	}
