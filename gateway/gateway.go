@@ -607,12 +607,13 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
 	// The core fast path needs the chunks published on this process's server; in a cluster a
 	// worker on another node publishes them, and interest crosses the routes asynchronously.
-	// One server: a subscription made before the job is published sees all of its output, so
-	// a non-stream execution's outcome needs no stored chunk (jobs.HubOptions.Notices).
+	// A non-stream execution's outcome is a notice everywhere (jobs.HubOptions.Notices): on
+	// one server none is missed; on a cluster one the routes lose costs its request the wait
+	// until it reads the record, instead of a stored chunk per intent on every server.
 	single := g.ns != nil && !g.cfg.NATS.Cluster.Enabled()
 	parts := make([]intent.Partition, len(side.stores))
 	for p, st := range side.stores {
-		hub := jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: single, Notices: single, Partition: partition.P(p)})
+		hub := jobs.NewHub(nc, js, apiLog, jobs.HubOptions{CoreFastPath: single, Notices: true, Partition: partition.P(p)})
 		if err := hub.StartTail(ctx); err != nil { // else made by the first feed
 			apiLog.Warn().Err(err).Int("partition", p).Msg("starting the CHUNKS tail")
 		}

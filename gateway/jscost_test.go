@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/config"
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
@@ -164,8 +165,10 @@ func report(t *testing.T, what string, k map[string]int, per float64, unit strin
 // (docs/operations/cluster.md's deployment, R3) asks of JetStream: idle for -jscost.idle, and
 // per new intent over -jscost.intents sent one after another to node 1 (each fresh key, a
 // non-stream chat completion, the built-in mock). It prints the counts per kind (and the
-// account's other messages per class: publishes, deliveries, acks, replies), and fails
-// when the idle cluster asks more than idleBudget API requests per second per node
+// account's other messages per class: publishes, deliveries, acks, replies; and the messages
+// between the servers, Raft's included), and fails when an intent makes a consumer or stores
+// a chunk (its outcome is a notice), when it asks more API requests than it stores messages
+// plus two, or when the idle cluster asks more than idleBudget API requests per second per node
 // (advisories are not requests) or creates a consumer (issue 44 item 3: quiet when idle).
 func TestClusterJetStreamCost(t *testing.T) {
 	if testing.Short() {
@@ -195,9 +198,11 @@ func TestClusterJetStreamCost(t *testing.T) {
 	before, beforeEach := storedMessages(t, gws[0].NATSURL())
 	c.take() // the warm-up's, and the read of the streams' sequences
 	c.takeTraffic()
+	routes0, began := routeMsgs(t, gws), time.Now()
 	for i := range n {
 		chat(t, base, fmt.Sprintf("jscost-%04d", i))
 	}
+	routes1, took := routeMsgs(t, gws), time.Since(began)
 	// Their cost includes what other nodes do for them later: every worker pool's charge
 	// sweep reads a billable record another pool wrote once it is ChargeGrace (30 s) old.
 	time.Sleep(chargeSettle)
@@ -213,6 +218,10 @@ func TestClusterJetStreamCost(t *testing.T) {
 	report(t, fmt.Sprintf("%d new intents on node 1 (%.2f stored messages per intent), and %s after them", n, float64(stored)/float64(n), chargeSettle), busy, float64(n), "/intent")
 	report(t, "the account's other messages (publishes, acks, replies, deliveries)", traffic, float64(n), "/intent")
 	requests := total(busy, "") - total(busy, "ADVISORY.")
+	// A non-stream outcome is a notice on a cluster too: no chunk is stored for it.
+	if chunks := each["stored on CHUNKS"]; chunks != 0 {
+		t.Errorf("%d chunks stored for %d new non-stream intents, want none (the outcome is a notice)", chunks, n)
+	}
 	if created := total(busy, "CONSUMER.CREATE"); created != 0 {
 		t.Errorf("%d consumers created during %d new intents, want 0", created, n)
 	}
@@ -221,9 +230,15 @@ func TestClusterJetStreamCost(t *testing.T) {
 	}
 
 	c.take() // the read of the streams' sequences
+	idle0 := routeMsgs(t, gws)
 	time.Sleep(*costIdle)
 	idle := c.take()
 	secs := costIdle.Seconds()
+	// What crossed between the servers per intent, Raft's traffic included, less what the
+	// routes carry idle in as long (heartbeats): each such message costs a write and a read.
+	idleRate := float64(routeMsgs(t, gws)-idle0) / secs
+	t.Logf("messages between the servers: %.1f per intent (%d in %s for %d intents, less %.1f/s idle)",
+		(float64(routes1-routes0)-idleRate*took.Seconds())/float64(n), routes1-routes0, took.Round(time.Millisecond), n, idleRate)
 	report(t, fmt.Sprintf("idle three-node cluster, %s", *costIdle), idle, secs*3, "/s/node")
 	requests = total(idle, "") - total(idle, "ADVISORY.")
 	if perNode := float64(requests) / secs / 3; perNode > idleBudget {
@@ -232,6 +247,20 @@ func TestClusterJetStreamCost(t *testing.T) {
 	if n := total(idle, "CONSUMER.CREATE"); n > 0 {
 		t.Errorf("idle: %d consumers created, want none", n)
 	}
+}
+
+// routeMsgs is the number of messages the servers of gws have sent one another so far.
+func routeMsgs(t *testing.T, gws []*gateway.Gateway) int64 {
+	t.Helper()
+	var sum int64
+	for _, gw := range gws {
+		rt, err := gateway.RouteTraffic(gw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum += rt.OutMsgs
+	}
+	return sum
 }
 
 // chargeSettle is how long after an intent the cluster still works for it: the charge sweeps

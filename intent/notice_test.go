@@ -22,10 +22,7 @@ func TestNoticeOutcome(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	hub := jobs.NewHub(e.srv.NC, e.srv.JS, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true, Notices: true})
-	t.Cleanup(hub.Close)
-	core := intent.New(intent.Deps{JS: e.srv.JS, Store: e.store, Hub: hub, Log: zerolog.Nop(), Now: e.clock.Now,
-		Options: intent.Options{Lease: lease, TTL: recordTTL, AutoWindow: autoWindow, ReplayCacheBytes: 1 << 20}})
+	core := e.noticeNode(t)
 
 	req := request("notice")
 	adm := admit(t, core, req)
@@ -60,4 +57,34 @@ func TestNoticeOutcome(t *testing.T) {
 	if _, err := fl.Next(ctx); !errors.Is(err, jobs.ErrStored) {
 		t.Fatalf("a follower joined after the notice: %v, want ErrStored (answer from the record)", err)
 	}
+}
+
+// TestLostNoticeAnsweredFromTheRecord: a notice is a plain message, sent once. On a cluster
+// one can be lost (the follower's interest had not crossed a route that was down when the
+// worker published it); the outcome is in the record all the same, and the request answers
+// from it after its idle check instead of waiting for a chunk that never comes.
+func TestLostNoticeAnsweredFromTheRecord(t *testing.T) {
+	e := newEnv(t, nil)
+	core := e.noticeNode(t)
+
+	req := request("lost-notice")
+	adm := admit(t, core, req)
+	if job := e.take(t, req.Key); !job.Notice {
+		t.Fatal("the job of a non-stream intent on a notice hub does not say Notice")
+	}
+	e.finishRecord(t, req.Key, kv.Completed, kv.Result{Status: http.StatusOK, Body: []byte(`{"answer":"from the record"}`)})
+	// No notice is published: the one the worker sent went nowhere.
+	ev := next(t, adm)
+	if ev.Kind != intent.Finished || !ev.SameEpoch || ev.View == nil || ev.View.Answer == nil || string(ev.View.Answer.Body) != `{"answer":"from the record"}` {
+		t.Fatalf("the request got %s (%+v), want the outcome read from the record", ev.Kind, ev.View)
+	}
+}
+
+// noticeNode is the core of an API node on e whose hub follows notices.
+func (e *env) noticeNode(t *testing.T) *intent.Core {
+	t.Helper()
+	hub := jobs.NewHub(e.srv.NC, e.srv.JS, zerolog.Nop(), jobs.HubOptions{CoreFastPath: true, Notices: true})
+	t.Cleanup(hub.Close)
+	return intent.New(intent.Deps{JS: e.srv.JS, Store: e.store, Hub: hub, Log: zerolog.Nop(), Now: e.clock.Now,
+		Options: intent.Options{Lease: lease, TTL: recordTTL, AutoWindow: autoWindow, ReplayCacheBytes: 1 << 20}})
 }

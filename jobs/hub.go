@@ -82,8 +82,13 @@ type HubOptions struct {
 	CoreFastPath bool
 	// Notices lets OpenNonStream follow a non-stream execution by its notices alone (one core
 	// subscription on NoticeSubject; the job says so, Job.Notice, and its outcome is never
-	// stored in CHUNKS). Safe where CoreFastPath is: a notice reaches the subscriptions its
-	// server has when it is published, and on one server the follower's precedes the job.
+	// stored in CHUNKS). A notice reaches the subscriptions its server knows of when it is
+	// published. On one server the follower's precedes the job, so none is missed. On a
+	// cluster the follower's interest crosses the routes while the job is stored and
+	// replicated, long before its worker can answer; should a notice still be lost (a route
+	// down at that moment), the outcome is in the record, which the request reads after a
+	// silence (intent's idle check). That saves each non-stream intent a replicated CHUNKS
+	// write and its delivery to every node's tail.
 	Notices bool
 	// InactiveThreshold is how long the server keeps a tail nothing reads (0: orderedInactive).
 	InactiveThreshold time.Duration

@@ -114,7 +114,24 @@ func benchClusterIntent(b *testing.B, syncOpt testkit.ClusterOption, concurrency
 		b.Fatal(err)
 	}
 	defer cc.Stop()
+	r.routes = func() int64 { return routeMsgs(b, cl) }
 	r.measure(b, concurrency)
+}
+
+// routeMsgs is the number of messages the cluster's servers have sent one another so far,
+// Raft's included.
+func routeMsgs(b *testing.B, cl *testkit.Cluster) int64 {
+	var sum int64
+	for i := range cl.Size() {
+		rz, err := cl.Server(i).Routez(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, r := range rz.Routes {
+			sum += r.OutMsgs
+		}
+	}
+	return sum
 }
 
 // rig is one benchmark's streams, bucket and worker, and the intents waiting for their
@@ -127,6 +144,8 @@ type rig struct {
 	wait   sync.Map // key → chan struct{}, closed when its terminal chunk arrives
 	werr   atomic.Value
 	seq    atomic.Int64
+	// routes counts the messages between servers so far (nil on one server).
+	routes func() int64
 }
 
 // newRig creates IDEM, JOBS, CHUNKS and LEDGER with the given replicas through api and starts
@@ -245,6 +264,10 @@ func (r *rig) measure(b *testing.B, concurrency int) {
 		}
 	}
 
+	var routes0 int64
+	if r.routes != nil {
+		routes0 = r.routes()
+	}
 	before := cpuTime()
 	b.ResetTimer()
 	var next atomic.Int64
@@ -270,6 +293,9 @@ func (r *rig) measure(b *testing.B, concurrency int) {
 	}
 	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/intent")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "intents/s")
+	if r.routes != nil {
+		b.ReportMetric(float64(r.routes()-routes0)/float64(b.N), "route-msgs/intent")
+	}
 }
 
 // cpuTime is the user and system time the process has used.

@@ -356,3 +356,20 @@ func ConnectURL(url, name string) (*nats.Conn, error) {
 	}
 	return nc, nil
 }
+
+// RouteTraffic is what the server's routes to its peers carried since it started.
+type RouteTraffic struct{ InMsgs, OutMsgs, InBytes, OutBytes int64 }
+
+// RouteTraffic sums the counters of the server's routes (zero on a server without a cluster):
+// every message that crossed to or from another server, Raft's own included.
+func (s *Server) RouteTraffic() (RouteTraffic, error) {
+	rz, err := s.ns.Routez(nil)
+	if err != nil {
+		return RouteTraffic{}, fmt.Errorf("natsrv: routes: %w", err)
+	}
+	var t RouteTraffic
+	for _, r := range rz.Routes {
+		t.InMsgs, t.OutMsgs, t.InBytes, t.OutBytes = t.InMsgs+r.InMsgs, t.OutMsgs+r.OutMsgs, t.InBytes+r.InBytes, t.OutBytes+r.OutBytes
+	}
+	return t, nil
+}
