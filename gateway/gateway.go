@@ -607,9 +607,9 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	apiLog := g.log.With().Str("component", "httpapi").Logger()
 	// The core fast path needs the chunks published on this process's server; in a cluster a
 	// worker on another node publishes them, and interest crosses the routes asynchronously.
-	// A non-stream execution's outcome is a notice everywhere (jobs.HubOptions.Notices): on
-	// one server none is missed; on a cluster one the routes lose costs its request the wait
-	// until it reads the record, instead of a stored chunk per intent on every server.
+	// A non-stream execution's outcome is a notice everywhere (jobs.HubOptions.Notices): on a
+	// cluster one whose follower's interest had not crossed the routes yet is not answered,
+	// and stored as a terminal chunk, which this node's tail reads.
 	single := g.ns != nil && !g.cfg.NATS.Cluster.Enabled()
 	parts := make([]intent.Partition, len(side.stores))
 	for p, st := range side.stores {

@@ -205,7 +205,8 @@ func (p *Publisher) ExpiresAlone() bool { return p.expiring }
 
 // SetNotice makes a terminal chunk that is the execution's first (a non-stream execution's
 // outcome) a notice: a plain message on NoticeSubject, which its followers subscribe to
-// (Job.Notice), instead of a stored chunk: nothing is stored, acknowledged or expired for it.
+// (Job.Notice), instead of a stored chunk: nothing is stored, acknowledged or expired for it,
+// unless no follower answers it (heard), when it is stored as the terminal chunk after all.
 // The outcome must be stored before (the record is the truth for whoever missed it), and a
 // notice cannot be fenced: it is sent only after the record write that a takeover would have
 // refused.
@@ -232,10 +233,7 @@ func (p *Publisher) Publish(ctx context.Context, kind Kind, status int, payload 
 // PublishRetry is Publish with a Retry-After (seconds) for a terminal error.
 func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, payload []byte, retryAfter int) error {
 	c := newChunk(p.Next(), kind, status, payload, p.meta, retryAfter)
-	if p.notice && c.Terminal() && c.Idx == 0 {
-		if err := p.js.Conn().PublishMsg(c.msg(NoticeSubject(p.subject))); err != nil {
-			return fmt.Errorf("jobs: notice on %s: %w", p.subject, err)
-		}
+	if p.notice && c.Terminal() && c.Idx == 0 && p.heard(ctx, c) {
 		p.expiring = true // nothing is left on the subject to discard
 		p.next.Add(1)
 		return nil
@@ -281,6 +279,25 @@ func (p *Publisher) PublishRetry(ctx context.Context, kind Kind, status int, pay
 	p.expiring = expiring && c.Idx == 0
 	p.next.Add(1)
 	return nil
+}
+
+// noticeWait bounds the wait for a follower's answer to a notice before the outcome is stored
+// as a terminal chunk instead.
+const noticeWait = time.Second
+
+// heard sends c as a notice and reports whether a follower answered it (each feed listening on
+// the notice subject answers, Hub.OpenNonStream). A notice nobody answered is stored as the
+// terminal chunk by the caller: on a cluster the follower's interest crosses the routes
+// asynchronously, and under load it was seen to arrive after the outcome (about one notice in
+// a thousand at a few hundred intents a second on three nodes): the worker's server knew of no
+// subscriber ("no responders", at once) and the request waited for its idle check. A stored
+// chunk reaches it through its node's tail. A follower that left has nobody to answer either,
+// which costs the same stored chunk a cluster always wrote before.
+func (p *Publisher) heard(ctx context.Context, c Chunk) bool {
+	ctx, cancel := context.WithTimeout(ctx, noticeWait)
+	defer cancel()
+	_, err := p.js.Conn().RequestMsgWithContext(ctx, c.msg(NoticeSubject(p.subject)))
+	return err == nil
 }
 
 // landed is the stream sequence of chunk idx if this publisher's chunk idx is the subject's

@@ -83,12 +83,12 @@ type HubOptions struct {
 	// Notices lets OpenNonStream follow a non-stream execution by its notices alone (one core
 	// subscription on NoticeSubject; the job says so, Job.Notice, and its outcome is never
 	// stored in CHUNKS). A notice reaches the subscriptions its server knows of when it is
-	// published. On one server the follower's precedes the job, so none is missed. On a
-	// cluster the follower's interest crosses the routes while the job is stored and
-	// replicated, long before its worker can answer; should a notice still be lost (a route
-	// down at that moment), the outcome is in the record, which the request reads after a
-	// silence (intent's idle check). That saves each non-stream intent a replicated CHUNKS
-	// write and its delivery to every node's tail.
+	// published, and the feed answers it. On one server the follower's precedes the job, so
+	// none is missed. On a cluster the follower's interest crosses the routes asynchronously,
+	// and may not have reached the worker's server yet: a notice nobody answered is stored as
+	// the terminal chunk (Publisher.SetNotice), which the node's tail carries to the feed.
+	// That saves nearly every non-stream intent on a cluster a replicated CHUNKS write and its
+	// delivery to every node's tail.
 	Notices bool
 	// InactiveThreshold is how long the server keeps a tail nothing reads (0: orderedInactive).
 	InactiveThreshold time.Duration
@@ -121,7 +121,7 @@ func (h *Hub) Open(ctx context.Context, subject string) (*Follower, error) {
 // a cancellation arrive there, unstored. Without, it is Open.
 func (h *Hub) OpenNonStream(ctx context.Context, subject string) (*Follower, error) {
 	if h.notices {
-		return h.attachNotice(subject)
+		return h.attachNotice(ctx, subject)
 	}
 	return h.Open(ctx, subject)
 }
@@ -167,8 +167,14 @@ func (h *Hub) register(subject string) (fl *Follower, f *feed, fresh bool, err e
 	return fl, f, !ok, nil
 }
 
-// attachNotice follows a new non-stream execution by its notices alone.
-func (h *Hub) attachNotice(subject string) (*Follower, error) {
+// attachNotice follows a new non-stream execution by its notices alone, and on a cluster by
+// the hub's tail as well, which carries the outcome a notice nobody answered was stored as.
+func (h *Hub) attachNotice(ctx context.Context, subject string) (*Follower, error) {
+	if !h.coreFast {
+		if err := h.tail.start(ctx); err != nil {
+			return nil, err
+		}
+	}
 	fl, f, fresh, err := h.register(subject)
 	if err != nil || !fresh {
 		return fl, err
@@ -323,9 +329,17 @@ type feed struct {
 	notice    *nats.Subscription // the notice subject's (OpenNonStream with notices, JoinNonStream)
 }
 
-// startCore subscribes on subject, a core subscription kept in *held (f.sub or f.notice).
+// startCore subscribes on subject, a core subscription kept in *held (f.sub or f.notice). A
+// notice sent as a request (Publisher's) is answered once delivered: its worker then stores
+// nothing. A chunk's publish on f.sub is JetStream's to answer, never the feed's.
 func (f *feed) startCore(subject string, held **nats.Subscription) error {
-	sub, err := f.hub.nc.Subscribe(subject, func(m *nats.Msg) { f.deliver(m.Header, m.Data) })
+	answer := held == &f.notice
+	sub, err := f.hub.nc.Subscribe(subject, func(m *nats.Msg) {
+		f.deliver(m.Header, m.Data)
+		if answer && m.Reply != "" {
+			_ = m.Respond(nil)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("jobs: subscribe %s: %w", subject, err)
 	}

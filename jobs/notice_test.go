@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -169,4 +170,50 @@ func TestEndStored(t *testing.T) {
 	if _, err := fl.Next(ctx); !errors.Is(err, jobs.ErrStored) || !errors.Is(err, jobs.ErrEnded) {
 		t.Fatalf("Next after EndStored: %v, want ErrStored", err)
 	}
+}
+
+// TestNoticesOnACluster: on a cluster a follower's interest crosses the routes
+// asynchronously, so a notice published on another server just after the follower subscribed
+// can find nobody there. Each execution here is opened on server 0 and its outcome published
+// at once on server 1, as tight as the race gets (a gateway has a record and a job written in
+// between): every outcome must reach its follower, as a notice answered or as the terminal
+// chunk stored when nobody answered, which the hub's tail reads. With the notice published
+// unanswered and never stored, followers whose notice went first waited for ever.
+func TestNoticesOnACluster(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	nc, js := c.ConnectTo(t, 0)
+	_, worker := c.ConnectTo(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	hub := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{Notices: true})
+	t.Cleanup(hub.Close)
+	const n = 100
+	stored := 0
+	for i := range n {
+		job := newJob(fmt.Sprintf("cluster-notice-%d", i))
+		fl, err := hub.OpenNonStream(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := jobs.NewPublisher(worker, job)
+		pub.SetNotice()
+		body := fmt.Sprintf(`{"n":%d}`, i)
+		if err := pub.Publish(ctx, jobs.KindResult, http.StatusOK, []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		if !pub.ExpiresAlone() {
+			stored++
+		}
+		wait, stop := context.WithTimeout(ctx, 10*time.Second)
+		ch, err := fl.Next(wait)
+		stop()
+		if err != nil || string(ch.Payload) != body {
+			t.Fatalf("execution %d: %q, %v; want its outcome %s", i, ch.Payload, err, body)
+		}
+		fl.Close()
+	}
+	t.Logf("%d of %d outcomes heard as notices, %d stored as terminal chunks", n-stored, n, stored)
 }
