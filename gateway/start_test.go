@@ -24,7 +24,14 @@ import (
 
 func start(t *testing.T, cfg *config.Config) (*gateway.Gateway, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return startWithin(t, cfg, 30*time.Second)
+}
+
+// startWithin is start given d to come up (a start that raises every stream's replicas
+// waits for each to scale, within the setup's one-minute window).
+func startWithin(t *testing.T, cfg *config.Config, d time.Duration) (*gateway.Gateway, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	gw, err := gateway.Start(ctx, cfg, zerolog.New(io.Discard), func(string) string { return "" })
 	if err == nil {
