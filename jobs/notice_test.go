@@ -204,7 +204,7 @@ func TestNoticesOnACluster(t *testing.T) {
 		if err := pub.Publish(ctx, jobs.KindResult, http.StatusOK, []byte(body)); err != nil {
 			t.Fatal(err)
 		}
-		if !pub.ExpiresAlone() {
+		if !pub.ExpiresAlone() { // a heard notice leaves nothing; a stored chunk (no TTL here) stays
 			stored++
 		}
 		wait, stop := context.WithTimeout(ctx, 10*time.Second)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 
+	"github.com/oncegate/oncegate/internal/natsrv"
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
@@ -123,13 +124,11 @@ func benchClusterIntent(b *testing.B, syncOpt testkit.ClusterOption, concurrency
 func routeMsgs(b *testing.B, cl *testkit.Cluster) int64 {
 	var sum int64
 	for i := range cl.Size() {
-		rz, err := cl.Server(i).Routez(nil)
+		n, err := natsrv.RouteMsgsOf(cl.Server(i))
 		if err != nil {
 			b.Fatal(err)
 		}
-		for _, r := range rz.Routes {
-			sum += r.OutMsgs
-		}
+		sum += n
 	}
 	return sum
 }
