@@ -568,7 +568,14 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	reconciled := make(chan struct{})
 	go func() {
 		defer close(reconciled)
+		var served sync.WaitGroup
+		served.Go(func() {
+			if err := led.ServeAppends(wctx); err != nil {
+				g.log.Warn().Err(err).Msg("serving forwarded ledger appends")
+			}
+		})
 		g.reconcileLoop(wctx, led)
+		served.Wait()
 	}()
 	go func() { // #nosec G118 -- the workers' context is deliberately cut from the caller's (it outlives Start); the status removal after they stop uses Background, bounded to 2 s
 		defer close(g.workersDone)
@@ -952,9 +959,13 @@ func (g *Gateway) newLedger(js jetstream.JetStream) *ledger.Set {
 	// which is then looked up in the stream. Reconcile keeps its summary for the idempotency
 	// TTL plus a day: the charges of one intent come while its record exists.
 	// ledger.secret (validated: at least ledger.MinSecretLen bytes) keys the chain.
-	return ledger.NewSet(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, g.res.parts, ledger.WithLogger(g.log), ledger.WithMetrics(g.metrics),
-		ledger.WithDedupHorizon(dedupHorizon), ledger.WithReconcileHorizon(g.cfg.Idempotency.TTL.D()+24*time.Hour),
-		ledger.WithSecret([]byte(g.cfg.Ledger.Secret)))
+	opts := []ledger.Option{ledger.WithLogger(g.log), ledger.WithMetrics(g.metrics),
+		ledger.WithDedupHorizon(dedupHorizon), ledger.WithReconcileHorizon(g.cfg.Idempotency.TTL.D() + 24*time.Hour),
+		ledger.WithSecret([]byte(g.cfg.Ledger.Secret))}
+	if g.ns != nil { // an embedded server knows where a stream's leader is: charges go there
+		opts = append(opts, ledger.WithLeaderCheck(g.ns.LeadsStream))
+	}
+	return ledger.NewSet(js, prices(g.cfg.Ledger), g.cfg.Ledger.Currency, g.res.parts, opts...)
 }
 
 // reconcileLoop reverses charges that bill one intent twice, every ledger.reconcile_every.

@@ -100,7 +100,18 @@ func (c *chain) withdraw(p *pending) bool {
 // after, when set, says e may repeat an entry stored since then (ChargeInput.After).
 // An append whose context ends while it waits in the queue is withdrawn; once taken into a
 // group it is committed or refused with the group, within the latest deadline of its members.
+// Without a fence check it goes to the stream leader's appender first (forward.go).
 func (l *Ledger) append(ctx context.Context, e Entry, expect func(context.Context) error, after time.Time) (Entry, bool, error) {
+	if expect == nil && l.forwards() && partition.OfKey(e.KeyHash) == l.part {
+		if out, created, ok := l.forward(ctx, e, after); ok {
+			return out, created, nil
+		}
+	}
+	return l.appendHere(ctx, e, expect, after)
+}
+
+// appendHere is append by this process: its chain's queue, its publish.
+func (l *Ledger) appendHere(ctx context.Context, e Entry, expect func(context.Context) error, after time.Time) (Entry, bool, error) {
 	if p := partition.OfKey(e.KeyHash); p != l.part {
 		return Entry{}, false, fmt.Errorf("ledger: append %s: %w: key of partition %d, ledger of partition %d", e.ID, ErrInvalid, p, l.part)
 	}
@@ -216,6 +227,7 @@ func (l *Ledger) commit(ctx context.Context, c *chain, group []*pending) {
 			failAll(todo, err)
 			return
 		case wrongLast(err):
+			l.refused.Add(1)
 			if serr := c.sync(ctx, l, headIn(err)); serr != nil {
 				failAll(todo, serr)
 				return

@@ -375,6 +375,14 @@ type Ledger struct {
 	scans atomic.Int64
 	// batches counts the atomic batches appended (tests).
 	batches atomic.Int64
+	// refused counts publishes refused for a stale head; forwarded the appends an appender
+	// stored for this process (tests).
+	refused, forwarded atomic.Int64
+	// leads says whether this process's server leads a stream (WithLeaderCheck); serving is
+	// set while ServeAppends serves this ledger's appends; forwardWait bounds a forward.
+	leads       func(stream string) bool
+	serving     atomic.Bool
+	forwardWait time.Duration
 	// noAtomic is set once LEDGER refused an atomic batch as disabled.
 	noAtomic atomic.Bool
 	js       jetstream.JetStream
@@ -411,7 +419,7 @@ func New(js jetstream.JetStream, prices Prices, currency string, opts ...Option)
 		currency = DefaultCurrency
 	}
 	l := &Ledger{js: js, prices: prices, currency: currency, log: zerolog.Nop(), now: time.Now, chains: map[string]*chain{},
-		reconcileLimit: DefaultReconcileLimit}
+		reconcileLimit: DefaultReconcileLimit, forwardWait: forwardWait}
 	for _, o := range opts {
 		o(l)
 	}

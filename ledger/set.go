@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -188,4 +189,16 @@ func (s *Set) Budgets(period Period, limits map[string]int64, opts ...BudgetOpti
 // TenantBudgets is NewTenantBudgets over every partition of the Set.
 func (s *Set) TenantBudgets(limits map[string]BudgetLimit) (TenantBudgets, error) {
 	return tenantBudgets(s, limits)
+}
+
+// ServeAppends runs Ledger.ServeAppends for every partition until ctx ends (a partition's
+// appends are served where its stream's leader is).
+func (s *Set) ServeAppends(ctx context.Context) error {
+	errs := make([]error, len(s.parts))
+	var wg sync.WaitGroup
+	for i, l := range s.parts {
+		wg.Go(func() { errs[i] = l.ServeAppends(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

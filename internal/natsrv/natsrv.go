@@ -357,6 +357,15 @@ func ConnectURL(url, name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// LeadsStream reports whether this server leads stream's Raft group, from its memory (no
+// request); a single server leads every stream.
+func (s *Server) LeadsStream(stream string) bool {
+	if !s.ns.JetStreamIsClustered() {
+		return true
+	}
+	return s.ns.JetStreamIsStreamLeader(account, stream)
+}
+
 // RouteMsgs is the number of messages the server has sent its peers over its routes since it
 // started, Raft's own included (0 on a server without a cluster).
 func (s *Server) RouteMsgs() (int64, error) { return RouteMsgsOf(s.ns) }
