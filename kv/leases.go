@@ -21,8 +21,8 @@ import (
 // PENDING keys and their leases in memory. A sweep then costs what was written since the last
 // one, not one read of every key of the last TTL (which, at 1,000 requests a second and a 24 h
 // TTL, is tens of millions of records, with their blocks loaded into the server's cache). If the
-// stream is found behind the sequence reached (the bucket was recreated), the next call reads
-// every key again. Safe for concurrent use; calls are serialized.
+// stream is found behind the sequence reached (the bucket was recreated; asked after a failed
+// read), the next call reads every key again. Safe for concurrent use; calls are serialized.
 type LeaseWatch struct {
 	s *Store
 
@@ -33,6 +33,10 @@ type LeaseWatch struct {
 	readCount int                  // records read by the last call (tests)
 	cons      jetstream.Consumer   // kept across calls (see consumer); nil: create it
 	consSeq   uint64               // the last consumer sequence applied from cons
+	// st is the bucket's stream as last asked; recheck says to ask again (the first call, and
+	// after a failed read) whether the stream is behind the sequence reached.
+	st      jetstream.Stream
+	recheck bool
 	// billable are the finished records with something to charge seen since the last
 	// Billable call took them (see Billable); billSince bounds the first read's.
 	billable  map[string]Finished
@@ -45,7 +49,7 @@ type pendingAt struct{ lease, written time.Time }
 
 // WatchLeases returns a LeaseWatch on the bucket.
 func (s *Store) WatchLeases() *LeaseWatch {
-	return &LeaseWatch{s: s, pending: map[string]pendingAt{}, billable: map[string]Finished{}}
+	return &LeaseWatch{s: s, pending: map[string]pendingAt{}, billable: map[string]Finished{}, recheck: true}
 }
 
 // kvOperation is the header a KV delete or purge marker carries.
@@ -65,18 +69,26 @@ const maxLeaseResets = 3
 func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	st, err := w.s.js.Stream(ctx, w.s.names.stream)
-	if err != nil {
-		return nil, fmt.Errorf("kv: lease scan: %w", err)
-	}
-	if last := st.CachedInfo().State.LastSeq; last < w.lastSeq {
-		w.dropConsumer(ctx)
-		w.started, w.lastSeq, w.pending = false, 0, map[string]pendingAt{}
+	// The stream is asked for only when a read failed: a recreated bucket deletes the
+	// consumer with the old stream, so the next read fails, and the call after it finds the
+	// stream behind. A stream info per sweep was a third of an idle cluster's JetStream
+	// requests (issue 44).
+	if w.recheck || w.st == nil {
+		st, err := w.s.js.Stream(ctx, w.s.names.stream)
+		if err != nil {
+			return nil, fmt.Errorf("kv: lease scan: %w", err)
+		}
+		if last := st.CachedInfo().State.LastSeq; last < w.lastSeq {
+			w.dropConsumer(ctx)
+			w.started, w.lastSeq, w.pending = false, 0, map[string]pendingAt{}
+		}
+		w.st, w.recheck = st, false
 	}
 	if !w.started {
 		w.billSince = now.Add(-BillableWindow)
 	}
-	if err := w.read(ctx, st); err != nil {
+	if err := w.read(ctx, w.st); err != nil {
+		w.recheck = true
 		return nil, err
 	}
 	w.started = true

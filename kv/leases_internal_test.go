@@ -144,5 +144,10 @@ func TestLeaseWatchReadsOnlyWhatIsNew(t *testing.T) {
 	})
 	w.s, revs = st, map[string]uint64{}
 	put("e", Pending, now.Add(-time.Minute))
+	// The first read finds the watch's consumer gone with the old stream; the next asks the
+	// stream, finds it behind, and reads every key of the new bucket.
+	if _, err := w.Expired(ctx, at); err == nil {
+		t.Fatal("the read after the bucket was recreated did not fail: its consumer went with the old stream")
+	}
 	check("after the bucket was recreated", []string{"e"}, 1)
 }
