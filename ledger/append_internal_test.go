@@ -57,8 +57,9 @@ func chargeEach(ctx context.Context, ls []*Ledger, tenant, prefix string, n int)
 	return out, errs
 }
 
-// checkChain reads tenant's chain back: it verifies, holds want entries with distinct ids,
-// and each entry a charge returned sits at the sequence the charge said.
+// checkChain reads tenant's chain back: it verifies (under l's secret, if any), holds want
+// entries with distinct ids, and each entry a charge returned sits at the sequence the charge
+// said.
 func checkChain(ctx context.Context, t *testing.T, l *Ledger, tenant string, want int, got []Entry) {
 	t.Helper()
 	// A scan reads with an ordered consumer, which a cluster may place on a replica a few
@@ -87,7 +88,8 @@ func checkChain(ctx context.Context, t *testing.T, l *Ledger, tenant string, wan
 			break
 		}
 	}
-	if err := Verify(es); err != nil {
+	// A keyed ledger's chain is checked under its secret, every entry required keyed.
+	if err := Check(es, VerifyOptions{Secret: l.secret, RequireKeyed: l.secret != nil}).Err(); err != nil {
 		t.Fatalf("chain of %d entries does not verify: %v", len(es), err)
 	}
 	ids := map[string]uint64{}

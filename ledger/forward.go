@@ -2,6 +2,9 @@ package ledger
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,6 +28,13 @@ import (
 // appender died), the caller appends itself as before, and an entry the appender stored all
 // the same is found, not stored twice. An append with a fence check (ChargeInput.Expect)
 // stays local: the check runs in the writer's process.
+//
+// With a secret (WithSecret) the appender signs what it appends, so a request must be signed
+// too: it carries an HMAC-SHA-256 of its body under the secret (header Og-Ledger-Mac), and one
+// without a valid MAC is refused. Else anyone who can publish on the NATS account could have
+// entries of their making signed, which a keyed chain exists to prevent (billing.md: a chain
+// recomputed without the secret fails verify). Without a secret nothing is signed, and anyone
+// who can publish could write LEDGER directly anyway.
 
 // forwardPrefix starts the subject a partition's appender serves: forwardPrefix + stream.
 const forwardPrefix = "og.ledger.append."
@@ -46,6 +56,38 @@ const maxForwarded = 4096
 
 // errBusy is an appender's answer when it holds maxForwarded appends.
 var errBusy = errors.New("ledger: appender busy")
+
+// errUnsigned is an appender's answer to a request whose MAC is missing or wrong.
+var errUnsigned = errors.New("ledger: forwarded append not signed with this ledger's secret")
+
+// macHeader carries a forward request's MAC; macDomain starts what the MAC covers, so that it
+// is never the HMAC of anything else made under the same secret (an entry's, a heads file's).
+const (
+	macHeader = "Og-Ledger-Mac"
+	macDomain = "oncegate ledger forwarded append v1\n"
+)
+
+// requestMAC is the hex HMAC-SHA-256 of body under secret, in macDomain.
+func requestMAC(secret, body []byte) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(macDomain))
+	m.Write(body)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// signedBy reports whether m carries a valid MAC of its body under secret (always true
+// without a secret).
+func signedBy(secret []byte, m *nats.Msg) bool {
+	if secret == nil {
+		return true
+	}
+	got, err := hex.DecodeString(m.Header.Get(macHeader))
+	if err != nil {
+		return false
+	}
+	want, _ := hex.DecodeString(requestMAC(secret, m.Data))
+	return hmac.Equal(got, want)
+}
 
 // WithLeaderCheck says whether the embedded server in this process leads a stream (by name).
 // With it the ledger forwards its appends to the process that does (see ServeAppends) and
@@ -72,14 +114,19 @@ func (l *Ledger) forwardSubject() string { return forwardPrefix + l.streamName }
 // forward sends e to the stream leader's appender. ok is false when the caller must append
 // itself: no appender, no answer in time, or the appender's append failed (the caller's own
 // attempt then returns that failure as it sees it).
-func (l *Ledger) forward(ctx context.Context, e Entry, after time.Time) (out Entry, created, ok bool) {
+func (l *Ledger) forward(ctx context.Context, e Entry, after time.Time) (stored Entry, created, ok bool) {
 	req, err := json.Marshal(forwardRequest{E: e, After: after})
 	if err != nil {
 		return Entry{}, false, false
 	}
+	out := nats.NewMsg(l.forwardSubject())
+	out.Data = req
+	if l.secret != nil {
+		out.Header.Set(macHeader, requestMAC(l.secret, req))
+	}
 	fctx, cancel := context.WithTimeout(ctx, l.forwardWait)
 	defer cancel()
-	msg, err := l.js.Conn().RequestWithContext(fctx, l.forwardSubject(), req)
+	msg, err := l.js.Conn().RequestMsgWithContext(fctx, out)
 	if err != nil {
 		if !errors.Is(err, nats.ErrNoResponders) {
 			l.log.Debug().Err(err).Str(fieldEntryID, e.ID).Msg("forwarded append unanswered; appending here")
@@ -116,6 +163,11 @@ func (l *Ledger) ServeAppends(ctx context.Context) error {
 	actx := context.WithoutCancel(ctx)
 	slots := make(chan struct{}, maxForwarded)
 	handle := func(m *nats.Msg) {
+		if !signedBy(l.secret, m) {
+			l.log.Warn().Str("subject", m.Subject).Msg("refused a forwarded ledger append without a valid MAC")
+			l.answer(m, forwardReply{Err: errUnsigned.Error()})
+			return
+		}
 		var req forwardRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			l.answer(m, forwardReply{Err: fmt.Sprintf("%v: %v", ErrInvalid, err)})

@@ -30,7 +30,7 @@ func forwardingNodes(ctx context.Context, t *testing.T, serve bool) (*testkit.Cl
 			}
 		}
 		srv := cl.Server(i)
-		ls[i] = New(js, nil, "USD", WithLeaderCheck(func(stream string) bool {
+		ls[i] = New(js, nil, "USD", WithSecret(forwardSecret), WithLeaderCheck(func(stream string) bool {
 			return srv.JetStreamIsStreamLeader(jetstreamAccount, stream)
 		}))
 	}
@@ -60,6 +60,9 @@ func forwardingNodes(ctx context.Context, t *testing.T, serve bool) (*testkit.Cl
 
 // jetstreamAccount is the account the test cluster keeps its streams in (none configured).
 const jetstreamAccount = "$G"
+
+// forwardSecret keys the test ledgers' chains, and so signs their forwarded appends.
+var forwardSecret = []byte("0123456789abcdef0123456789abcdef-forward")
 
 func sumOf(ls []*Ledger, n func(*Ledger) int64) (s int64) {
 	for _, l := range ls {
@@ -204,5 +207,57 @@ func stepDown(ctx context.Context, t *testing.T, js jetstream.JetStream, stream 
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil || resp.Error != nil {
 		t.Fatalf("step down: %v %v", err, resp.Error)
+	}
+}
+
+// TestUnsignedForwardRefused: with a keyed chain, the appender appends only what a holder of
+// the secret sent. A request without a MAC, or with one under another secret, is refused and
+// stores nothing; else anyone who can publish on the account could have entries signed.
+func TestUnsignedForwardRefused(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, ls := forwardingNodes(ctx, t, true)
+	nc, _ := cl.ConnectTo(t, 1)
+	body, err := json.Marshal(forwardRequest{E: Entry{ID: "forged", Kind: KindCharge, Tenant: "acme", KeyHash: "k1",
+		JobID: "j1", Model: "m", CostMicros: 1_000_000, Currency: "USD", Time: time.Now()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, mac string }{
+		{"no MAC", ""},
+		{"a MAC under another secret", requestMAC([]byte("another secret, also 32 bytes long!"), body)},
+		{"a MAC of other bytes", requestMAC(forwardSecret, append([]byte(" "), body...))},
+	} {
+		m := nats.NewMsg(ls[0].forwardSubject())
+		m.Data = body
+		if tc.mac != "" {
+			m.Header.Set(macHeader, tc.mac)
+		}
+		rep, err := nc.RequestMsgWithContext(ctx, m)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var got forwardReply
+		if err := json.Unmarshal(rep.Data, &got); err != nil || got.Err != errUnsigned.Error() {
+			t.Errorf("%s: answered %s (%v), want the refusal %q", tc.name, rep.Data, err, errUnsigned)
+		}
+	}
+	es, err := ls[0].Entries(ctx, "acme", time.Time{}, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 0 {
+		t.Fatalf("the ledger holds %d entries after unsigned requests, want 0", len(es))
+	}
+	// Signed under the ledger's secret, the same request is appended (and signed).
+	m := nats.NewMsg(ls[0].forwardSubject())
+	m.Data, m.Header = body, nats.Header{macHeader: []string{requestMAC(forwardSecret, body)}}
+	rep, err := nc.RequestMsgWithContext(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got forwardReply
+	if err := json.Unmarshal(rep.Data, &got); err != nil || got.Err != "" || !got.Created || !Keyed(&got.E) {
+		t.Fatalf("signed request answered %s (%v); want the entry created and keyed", rep.Data, err)
 	}
 }
