@@ -113,8 +113,15 @@ func (l *Ledger) forwardSubject() string { return forwardPrefix + l.streamName }
 
 // forward sends e to the stream leader's appender. ok is false when the caller must append
 // itself: no appender, no answer in time, or the appender's append failed (the caller's own
-// attempt then returns that failure as it sees it).
+// attempt then returns that failure as it sees it). Either way it is counted
+// (oncegate_ledger_forwards_total).
 func (l *Ledger) forward(ctx context.Context, e Entry, after time.Time) (stored Entry, created, ok bool) {
+	stored, created, ok = l.tryForward(ctx, e, after)
+	l.metrics.LedgerForward(ok)
+	return stored, created, ok
+}
+
+func (l *Ledger) tryForward(ctx context.Context, e Entry, after time.Time) (stored Entry, created, ok bool) {
 	req, err := json.Marshal(forwardRequest{E: e, After: after})
 	if err != nil {
 		return Entry{}, false, false

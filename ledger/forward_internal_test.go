@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/internal/testkit"
 )
 
@@ -21,6 +22,7 @@ import (
 func forwardingNodes(ctx context.Context, t *testing.T, serve bool) (*testkit.Cluster, []*Ledger) {
 	t.Helper()
 	cl := testkit.RunCluster(t, 3)
+	m := telemetry.New(telemetry.Labels{}) // the nodes' counters, summed
 	ls := make([]*Ledger, cl.Size())
 	for i := range ls {
 		_, js := cl.ConnectTo(t, i)
@@ -30,7 +32,7 @@ func forwardingNodes(ctx context.Context, t *testing.T, serve bool) (*testkit.Cl
 			}
 		}
 		srv := cl.Server(i)
-		ls[i] = New(js, nil, "USD", WithSecret(forwardSecret), WithLeaderCheck(func(stream string) bool {
+		ls[i] = New(js, nil, "USD", WithSecret(forwardSecret), WithMetrics(m), WithLeaderCheck(func(stream string) bool {
 			return srv.JetStreamIsStreamLeader(jetstreamAccount, stream)
 		}))
 	}
@@ -64,6 +66,11 @@ const jetstreamAccount = "$G"
 // forwardSecret keys the test ledgers' chains, and so signs their forwarded appends.
 var forwardSecret = []byte("0123456789abcdef0123456789abcdef-forward")
 
+// forwardsCounted is oncegate_ledger_forwards_total of outcome, over the nodes of ls.
+func forwardsCounted(ls []*Ledger, outcome string) float64 {
+	return ls[0].metrics.Value("oncegate_ledger_forwards_total", map[string]string{"outcome": outcome})
+}
+
 func sumOf(ls []*Ledger, n func(*Ledger) int64) (s int64) {
 	for _, l := range ls {
 		s += n(l)
@@ -86,8 +93,12 @@ func TestForwardedAppendsAreNeverRefused(t *testing.T) {
 		t.Errorf("%d publishes were refused for a stale head; want 0", r)
 	}
 	// chargeAll spreads the charges evenly: the two nodes that do not lead sent 2n/3 of them.
-	if f := sumOf(ls, func(l *Ledger) int64 { return l.forwarded.Load() }); f < 2*n/3-1 {
+	f := sumOf(ls, func(l *Ledger) int64 { return l.forwarded.Load() })
+	if f < 2*n/3-1 {
 		t.Errorf("%d charges were forwarded, want the non-leaders' %d", f, 2*n/3)
+	}
+	if got := forwardsCounted(ls, "appended"); got != float64(f) {
+		t.Errorf("ledger_forwards_total{outcome=appended} = %v, want %d", got, f)
 	}
 }
 
@@ -102,6 +113,10 @@ func TestAppendsStayLocalWithoutAnAppender(t *testing.T) {
 	checkChain(ctx, t, ls[0], "acme", n, got)
 	if f := sumOf(ls, func(l *Ledger) int64 { return l.forwarded.Load() }); f != 0 {
 		t.Errorf("%d charges forwarded with no appender", f)
+	}
+	// Every charge was sent, found nobody, and was appended by its own node.
+	if got, appended := forwardsCounted(ls, "fallback"), forwardsCounted(ls, "appended"); got != n || appended != 0 {
+		t.Errorf("ledger_forwards_total: fallback %v, appended %v; want %d, 0", got, appended, n)
 	}
 }
 

@@ -242,6 +242,7 @@ type Metrics struct {
 	saved           cells[prometheus.Counter]  // tenant, model
 	spend           cells[prometheus.Counter]  // tenant, model
 	reversals       cells[prometheus.Counter]  // tenant
+	ledgerForwards  cells[prometheus.Counter]  // outcome (ledgerForwardOutcomes)
 	tenantRefusals  cells[prometheus.Counter]  // tenant
 	effects         cells[prometheus.Counter]  // event
 	duplicates      prometheus.Counter
@@ -294,6 +295,8 @@ func New(l Labels) *Metrics {
 		[]string{"tenant", "model"}, tn, md)
 	m.spend = counterVec(m.reg, "spend_micros_total", "Charges appended to the ledger, in micro-units.", []string{"tenant", "model"}, tn, md)
 	m.reversals = counterVec(m.reg, "ledger_reversals_total", "Reversal entries appended to the ledger.", []string{"tenant"}, tn)
+	m.ledgerForwards = counterVec(m.reg, "ledger_forwards_total", "Ledger appends this node sent to the node that leads the ledger's stream, by outcome: appended there, or appended by this node after no valid answer (fallback).",
+		[]string{"outcome"}, ledgerForwardOutcomes)
 	m.tenantRefusals = counterVec(m.reg, "budget_refusals_total", "New intents refused by the tenant's budget.", []string{"tenant"}, tn)
 	m.effects = counterVec(m.reg, "effects_total", "Calls of the effects API, by what became of them (claims, replays, conflicts, unknown outcomes...).",
 		[]string{"event"}, effectEventNames[:])
@@ -485,6 +488,23 @@ func (m *Metrics) Reversal(tenant string) {
 		return
 	}
 	m.reversals.at(m.tenants.index(tenant)).Inc()
+}
+
+// ledgerForwardOutcomes label ledger_forwards_total: the appender stored the entry, or the
+// sender appended it itself (no appender, no answer in time, a refusal).
+var ledgerForwardOutcomes = []string{"appended", "fallback"}
+
+// LedgerForward counts a ledger append sent to the stream leader's node: appended there, or
+// not (the sender appends it itself).
+func (m *Metrics) LedgerForward(appended bool) {
+	if m == nil {
+		return
+	}
+	outcome := 1
+	if appended {
+		outcome = 0
+	}
+	m.ledgerForwards.at(outcome).Inc()
 }
 
 // DuplicateExecutions counts intents the reconciler found charged more than once.
