@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"flag"
@@ -267,17 +268,24 @@ func refuser(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The timeouts close a connection a client left open without a request: fasthttp's
+	// Shutdown closes idle keep-alive connections but waits for any other, and a CI run hung
+	// here until the package's timeout (a connection of the 40 flooding clients, never idle).
 	srv := &fasthttp.Server{Handler: func(c *fasthttp.RequestCtx) {
 		c.SetStatusCode(http.StatusTooManyRequests)
 		c.Response.Header.Set("Retry-After", "1")
-	}}
+	}, ReadTimeout: 2 * time.Second, IdleTimeout: time.Second}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		_ = srv.Serve(ln) // returns when Shutdown closes the listener
 	}()
 	t.Cleanup(func() {
-		_ = srv.Shutdown()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.ShutdownWithContext(ctx); err != nil {
+			t.Errorf("stand-in server: shutdown: %v", err)
+		}
 		<-done
 	})
 	return "http://" + ln.Addr().String()

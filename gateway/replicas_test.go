@@ -166,7 +166,7 @@ func TestReplicasNeverLowered(t *testing.T) {
 // all in place.
 func TestReplicasUpgradedInPlace(t *testing.T) {
 	c, js := replicas1Cluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// What the streams hold must survive the upgrade: a record in IDEM. (PROGRESS is made
 	// again: its persist mode cannot change, and it holds only the running executions'.)
@@ -179,8 +179,10 @@ func TestReplicasUpgradedInPlace(t *testing.T) {
 	}
 
 	// Raising every stream, one after another, took 28-29 s here alone and ran past 30 s in
-	// CI (OG_COLD is among them): the start has the setup's window, as `oncegate serve` has.
-	up, err := startWithin(t, clusterConfig(t, c, 3), 90*time.Second)
+	// CI (OG_COLD is among them), then past 90 s in a CI run on a slower VM (-race, beside the
+	// e2e package's clusters): the start gets 4 minutes. What is checked is that the raise
+	// completes in place, not how fast.
+	up, err := startWithin(t, clusterConfig(t, c, 3), 4*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
