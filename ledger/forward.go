@@ -67,12 +67,12 @@ const (
 	macDomain = "oncegate ledger forwarded append v1\n"
 )
 
-// requestMAC is the hex HMAC-SHA-256 of body under secret, in macDomain.
-func requestMAC(secret, body []byte) string {
+// requestMAC is the HMAC-SHA-256 of body under secret, in macDomain (hex in macHeader).
+func requestMAC(secret, body []byte) []byte {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(macDomain))
 	m.Write(body)
-	return hex.EncodeToString(m.Sum(nil))
+	return m.Sum(nil)
 }
 
 // signedBy reports whether m carries a valid MAC of its body under secret (always true
@@ -82,11 +82,7 @@ func signedBy(secret []byte, m *nats.Msg) bool {
 		return true
 	}
 	got, err := hex.DecodeString(m.Header.Get(macHeader))
-	if err != nil {
-		return false
-	}
-	want, _ := hex.DecodeString(requestMAC(secret, m.Data))
-	return hmac.Equal(got, want)
+	return err == nil && hmac.Equal(got, requestMAC(secret, m.Data))
 }
 
 // WithLeaderCheck says whether the embedded server in this process leads a stream (by name).
@@ -129,7 +125,7 @@ func (l *Ledger) tryForward(ctx context.Context, e Entry, after time.Time) (stor
 	out := nats.NewMsg(l.forwardSubject())
 	out.Data = req
 	if l.secret != nil {
-		out.Header.Set(macHeader, requestMAC(l.secret, req))
+		out.Header.Set(macHeader, hex.EncodeToString(requestMAC(l.secret, req)))
 	}
 	fctx, cancel := context.WithTimeout(ctx, l.forwardWait)
 	defer cancel()
@@ -149,7 +145,6 @@ func (l *Ledger) tryForward(ctx context.Context, e Entry, after time.Time) (stor
 		l.log.Warn().Str(fieldEntryID, e.ID).Str("answered_id", rep.E.ID).Msg("appender answered for another entry; appending here")
 		return Entry{}, false, false
 	}
-	l.forwarded.Add(1)
 	return rep.E, rep.Created, true
 }
 

@@ -375,9 +375,8 @@ type Ledger struct {
 	scans atomic.Int64
 	// batches counts the atomic batches appended (tests).
 	batches atomic.Int64
-	// refused counts publishes refused for a stale head; forwarded the appends an appender
-	// stored for this process (tests).
-	refused, forwarded atomic.Int64
+	// refused counts publishes refused for a stale head (tests).
+	refused atomic.Int64
 	// leads says whether this process's server leads a stream (WithLeaderCheck); serving is
 	// set while ServeAppends serves this ledger's appends; forwardWait bounds a forward.
 	leads       func(stream string) bool
