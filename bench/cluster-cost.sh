@@ -20,7 +20,8 @@
 #
 # Environment: SYNC (auto | always | 1s: nats.sync of every node in both setups; default auto, the
 # default configuration's: always on the one node, 1s on the cluster's), WARMUP (3s), ONCEGATE (a built binary; default: built here from this
-# checkout). The ONCEGATE_* and OPENAI_* variables are unset (they would override the default
+# checkout), PROFILE (a number of seconds: a CPU profile of every node of both setups taken during
+# each measured run, to OUT; it costs CPU of its own, so compare profiled runs with each other). The ONCEGATE_* and OPENAI_* variables are unset (they would override the default
 # configuration). Nothing is pinned: the load tool and the nodes share the machine, as the issue
 # measured. Run it on a quiet machine. Raw outputs, node logs and table.md go to OUT.
 set -euo pipefail
@@ -31,6 +32,8 @@ DURATION=${2:-20s}
 OUT=${3:-$here/results/i44/cluster-cost-$(date -u +%Y%m%dT%H%M%SZ)}
 SYNC=${SYNC:-auto}
 WARMUP=${WARMUP:-3s}
+PROFILE=${PROFILE:-}
+PPROF_BASE=16380
 HZ=$(getconf CLK_TCK)
 
 # Ports: the one node's HTTP; the cluster's HTTP, NATS client and route ports are BASE + 1..3.
@@ -48,7 +51,8 @@ serve_pids=() # the `oncegate serve` processes of the setup under test
 url=          # node 1 of the setup under test
 
 start_one() {
-	"$ONCEGATE" serve --config "$cfg" --listen "127.0.0.1:$ONE_HTTP" --data-dir "$tmp/one" >"$OUT/one-node.log" 2>&1 &
+	"$ONCEGATE" serve --config "$cfg" --listen "127.0.0.1:$ONE_HTTP" --data-dir "$tmp/one" \
+		${PROFILE:+--pprof "127.0.0.1:$((PPROF_BASE + 1))"} >"$OUT/one-node.log" 2>&1 &
 	pids+=($!)
 	serve_pids=($!)
 	url=http://127.0.0.1:$ONE_HTTP
@@ -63,7 +67,7 @@ start_cluster() {
 		"$ONCEGATE" serve --config "$cfg" --listen "127.0.0.1:$((HTTP_BASE + i))" --data-dir "$tmp/n$i" \
 			--nats-listen "127.0.0.1:$((NATS_BASE + i))" \
 			--nats-cluster oncegate --nats-cluster-listen "127.0.0.1:$((ROUTE_BASE + i))" \
-			--nats-routes "$routes" >"$OUT/cluster-n$i.log" 2>&1 &
+			--nats-routes "$routes" ${PROFILE:+--pprof "127.0.0.1:$((PPROF_BASE + i))"} >"$OUT/cluster-n$i.log" 2>&1 &
 		pids+=($!)
 		serve_pids+=($!)
 	done
@@ -78,8 +82,16 @@ measure() {
 		echo "($setup c=$c: the warm-up's bench exited non-zero, see $raw-warmup.txt)"
 	alive "before $setup c=$c"
 	t0=$(ticks "${serve_pids[@]}")
+	local profiling=() i p
+	if [ -n "$PROFILE" ]; then
+		for i in $(seq "${#serve_pids[@]}"); do
+			curl -s -o "$raw-n$i.pprof" "http://127.0.0.1:$((PPROF_BASE + i))/debug/pprof/profile?seconds=$PROFILE" &
+			profiling+=($!)
+		done
+	fi
 	"$ONCEGATE" bench --url "$url" --concurrency "$c" --duration "$DURATION" --warmup 0s >"$raw.txt" 2>&1 ||
 		echo "($setup c=$c: bench exited non-zero, see $raw.txt)"
+	for p in "${profiling[@]}"; do wait "$p" || echo "(a profile failed: $raw-n*.pprof)"; done
 	t1=$(ticks "${serve_pids[@]}")
 	alive "during $setup c=$c"
 	awk -v setup="$setup" -v c="$c" -v d=$((t1 - t0)) -v hz="$HZ" '

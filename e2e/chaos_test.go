@@ -30,6 +30,9 @@ const chaosIntents = 3 // intents per trial
 const powerControl = "3c's control (sync: 1s); the same code path as 3c, a minute of CI time"
 
 func TestChaos(t *testing.T) {
+	// Its rows run one after another, on processes and ports of their own: beside the other
+	// parallel tests, not before them (it is the package's longest test, about 3 minutes).
+	t.Parallel()
 	rows := []struct {
 		name string
 		run  func(t *testing.T, c *chaosEnv, s *rowStats)

@@ -46,7 +46,9 @@ func lastColdMark(t *testing.T, js jetstream.JetStream) string {
 
 // TestColdTierFaultMoverKilled is issue 46's fault row "a node killed during the move to cold",
 // with real processes: two `oncegate serve` API nodes on a three-server NATS cluster, a hot TTL
-// of 4 s (records are copied to OG_COLD 2 s after their last write). Node A starts alone and
+// of 8 s (records are copied to OG_COLD 4 s after their last write; the mover's period is 0.5 s,
+// so a node takes the rounds over 2.5 s after the last mark: 1.5 s before an uncopied record can
+// expire, room for a loaded machine. With 4 s the room was 0.25 s, and CI missed it once). Node A starts alone and
 // becomes the mover (its id is in the marks); node B starts and leaves the rounds to it. Keys
 // are sent through both, then through B only, and A is SIGKILLed while it is the mover and the
 // first keys are being copied. Then: B's mover takes the rounds over (a mark naming B), every
@@ -64,7 +66,7 @@ func TestColdTierFaultMoverKilled(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "oncegate.yaml")
 	cfg := "log_level: warn\n" +
-		"idempotency: {ttl: 1h, hot_ttl: 4s, lease: 2s, renew_every: 500ms, auto_window: 1s, replay_cache_bytes: 0}\n" +
+		"idempotency: {ttl: 1h, hot_ttl: 8s, lease: 2s, renew_every: 500ms, auto_window: 1s, replay_cache_bytes: 0}\n" +
 		"workers: {sweep_every: 1s}\n"
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -107,25 +109,25 @@ func TestColdTierFaultMoverKilled(t *testing.T) {
 		s.first = r.Body
 		keys = append(keys, s)
 	}
-	// 1.5 s of keys through both nodes, then through B only until A is killed, 2.5 s after
-	// the first: the first keys are then older than the copy age and being moved.
+	// 3 s of keys through both nodes, then through B only until A is killed, 5 s after the
+	// first: the first keys are then older than the copy age and being moved.
 	start := time.Now()
-	for i := 0; time.Since(start) < 1500*time.Millisecond; i++ {
+	for i := 0; time.Since(start) < 3*time.Second; i++ {
 		send([]*gwNode{a, b}[i%2], i)
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(40 * time.Millisecond)
 	}
-	for time.Since(start) < 2500*time.Millisecond {
+	for time.Since(start) < 5*time.Second {
 		send(b, len(keys))
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(40 * time.Millisecond)
 	}
 	if m := lastColdMark(t, js); m != moverA {
 		t.Fatalf("the mover before the kill is %q, want %s's %q", m, a.name, moverA)
 	}
 	a.p.kill(t)
 	t.Logf("%s (mover %s) SIGKILLed after %d keys, %s after the first", a.name, moverA, len(keys), time.Since(start).Round(time.Millisecond))
-	for time.Since(start) < 4*time.Second { // more keys while nobody moves
+	for time.Since(start) < 7*time.Second { // more keys while nobody moves
 		send(b, len(keys))
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(40 * time.Millisecond)
 	}
 
 	testkit.CheckFor(t, 20*time.Second, pollEvery, func() error {

@@ -91,6 +91,7 @@ type deployedGroup struct {
 }
 
 func TestDeployedRow(t *testing.T) {
+	t.Parallel() // built binaries on ports of their own; mostly waiting on its clients
 	if testing.Short() {
 		t.Skip("runs the three-node cluster of docs/operations/cluster.md as built binaries")
 	}
