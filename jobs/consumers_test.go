@@ -254,7 +254,9 @@ func TestJoinRidesOutNoQuorum(t *testing.T) {
 		t.Fatal(err)
 	}
 	leader, other, survivor := c.LoseQuorum(jobs.ChunksStream)
-	tries := c.Watch(survivor, "$JS.API.CONSUMER.CREATE."+jobs.ChunksStream+".>")
+	// The tail's first step is asking for the stream's end (its start sequence); without a
+	// leader nobody answers it.
+	tries := c.Watch(survivor, "$JS.API.STREAM.INFO."+jobs.ChunksStream)
 
 	node := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{})
 	defer node.Close()
@@ -267,7 +269,7 @@ func TestJoinRidesOutNoQuorum(t *testing.T) {
 		fl, err := node.Join(ctx, job.Subject())
 		done <- joined{fl, err}
 	}()
-	for range 2 { // a second creation is the hub trying again
+	for range 2 { // a second request is the hub trying again
 		testkit.RequireChanRead(t, tries, 20*time.Second)
 	}
 	c.Restart(other)
@@ -415,4 +417,63 @@ func TestResyncAfterChunksRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkSequence(t, readAll(t, fl2), 2)
+}
+
+// TestTailRemadeBeforeItsFirstChunk: a tail whose consumer is lost before it read any chunk
+// (on a cluster of notices it can go long without one) is made again by nats.go; a chunk stored
+// in between still reaches its follower. Made with DeliverNew, the tail was made again from
+// the stream's end and the chunk was lost (CI saw the first outcome of
+// TestNoticesOnACluster lost that way under load).
+func TestTailRemadeBeforeItsFirstChunk(t *testing.T) {
+	c := testkit.RunCluster(t, 3)
+	nc, js := c.ConnectTo(t, 0)
+	_, worker := c.ConnectTo(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// A chunk before the hub exists: the tail starts after it.
+	old := newJob("before-the-tail")
+	if err := jobs.NewPublisher(worker, old).Publish(ctx, jobs.KindResult, 200, []byte(`{"old":true}`)); err != nil {
+		t.Fatal(err)
+	}
+	hub := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{})
+	t.Cleanup(hub.Close)
+	if err := hub.StartTail(ctx); err != nil {
+		t.Fatal(err)
+	}
+	job := newJob("tail-remade")
+	fl, err := hub.OpenNonStream(ctx, job.Subject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fl.Close()
+	st, err := js.Stream(ctx, jobs.ChunksStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lister := st.ListConsumers(ctx)
+	var tails []string
+	for info := range lister.Info() {
+		if jobs.IsTail(info.Name) {
+			tails = append(tails, info.Name)
+		}
+	}
+	if len(tails) != 1 {
+		t.Fatalf("tails on CHUNKS: %v, want one", tails)
+	}
+	if err := js.DeleteConsumer(ctx, jobs.ChunksStream, tails[0]); err != nil {
+		t.Fatal(err)
+	}
+	// At once: stored before nats.go has made the tail again.
+	if err := jobs.NewPublisher(worker, job).Publish(ctx, jobs.KindResult, 200, []byte(`{"n":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	wait, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	ch, err := fl.Next(wait)
+	if err != nil || string(ch.Payload) != `{"n":1}` {
+		t.Fatalf("after the tail was made again: %q, %v; want the chunk stored in between", ch.Payload, err)
+	}
 }

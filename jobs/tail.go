@@ -52,8 +52,19 @@ func (t *tail) start(ctx context.Context) error {
 	}
 	h := t.hub
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
+		// From the sequence after the stream's last, not DeliverNew: nats.go makes an ordered
+		// consumer again (a reconnect, its consumer lost) from the sequence after the last
+		// message it delivered, but one that delivered nothing yet is made with the policy it
+		// was given, and "new" then skipped every chunk stored in between. On a cluster whose
+		// outcomes are notices a tail can go a long time without a chunk (CI lost one that
+		// way, jobs/TestNoticesOnACluster).
+		st, err := h.js.Stream(ctx, h.chunks)
+		if err != nil {
+			return err
+		}
 		cons, err := h.js.OrderedConsumer(ctx, h.chunks, jetstream.OrderedConsumerConfig{
-			DeliverPolicy:     jetstream.DeliverNewPolicy,
+			DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:       st.CachedInfo().State.LastSeq + 1,
 			InactiveThreshold: h.inactive,
 			NamePrefix:        tailPrefix + NewID(),
 		})
