@@ -22,6 +22,7 @@ import (
 var (
 	costIdle    = flag.Duration("jscost.idle", 30*time.Second, "how long TestClusterJetStreamCost counts an idle cluster")
 	costIntents = flag.Int("jscost.intents", 200, "how many new intents TestClusterJetStreamCost sends")
+	costConc    = flag.Int("jscost.concurrency", 1, "how many of TestClusterJetStreamCost's intents are in flight at once")
 )
 
 // apiCounter counts the JetStream API requests ($JS.API.>) and advisories
@@ -163,7 +164,8 @@ func report(t *testing.T, what string, k map[string]int, per float64, unit strin
 
 // TestClusterJetStreamCost (issue 44) counts what a three-node cluster of embedded servers
 // (docs/operations/cluster.md's deployment, R3) asks of JetStream: idle for -jscost.idle, and
-// per new intent over -jscost.intents sent one after another to node 1 (each fresh key, a
+// per new intent over -jscost.intents sent to node 1, -jscost.concurrency at a time (one after
+// another by default; each fresh key, a
 // non-stream chat completion, the built-in mock). It prints the counts per kind (and the
 // account's other messages per class: publishes, deliveries, acks, replies; and the messages
 // between the servers, Raft's included), and fails when an intent makes a consumer or stores
@@ -199,8 +201,22 @@ func TestClusterJetStreamCost(t *testing.T) {
 	c.take() // the warm-up's, and the read of the streams' sequences
 	c.takeTraffic()
 	routes0, began := routeMsgs(t, gws), time.Now()
-	for i := range n {
-		chat(t, base, fmt.Sprintf("jscost-%04d", i))
+	var senders sync.WaitGroup
+	errs := make(chan error, max(*costConc, 1))
+	for s := range max(*costConc, 1) {
+		senders.Go(func() {
+			for i := s; i < n; i += max(*costConc, 1) {
+				if err := chatErr(base, fmt.Sprintf("jscost-%04d", i)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	senders.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 	routes1, took := routeMsgs(t, gws), time.Since(began)
 	// Their cost includes what other nodes do for them later: every worker pool's charge

@@ -86,19 +86,27 @@ func scaled(ctx context.Context, js jetstream.JetStream, stream string, n int) e
 // chat sends one request and fails unless it is answered 200.
 func chat(t *testing.T, base, key string) {
 	t.Helper()
+	if err := chatErr(base, key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// chatErr is chat for a goroutine other than the test's: it returns what chat fails with.
+func chatErr(base, key string) error {
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
 		strings.NewReader(`{"model":"oncegate-mock","messages":[{"role":"user","content":"hello `+key+`"}]}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
 	resp, err := gatewaykit.Client().Do(req)
 	if err != nil {
-		t.Fatalf("request %s: %v", key, err)
+		return fmt.Errorf("request %s: %w", key, err)
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("request %s: status %d: %s", key, resp.StatusCode, body)
+		return fmt.Errorf("request %s: status %d: %s", key, resp.StatusCode, body)
 	}
+	return nil
 }
 
 // TestClusterReplicas: on a 3-node cluster, nats.replicas unset (auto) gives every stream and
