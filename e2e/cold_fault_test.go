@@ -48,10 +48,10 @@ func lastColdMark(t *testing.T, js jetstream.JetStream) string {
 // with real processes: two `oncegate serve` API nodes on a three-server NATS cluster, a hot TTL
 // of 8 s (records are copied to OG_COLD 4 s after their last write; the mover's period is 0.5 s,
 // so a node takes the rounds over 2.5 s after the last mark: 1.5 s before an uncopied record can
-// expire, room for a loaded machine. With 4 s the room was 0.25 s, and CI missed it once). Node A starts alone and
-// becomes the mover (its id is in the marks); node B starts and leaves the rounds to it. Keys
-// are sent through both, then through B only, and A is SIGKILLed while it is the mover and the
-// first keys are being copied. Then: B's mover takes the rounds over (a mark naming B), every
+// expire, room for a loaded machine; with 4 s the room was 0.25 s, and CI missed it once). Node
+// A starts alone and becomes the mover (its id is in the marks); node B starts and leaves the
+// rounds to it. Keys are sent through both, then through B only, and A is SIGKILLed while it is
+// the mover and the first keys are being copied. Then: B's mover takes the rounds over (a mark naming B), every
 // key leaves the hot tier, and every key sent again through B is replayed byte-identical (no
 // execution, no 503); A restarts on its index as the kill left it, and replays every key too.
 func TestColdTierFaultMoverKilled(t *testing.T) {
