@@ -193,7 +193,9 @@ func newFusedRig(b *testing.B, api, worker jetstream.JetStream) *rig {
 			// The claim is the batch's first message, the job its second.
 			// About one update in a thousand is refused as "wrong last sequence" although the
 			// claim is at the sequence expected (read back and seen so); sent again a moment
-			// later it is stored. Not understood yet: a layout built on this must find out.
+			// later it is stored. Likely (nats-server's source, not proven): the leader refuses
+			// an expectation on a subject whose earlier write it has not applied yet, and the
+			// one-replica consumer, on a follower, delivered the job before that.
 			for try := 0; ; try++ {
 				_, err := worker.Publish(ctx, "rec."+key, final, jetstream.WithExpectLastSequencePerSubject(md.Sequence.Stream-1))
 				if err == nil {
