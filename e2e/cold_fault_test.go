@@ -51,9 +51,10 @@ func lastColdMark(t *testing.T, js jetstream.JetStream) string {
 // expire, room for a loaded machine; with 4 s the room was 0.25 s, and CI missed it once). Node
 // A starts alone and becomes the mover (its id is in the marks); node B starts and leaves the
 // rounds to it. Keys are sent through both, then through B only, and A is SIGKILLed while it is
-// the mover and the first keys are being copied. Then: B's mover takes the rounds over (a mark naming B), every
-// key leaves the hot tier, and every key sent again through B is replayed byte-identical (no
-// execution, no 503); A restarts on its index as the kill left it, and replays every key too.
+// the mover and the first keys are being copied. Then: B's mover takes the rounds over (a mark
+// naming B), every key leaves the hot tier, and every key sent again through B is replayed
+// byte-identical (no execution, no 503); A restarts on its index as the kill left it, and
+// replays every key too.
 func TestColdTierFaultMoverKilled(t *testing.T) {
 	t.Parallel() // processes and ports of its own; mostly waiting
 	if testing.Short() {

@@ -165,8 +165,7 @@ func report(t *testing.T, what string, k map[string]int, per float64, unit strin
 // TestClusterJetStreamCost (issue 44) counts what a three-node cluster of embedded servers
 // (docs/operations/cluster.md's deployment, R3) asks of JetStream: idle for -jscost.idle, and
 // per new intent over -jscost.intents sent to node 1, -jscost.concurrency at a time (one after
-// another by default; each fresh key, a
-// non-stream chat completion, the built-in mock). It prints the counts per kind (and the
+// another by default; each a fresh key, a non-stream chat completion, the built-in mock). It prints the counts per kind (and the
 // account's other messages per class: publishes, deliveries, acks, replies; and the messages
 // between the servers, Raft's included), and fails when an intent makes a consumer or stores
 // a chunk (its outcome is a notice), when it asks more API requests than it stores messages
@@ -202,10 +201,11 @@ func TestClusterJetStreamCost(t *testing.T) {
 	c.takeTraffic()
 	routes0, began := routeMsgs(t, gws), time.Now()
 	var senders sync.WaitGroup
-	errs := make(chan error, max(*costConc, 1))
-	for s := range max(*costConc, 1) {
+	conc := max(*costConc, 1)
+	errs := make(chan error, conc)
+	for s := range conc {
 		senders.Go(func() {
-			for i := s; i < n; i += max(*costConc, 1) {
+			for i := s; i < n; i += conc {
 				if err := chatErr(base, fmt.Sprintf("jscost-%04d", i)); err != nil {
 					errs <- err
 					return

@@ -425,15 +425,9 @@ func TestResyncAfterChunksRecreated(t *testing.T) {
 // the stream's end and the chunk was lost (CI saw the first outcome of
 // TestNoticesOnACluster lost that way under load).
 func TestTailRemadeBeforeItsFirstChunk(t *testing.T) {
-	c := testkit.RunCluster(t, 3)
-	nc, js := c.ConnectTo(t, 0)
-	_, worker := c.ConnectTo(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
-	// A chunk before the hub exists: the tail starts after it.
+	ctx, nc, js, worker := chunksCluster(t)
+	// A chunk before the hub exists, so that the tail's start is not the stream's first
+	// sequence (from 1 it would read everything, whatever its policy).
 	old := newJob("before-the-tail")
 	if err := jobs.NewPublisher(worker, old).Publish(ctx, jobs.KindResult, 200, []byte(`{"old":true}`)); err != nil {
 		t.Fatal(err)

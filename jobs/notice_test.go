@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -180,14 +181,7 @@ func TestEndStored(t *testing.T) {
 // chunk stored when nobody answered, which the hub's tail reads. With the notice published
 // unanswered and never stored, followers whose notice went first waited for ever.
 func TestNoticesOnACluster(t *testing.T) {
-	c := testkit.RunCluster(t, 3)
-	nc, js := c.ConnectTo(t, 0)
-	_, worker := c.ConnectTo(t, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, nc, js, worker := chunksCluster(t)
 	hub := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{Notices: true})
 	t.Cleanup(hub.Close)
 	const n = 100
@@ -216,4 +210,20 @@ func TestNoticesOnACluster(t *testing.T) {
 		fl.Close()
 	}
 	t.Logf("%d of %d outcomes heard as notices, %d stored as terminal chunks", n-stored, n, stored)
+}
+
+// chunksCluster starts a three-server cluster with the jobs streams on three replicas and
+// returns a context for the test (60 s), an API side's connection to server 0 and a worker's
+// JetStream on server 1: a worker's chunk crosses the routes to the API side's tail.
+func chunksCluster(t *testing.T) (context.Context, *nats.Conn, jetstream.JetStream, jetstream.JetStream) {
+	t.Helper()
+	c := testkit.RunCluster(t, 3)
+	nc, js := c.ConnectTo(t, 0)
+	_, worker := c.ConnectTo(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	if err := jobs.EnsureStreams(ctx, js, jobs.StreamConfig{MaxChunkBytes: 64 << 20, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, nc, js, worker
 }
