@@ -22,7 +22,9 @@
 # default configuration's: always on the one node, 1s on the cluster's), WARMUP (3s), ONCEGATE (a built binary; default: built here from this
 # checkout), PROFILE (a number of seconds: a CPU profile of every node of both setups taken during
 # each measured run, to OUT; it costs CPU of its own, so compare profiled runs with each other). The ONCEGATE_* and OPENAI_* variables are unset (they would override the default
-# configuration). Nothing is pinned: the load tool and the nodes share the machine, as the issue
+# configuration), ROUTES (1: the cluster's route ports captured with tcpdump during each measured
+# run, and what crossed per intent and kind written to OUT/cluster-cC-routes.txt by
+# bench/route-traffic.py; tcpdump shares the CPUs too, so compare captured runs with each other). Nothing is pinned: the load tool and the nodes share the machine, as the issue
 # measured. Run it on a quiet machine. Raw outputs, node logs and table.md go to OUT.
 set -euo pipefail
 
@@ -33,6 +35,7 @@ OUT=${3:-$here/results/i44/cluster-cost-$(date -u +%Y%m%dT%H%M%SZ)}
 SYNC=${SYNC:-auto}
 WARMUP=${WARMUP:-3s}
 PROFILE=${PROFILE:-}
+ROUTES=${ROUTES:-}
 PPROF_BASE=16380
 HZ=$(getconf CLK_TCK)
 
@@ -46,6 +49,10 @@ die() { echo "cluster-cost.sh: $*" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 cluster_run_setup # OUT, tmp, the binary, cfg: the default configuration with nats.sync set
+if [ -n "$ROUTES" ]; then
+	command -v tcpdump >/dev/null || die "ROUTES=1 needs tcpdump (apt-get install tcpdump)"
+	command -v python3 >/dev/null || die "ROUTES=1 needs python3"
+fi
 
 serve_pids=() # the `oncegate serve` processes of the setup under test
 url=          # node 1 of the setup under test
@@ -89,8 +96,22 @@ measure() {
 			profiling+=($!)
 		done
 	fi
+	local capture=
+	if [ -n "$ROUTES" ] && [ "$setup" = cluster ]; then
+		tcpdump -i lo -s0 -w "$raw-routes.pcap" "tcp portrange $((ROUTE_BASE + 1))-$((ROUTE_BASE + 3))" 2>"$raw-tcpdump.txt" &
+		capture=$!
+		sleep 1 # tcpdump's start
+	fi
 	"$ONCEGATE" bench --url "$url" --concurrency "$c" --duration "$DURATION" --warmup 0s >"$raw.txt" 2>&1 ||
 		echo "($setup c=$c: bench exited non-zero, see $raw.txt)"
+	if [ -n "$capture" ]; then
+		kill -INT "$capture"
+		wait "$capture" || true
+		"$here/route-traffic.py" "$raw-routes.pcap" --per "$(awk '$1 == "successes" { print $2 }' "$raw.txt")" \
+			--nats "127.0.0.1:$((NATS_BASE + 1))" >"$raw-routes.txt" || echo "(route-traffic.py failed: $raw-routes.pcap)"
+		rm -f "$raw-routes.pcap"
+		tail -2 "$raw-routes.txt"
+	fi
 	for p in "${profiling[@]}"; do wait "$p" || echo "(a profile failed: $raw-n*.pprof)"; done
 	t1=$(ticks "${serve_pids[@]}")
 	alive "during $setup c=$c"
