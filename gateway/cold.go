@@ -154,6 +154,15 @@ func (l *coldLoop) tierOf(p partition.P) *cold.Tier {
 	return l.tiers[p]
 }
 
+// behind is nil when partition p's tier can tell a new key from a moved one now (cold.Tier.Ready),
+// or when p has none.
+func (l *coldLoop) behind(p partition.P) error {
+	if tier := l.tierOf(p); tier != nil {
+		return tier.Ready(time.Now())
+	}
+	return nil
+}
+
 // stop ends the loop and closes the indexes.
 func (l *coldLoop) stop() {
 	if l == nil {

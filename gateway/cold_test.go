@@ -427,3 +427,39 @@ func TestColdTierKeepsAHotStoreHot(t *testing.T) {
 		}
 	})
 }
+
+// TestReadyzWhileTheColdTierIsBehind: while a node's cold tier cannot tell a new key from one
+// that left the hot tier (no mark applied up to the hot tier's expiry: at a fresh cluster's
+// start, or with no mover at work), the node answers every new key 503 store_unavailable, and
+// /readyz says so too instead of 200 (a load balancer would send it requests it refuses: seen
+// in bench/cluster-cost.sh, 10 s of 503s after /readyz said 200). The movers are stopped by
+// sealing OG_COLD, which refuses their marks.
+func TestReadyzWhileTheColdTierIsBehind(t *testing.T) {
+	gw := gatewaykit.StartGateway(t, coldConfig(gatewaykit.Config(t)))
+	js := gw.JetStream(t, "cold-readyz-test")
+	testkit.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error { return testkit.Ready(gatewaykit.Client(), gw.URL) })
+	if a := post(t, gw, chatBody(config.MockModel, "before", ""), key("cold-readyz-before")); a.status != http.StatusOK {
+		t.Fatalf("a new key with the cold tier at work: %d %s, want 200", a.status, a.body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, cold.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := st.CachedInfo().Config
+	sealed.Sealed = true
+	if _, err := js.UpdateStream(ctx, sealed); err != nil {
+		t.Fatal(err)
+	}
+	testkit.CheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if a := get(t, gw.URL+"/readyz"); a.status != http.StatusServiceUnavailable || !bytes.Contains(a.body, []byte("cold")) {
+			return fmt.Errorf("/readyz: %d %s, want 503 naming the cold tier", a.status, a.body)
+		}
+		return nil
+	})
+	a := post(t, gw, chatBody(config.MockModel, "after", ""), key("cold-readyz-after"))
+	if a.status != http.StatusServiceUnavailable || !bytes.Contains(a.body, []byte("store_unavailable")) {
+		t.Errorf("a new key while /readyz says the cold tier is behind: %d %s, want 503 store_unavailable", a.status, a.body)
+	}
+}

@@ -641,6 +641,9 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	if g.cold, err = g.startCold(ctx, js, apiLog); err != nil {
 		return err
 	}
+	if g.cold != nil {
+		g.res.coldBehind = g.cold.behind // read by the readiness loop, started below
+	}
 	for p := range parts {
 		if tier := g.cold.tierOf(partition.P(p)); tier != nil { // never a typed nil
 			parts[p].Cold = tier

@@ -39,7 +39,12 @@ type resources struct {
 	// (wanted, and not a store that kept its keys hot unless moveExisting), decided by the
 	// first setup (coldDecided), which makes its OG_COLD streams.
 	coldWanted, moveExisting, cold, coldDecided bool
-	lease                                       time.Duration // the JOBS consumer's AckWait
+	// coldBehind says why partition p's cold tier cannot tell a new key from a moved one yet
+	// (cold.ErrBehind: its index has not applied the marks up to the hot tier's expiry), nil
+	// when it can or there is none. Set once the tiers are open, before the readiness loop
+	// starts; nil before that.
+	coldBehind func(p partition.P) error
+	lease      time.Duration // the JOBS consumer's AckWait
 	// maxAckPending bounds the JOBS consumer's unacknowledged deliveries.
 	maxAckPending int
 	// parts is the partition count (nats.partitions, at least 1); place puts partition k's
@@ -328,8 +333,15 @@ func (r *resources) Partitions() []partition.State {
 }
 
 // admits is Check's question about partition p: its IDEM and JOBS each have a leader with a
-// quorum.
+// quorum, and its cold tier, if it has one, can tell a new key from a moved one (while it
+// cannot, every new key of the partition is answered 503 store_unavailable: /readyz says so
+// too, rather than 200 while this node refuses every new intent).
 func (r *resources) admits(ctx context.Context, p partition.P) error {
+	if r.coldBehind != nil {
+		if err := r.coldBehind(p); err != nil {
+			return err
+		}
+	}
 	for _, a := range admitStreams(p) {
 		if r.local != nil {
 			if v, ok := r.local(a.name); ok {

@@ -71,7 +71,8 @@ type PartitionReporter interface {
 // NATS (read on each call), every stream and bucket present (memory streams are lost with a
 // NATS restart until the gateway recreates them), the streams of the IDEM bucket and of JOBS
 // each with a leader that has heard from a quorum of its replicas (it can commit the record and
-// the job), all within ReadyProbeTimeout (ResourceChecker); and at least one worker posting to
+// the job), and the cold tier, when there is one, able to tell a new key from a moved one, all
+// within ReadyProbeTimeout (ResourceChecker); and at least one worker posting to
 // the status board (a worker posts every 2 s while its pool consumes JOBS and removes its
 // entry when it stops; one that died without stopping drops off when the entry expires, 10 s).
 // It never asks JetStream itself: it answers at once, whatever the cluster does.
