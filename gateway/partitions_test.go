@@ -134,6 +134,22 @@ func (c *sixNodes) ready(i int) error {
 
 func (c *sixNodes) url(i int) string { return "http://" + c.gws[i].Addr() }
 
+// jetStream is a JetStream client of n4's server (a node of partition 1, which the test never
+// stops), closed with the test.
+func (c *sixNodes) jetStream(t *testing.T, name string) jetstream.JetStream {
+	t.Helper()
+	nc, err := c.gws[3].Connect(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
 // executions are the backend calls of every node, stopped ones included.
 func (c *sixNodes) executions() int64 {
 	n := c.ran
@@ -208,15 +224,7 @@ func TestPartitionsSixNodes(t *testing.T) {
 		t.Skip("six gateways")
 	}
 	c := startSixNodes(t)
-	nc, err := c.gws[3].Connect("partitions-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := c.jetStream(t, "partitions-test")
 	own := [][]string{{"n1", "n2", "n3"}, {"n4", "n5", "n6"}}
 	for _, p := range partition.All(2) {
 		for _, name := range []string{jobs.JobsStreamOf(p), jobs.ChunksStreamOf(p), p.Stream(kv.BucketStream), p.Stream(kv.ProgressStream), p.Stream(kv.RequestsStream)} {
@@ -266,6 +274,7 @@ func TestPartitionsSixNodes(t *testing.T) {
 	}
 
 	c.stop(0, 1, 2) // partition 0's servers
+	stopped := time.Now()
 	if err := c.ready(3); err != nil {
 		t.Errorf("n4 not ready with partition 1 up: %v", err)
 	}
@@ -279,6 +288,13 @@ func TestPartitionsSixNodes(t *testing.T) {
 		if code != http.StatusServiceUnavailable || retry == "" {
 			t.Errorf("partition 0's %s with its servers down: %d (Retry-After %q), want 503 with Retry-After", k, code, retry)
 		}
+	}
+	// Still ready once the streams it holds no replica of are listed again (every 10 s): that
+	// listing needs the meta leader, gone with half of the servers, and a node that took its
+	// failure for "not ready" was out of every balancer although partition 1 admits.
+	time.Sleep(time.Until(stopped.Add(12 * time.Second)))
+	if err := c.ready(3); err != nil {
+		t.Errorf("n4 not ready with partition 1 up, 12 s after partition 0's servers stopped: %v", err)
 	}
 
 	c.start(0, 1, 2)
@@ -364,16 +380,30 @@ func consumersMade(kinds map[string]int) int {
 func (c *sixNodes) idle(t *testing.T, d time.Duration) {
 	t.Helper()
 	counter := countJetStream(t, c.gws[3].NATSURL())
-	// What the start left to do: each node's first lease sweep of each partition makes its
-	// watch's consumer, and on a loaded machine (CI, beside the e2e package) a sweep came later
-	// than a fixed 2 s. The window opens after 2 s without a consumer made; one made on a
-	// period would still fall in it.
-	for i := 0; i < 15; i++ {
-		time.Sleep(2 * time.Second)
-		if consumersMade(counter.take()) == 0 {
-			break
+	// What the start left to do: each node's pool of each partition it owns (six: three nodes
+	// per partition) makes its lease watch's consumer on its first sweep, and on a loaded
+	// machine (CI, beside the e2e package) those came up to 6 s apart, so a window opened after
+	// a quiet spell still saw one. The window opens once all six exist; a consumer made on a
+	// period, or made again, would still fall in it.
+	js := c.jetStream(t, "partitions-idle")
+	testkit.CheckFor(t, time.Minute, 200*time.Millisecond, func() error {
+		made := 0
+		for _, p := range partition.All(2) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			st, err := js.Stream(ctx, p.Stream(kv.BucketStream))
+			cancel()
+			if err != nil {
+				return err
+			}
+			made += st.CachedInfo().State.Consumers
 		}
-	}
+		if made < len(c.gws) {
+			return fmt.Errorf("%d lease watches' consumers on the IDEM buckets, want %d", made, len(c.gws))
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // the last one's advisory
+	counter.take()
 	time.Sleep(d)
 	kinds := counter.take()
 	requests := total(kinds, "") - total(kinds, "ADVISORY")

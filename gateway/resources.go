@@ -397,10 +397,17 @@ func (r *resources) confirmElsewhere(ctx context.Context, candidates []string) (
 	defer r.elsewhereMu.Unlock()
 	if r.elsewhere == nil || time.Since(r.elsewhereAt) >= remoteCheckEvery {
 		have, err := r.streamSet(ctx)
-		if err != nil {
+		switch {
+		case err == nil:
+			r.elsewhere, r.elsewhereAt = have, time.Now()
+		case r.elsewhere == nil:
 			return nil, err
 		}
-		r.elsewhere, r.elsewhereAt = have, time.Now()
+		// A listing that failed keeps what the last one found: it needs the meta leader, lost
+		// with half of a partitioned cluster's servers, and the streams it found still exist
+		// (nothing is deleted without that leader); whether each partition admits is asked of
+		// its own leaders next. Failing here said "not ready" on every node within
+		// remoteCheckEvery although the surviving partition admitted.
 	}
 	var missing []string
 	for _, n := range candidates {
