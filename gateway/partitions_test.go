@@ -217,8 +217,9 @@ func keysIn(p partition.P, prefix string, n int) []string {
 // TestPartitionsSixNodes is issue 45's cluster row: six nodes, two partitions, each partition's
 // streams replicated and led on its own three nodes (placement tags); a key always lands in
 // its partition's streams, whichever node it comes through; with partition 0's three nodes
-// stopped, partition 1's keys are still served and partition 0's get 503 with Retry-After;
-// once they are back, every key runs, and nothing ran twice.
+// stopped, partition 1's keys are still served, partition 0's get 503 with Retry-After, and
+// a node of partition 1 stays ready (also once it lists the streams again, 10 s on, with the
+// meta leader gone); once they are back, every key runs, and nothing ran twice.
 func TestPartitionsSixNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("six gateways")
