@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -124,17 +125,53 @@ func WaitRaised(ctx context.Context, js jetstream.JetStream, stream string, have
 	}
 	t := time.NewTicker(scalePoll)
 	defer t.Stop()
+	var last *jetstream.ClusterInfo // as last read: what the error says when the wait gives up
 	for {
 		st, err := js.Stream(ctx, stream)
-		if err == nil && Scaled(st.CachedInfo().Cluster, n) {
-			return nil
+		if err == nil {
+			last = st.CachedInfo().Cluster
+			if Scaled(last, n) {
+				return nil
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return &Error{Stream: stream, Have: have, Want: n, Cause: "still scaling when the start gave up: " + ctx.Err().Error()}
+			return &Error{Stream: stream, Have: have, Want: n, Cause: "still scaling when the start gave up: " + ctx.Err().Error() + "; " + describe(last)}
 		case <-t.C:
 		}
 	}
+}
+
+// describe is a stream's cluster state as a scale-up waits on it: its leader, each replica
+// (current or not, its lag, when the leader last heard from it) and the peers a
+// reconfiguration in flight moves it to.
+func describe(ci *jetstream.ClusterInfo) string {
+	if ci == nil {
+		return "its cluster state was never read"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "last seen: leader %q", ci.Leader)
+	for _, p := range ci.Replicas {
+		state := "current"
+		if !p.Current {
+			state = "not current"
+		}
+		fmt.Fprintf(&b, ", replica %s %s (lag %d, heard %s ago)", p.Name, state, p.Lag, p.Active.Round(time.Millisecond))
+	}
+	if d := ci.Desired; d != nil {
+		names := make([]string, 0, len(d.Replicas))
+		for _, p := range d.Replicas {
+			names = append(names, p.Name)
+		}
+		fmt.Fprintf(&b, ", moving to [%s] since %s", strings.Join(names, " "), d.Created.UTC().Format(time.RFC3339))
+		if st := d.Status; st != nil {
+			fmt.Fprintf(&b, ": %s", st.Description)
+			if st.Err != "" {
+				fmt.Fprintf(&b, " (%s)", st.Err)
+			}
+		}
+	}
+	return b.String()
 }
 
 // Scaled reports whether a stream's cluster state shows n replicas, all current, and no
