@@ -411,7 +411,15 @@ type routeProxy struct {
 
 func startRouteProxy(t testing.TB, target string) *routeProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", testkit.FreeAddr(t))
+	// A port free when drawn was bound by someone else a moment later once in CI ("bind:
+	// address already in use", beside the other packages' processes): another draw then.
+	var ln net.Listener
+	var err error
+	for range 3 {
+		if ln, err = net.Listen("tcp", testkit.FreeAddr(t)); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
