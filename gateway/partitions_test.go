@@ -135,19 +135,10 @@ func (c *sixNodes) ready(i int) error {
 func (c *sixNodes) url(i int) string { return "http://" + c.gws[i].Addr() }
 
 // jetStream is a JetStream client of n4's server (a node of partition 1, which the test never
-// stops), closed with the test.
+// stops), closed with the test (gatewaykit's, on this bare gateway).
 func (c *sixNodes) jetStream(t *testing.T, name string) jetstream.JetStream {
 	t.Helper()
-	nc, err := c.gws[3].Connect(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return (&gatewaykit.Gateway{Gateway: c.gws[3]}).JetStream(t, name)
 }
 
 // executions are the backend calls of every node, stopped ones included.
