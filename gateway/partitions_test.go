@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/oncegate/oncegate/dashboard"
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/intent"
 	"github.com/oncegate/oncegate/internal/config"
@@ -376,21 +377,37 @@ func (c *sixNodes) idle(t *testing.T, d time.Duration) {
 	// per partition) makes its lease watch's consumer on its first sweep, and on a loaded
 	// machine (CI, beside the e2e package) those came up to 6 s apart, so a window opened after
 	// a quiet spell still saw one. The window opens once all six exist; a consumer made on a
-	// period, or made again, would still fall in it.
+	// period, or made again, would still fall in it. So must each node's dashboard watch of
+	// KV_DASHBOARD (the stop's CI of 62436d3 saw one made inside the window): it is made
+	// once the bucket is watchable, retried every dashboard update.
 	js := c.jetStream(t, "partitions-idle")
+	consumersOf := func(stream string) (int, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			return 0, err
+		}
+		return st.CachedInfo().State.Consumers, nil
+	}
 	testkit.CheckFor(t, time.Minute, 200*time.Millisecond, func() error {
 		made := 0
 		for _, p := range partition.All(2) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			st, err := js.Stream(ctx, p.Stream(kv.BucketStream))
-			cancel()
+			n, err := consumersOf(p.Stream(kv.BucketStream))
 			if err != nil {
 				return err
 			}
-			made += st.CachedInfo().State.Consumers
+			made += n
 		}
 		if made < len(c.gws) {
 			return fmt.Errorf("%d lease watches' consumers on the IDEM buckets, want %d", made, len(c.gws))
+		}
+		watches, err := consumersOf("KV_" + dashboard.Bucket)
+		if err != nil {
+			return err
+		}
+		if watches < len(c.gws) {
+			return fmt.Errorf("%d dashboard watches on KV_%s, want %d", watches, dashboard.Bucket, len(c.gws))
 		}
 		return nil
 	})
