@@ -651,11 +651,12 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 	}
 	var local intent.LocalRunner // a bypass runs on this node's workers, when it has some
 	var offer intent.Offerer     // and they take the jobs admitted here from memory
+	var hold intent.Holder       // and run them here while they have a free slot
 	if g.pool != nil {
-		local, offer = poolOf(g.pools), poolOf(g.pools)
+		local, offer, hold = poolOf(g.pools), poolOf(g.pools), poolOf(g.pools)
 	}
 	intents := intent.New(intent.Deps{JS: js, Partitions: parts, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
-		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer,
+		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer, Hold: hold,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			StoreWait: adm.StoreWait.D(), StoreWaitMax: adm.StoreWaitMax.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
@@ -806,6 +807,15 @@ func (ps poolOf) RunLocal(job *jobs.Job, rec *kv.Record, out *jobs.LocalPublishe
 		return p.RunLocal(job, rec, out)
 	}
 	return false
+}
+
+func (ps poolOf) Hold(key string) intent.HeldSlot {
+	if p := ps.pool(key); p != nil {
+		if h := p.Hold(); h != nil { // never a typed nil
+			return h
+		}
+	}
+	return nil
 }
 
 func (ps poolOf) Offer(key string, epoch int, rev uint64, rec *kv.Record) (withdraw func()) {

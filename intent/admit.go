@@ -105,13 +105,19 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 	}
 	rec := c.newClaim(req, jobID, 1)
 	rec.AdmitBy = admitBy(ctx)
+	slot := c.holdSlot(key)
+	if slot != nil {
+		rec.Worker = slot.Worker() // its death is how another node finds the job (jobs.SubmitHeld)
+	}
 	data, err := kv.Encode(rec) // written by the claim, and the job message's record
 	if err != nil {
+		releaseSlot(slot)
 		res.cancel()
 		return nil, fmt.Errorf("intent: claim: %w", err)
 	}
 	rev, err := c.storeOf(key).ClaimEncoded(ctx, key, rec, data)
 	if err != nil {
+		releaseSlot(slot)
 		c.noteRefused(key, rec, err)
 		res.cancel()
 		if errors.Is(err, kv.ErrExists) {
@@ -119,7 +125,23 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 		}
 		return nil, fmt.Errorf("intent: claim: %w", err)
 	}
-	return c.launchReserved(ctx, req, key, rec, rev, data, outcome, true, res)
+	return c.launchReserved(ctx, req, key, rec, rev, data, outcome, true, res, slot)
+}
+
+// holdSlot reserves a worker slot of this node for a new execution of key (Deps.Hold); nil:
+// its job is queued.
+func (c *Core) holdSlot(key string) HeldSlot {
+	if c.holder == nil {
+		return nil
+	}
+	return c.holder.Hold(key)
+}
+
+// releaseSlot gives slot back, if any.
+func releaseSlot(slot HeldSlot) {
+	if slot != nil {
+		slot.Release()
+	}
 }
 
 // admitBy is when an admission's write (a claim, a reclaim) stops being tried and the request
@@ -167,8 +189,8 @@ func (c *Core) held(ctx context.Context, key string, refusal error) bool {
 }
 
 // launchReserved launches a new execution holding its reservation.
-func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool, res *reservation) (*Admission, error) {
-	adm, err := c.launch(ctx, req, key, rec, rev, data, outcome, newJob)
+func (c *Core) launchReserved(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool, res *reservation, slot HeldSlot) (*Admission, error) {
+	adm, err := c.launch(ctx, req, key, rec, rev, data, outcome, newJob, slot)
 	if err != nil {
 		res.cancel()
 		return nil, err
@@ -228,9 +250,12 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 // re-drive could not run again); the job names it (jobs.Job.RequestStored) and its worker
 // reads it from there, so the request is not in JOBS as well. A worker of this node takes the
 // record, request included, from the offer made to it (Deps.Offer) until the admission closes.
-func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool) (*Admission, error) {
+// With slot (a worker slot of this node the claim names, else nil), the job is held: stored
+// and run here, not queued (jobs.SubmitHeld); launch runs or releases the slot.
+func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool, slot HeldSlot) (*Admission, error) {
 	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
 		if err := c.storeOf(key).PutRequest(ctx, key, rec); err != nil {
+			releaseSlot(slot)
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
@@ -238,6 +263,7 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	if data == nil {
 		var err error
 		if data, err = kv.Encode(rec); err != nil {
+			releaseSlot(slot)
 			c.release(key, rec, rev)
 			return nil, fmt.Errorf("intent: %w", err)
 		}
@@ -251,6 +277,7 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	}
 	fl, err := open(ctx, job.Subject())
 	if err != nil {
+		releaseSlot(slot)
 		c.release(key, rec, rev)
 		return nil, fmt.Errorf("intent: follow %s: %w", job.ID, err)
 	}
@@ -258,7 +285,7 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	if c.offer != nil {
 		withdraw = c.offer.Offer(key, rec.Epoch, rev, rec)
 	}
-	if err := jobs.Submit(ctx, c.js, job); err != nil {
+	if err := c.submit(ctx, job, slot); err != nil {
 		fl.Close()
 		withdraw()
 		c.release(key, rec, rev)
@@ -277,6 +304,21 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	adm := c.admission(outcome, key, rec, fl, leave)
 	adm.withdraw = withdraw
 	return adm, nil
+}
+
+// submit stores job in JOBS: held and run in slot when there is one, else queued for any
+// node's workers.
+func (c *Core) submit(ctx context.Context, job *jobs.Job, slot HeldSlot) error {
+	if slot == nil {
+		return jobs.Submit(ctx, c.js, job)
+	}
+	m, err := jobs.SubmitHeld(ctx, c.js, job)
+	if err != nil {
+		slot.Release()
+		return err
+	}
+	slot.Run(m, time.Now()) // the workers trust a fresh job by the wall clock (trustSent)
+	return nil
 }
 
 // admission is the decision; leave (nil: none) is what Done gives back of a followed
@@ -384,7 +426,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 			c.log.Warn().Str(fieldJobID, job.ID).Int("epoch", job.Epoch).AnErr("owner_unheard", unheard).Str("server", c.js.Conn().ConnectedServerName()).
 				Func(LeaderRead(c.storeOf(req.Key))).Msg("lease expired; execution re-driven by a client request")
 			c.metrics.Takeover()
-			adm, err := c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false)
+			adm, err := c.launch(ctx, req, req.Key, nrec, nrev, job.Record, Joined, false, nil)
 			if adm != nil {
 				adm.redriven = true // it joined the intent, but its request runs it again
 			}
@@ -458,7 +500,7 @@ func (c *Core) reclaim(ctx context.Context, req *Request, old *kv.Record, rev ui
 		res.cancel()
 		return nil, err
 	}
-	return c.launchReserved(ctx, req, req.Key, rec, nrev, nil, Created, jobID != old.JobID, res)
+	return c.launchReserved(ctx, req, req.Key, rec, nrev, nil, Created, jobID != old.JobID, res, nil)
 }
 
 // Log field names.

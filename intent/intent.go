@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -127,6 +128,10 @@ type Deps struct {
 	// Local runs a bypassed request's execution in this process (workers.Pool.RunLocal); nil
 	// (a node without workers) sends every execution through JOBS.
 	Local LocalRunner
+	// Hold reserves a slot of this node's workers for a new execution admitted here, which
+	// then runs here as a held job (jobs.SubmitHeld, workers.Pool.Hold) instead of going
+	// through the JOBS queue; nil (a node without workers) queues every job.
+	Hold Holder
 	// Offer hands this node's workers the record, request included, of each job it submits
 	// (workers.Pool.Offer); nil (a node without workers): they decode the job's message, and
 	// read a request stored in REQUESTS from there.
@@ -151,6 +156,21 @@ type Partition struct {
 // out's feed, on this node; false when it cannot now (it started nothing).
 type LocalRunner interface {
 	RunLocal(job *jobs.Job, rec *kv.Record, out *jobs.LocalPublisher) bool
+}
+
+// Holder reserves a slot of this node's workers for a new execution of key admitted here;
+// nil when none is free, or no pool of key's partition runs here.
+type Holder interface {
+	Hold(key string) HeldSlot
+}
+
+// HeldSlot is a reserved worker slot. The claim names its Worker; then Run runs the held job
+// m, stored in JOBS at at (jobs.SubmitHeld), or Release gives the slot back: one of the two,
+// once.
+type HeldSlot interface {
+	Worker() string
+	Run(m *nats.Msg, at time.Time)
+	Release()
 }
 
 // Offerer holds rec, the record of key's job for epoch as written at rev, for this node's
@@ -184,6 +204,7 @@ type Core struct {
 	queue     QueueWaiter
 	local     LocalRunner // nil: no workers here
 	offer     Offerer     // nil: no workers here
+	holder    Holder      // nil: no workers here
 	// executions counts the new executions admitted here and not answered (MaxExecutions).
 	executions atomic.Int64
 	// bodyBytes sums their request bodies (MaxBodyBytesInFlight).
@@ -198,7 +219,7 @@ type Core struct {
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, parts: d.Partitions, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, now: d.Now,
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, holder: d.Hold, now: d.Now,
 		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now

@@ -33,6 +33,9 @@ const (
 	// JobsSubjects is the JOBS subject space; a job of record key k is on jobs.run.<k>.
 	JobsSubjects = "jobs.run.>"
 	jobsPrefix   = "jobs.run."
+	// heldPrefix starts the subject of a held job (SubmitHeld): in JOBS, outside the subjects
+	// the workers' consumer takes.
+	heldPrefix   = "jobs.held."
 	ChunksStream = "CHUNKS"
 	chunksPrefix = "chunks."
 	// noticePrefix starts the notice subjects (NoticeSubject), which no stream captures.
@@ -182,12 +185,14 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 	}
 	streams := []jetstream.StreamConfig{{
 		Name:       JobsStreamOf(cfg.Partition),
-		Subjects:   []string{JobsSubjectsOf(cfg.Partition)},
+		Subjects:   []string{JobsSubjectsOf(cfg.Partition), cfg.Partition.Subject(heldPrefix) + ">"},
 		Placement:  cfg.Placement,
 		Retention:  jetstream.WorkQueuePolicy,
 		Storage:    jetstream.MemoryStorage,
 		Duplicates: 2 * time.Minute,
 		Replicas:   cfg.Replicas,
+		// A held job (SubmitHeld) expires by itself: no consumer takes it. Once on, it stays on.
+		AllowMsgTTL: true,
 	}, {
 		Name:              ChunksStreamOf(cfg.Partition),
 		Subjects:          []string{cfg.Partition.Subject(chunksPrefix) + ">"},
@@ -217,10 +222,45 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 // failures are retried with that same id (a try applied although its answer was lost is
 // dropped as a duplicate) for jsretry.Window or until ctx ends; then ErrUnavailable.
 func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
-	if len(job.Record) == 0 || job.Rev == 0 {
-		return fmt.Errorf("%w: job %s has no record", ErrInvalidJob, job.ID)
+	m, err := message(job, jobsPrefix, "")
+	if err != nil {
+		return err
 	}
-	m := nats.NewMsg(partition.OfKey(job.Key).Subject(jobsPrefix) + job.Key)
+	return publish(ctx, js, job, m)
+}
+
+// HeldTTL is how long JOBS keeps a held job (SubmitHeld): the shortest TTL the server keeps.
+// Nothing reads it back (its worker has it, a takeover reads the record), so a longer one
+// would only hold every record's bytes in three servers' memory.
+const HeldTTL = time.Second
+
+// SubmitHeld publishes job to JOBS as held by a worker of this node, which runs it without
+// JetStream delivering it (intent.Holder): on a subject the workers' consumer does not take,
+// under its own message id (a job given to the queue later, Submit, is not a copy of it), for
+// HeldTTL. Like every job it is stored before it runs and deduplicated by its id; unlike a
+// queued one it costs no consumer delivery, ack or work-queue removal, three of a cluster
+// intent's eight replicated writes (issue 44). Its worker's death is found by the other nodes'
+// sweeps: the record names the worker (kv.Record.Worker), which stops answering for itself
+// (PoolGone). It returns the message as published, which the worker takes (Decode).
+func SubmitHeld(ctx context.Context, js jetstream.JetStream, job *Job) (*nats.Msg, error) {
+	m, err := message(job, heldPrefix, "held.")
+	if err != nil {
+		return nil, err
+	}
+	m.Header.Set(jetstream.MsgTTLHeader, HeldTTL.String())
+	if err := publish(ctx, js, job, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// message is job's message on its key's subject under prefix (a partition's), its message id
+// starting with idPrefix.
+func message(job *Job, prefix, idPrefix string) (*nats.Msg, error) {
+	if len(job.Record) == 0 || job.Rev == 0 {
+		return nil, fmt.Errorf("%w: job %s has no record", ErrInvalidJob, job.ID)
+	}
+	m := nats.NewMsg(partition.OfKey(job.Key).Subject(prefix) + job.Key)
 	m.Header.Set(hdrJobVersion, strconv.Itoa(WireVersion))
 	m.Header.Set(hdrJobID, job.ID)
 	m.Header.Set(hdrJobKey, job.Key)
@@ -235,7 +275,12 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	}
 	// The job id is in the message id: a key reused after its record expired starts again at
 	// epoch 1, and JetStream would drop that claim's job as a copy of the last one's.
-	m.Header.Set(jetstream.MsgIDHeader, job.Key+"."+strconv.Itoa(job.Epoch)+"."+job.ID)
+	m.Header.Set(jetstream.MsgIDHeader, idPrefix+job.Key+"."+strconv.Itoa(job.Epoch)+"."+job.ID)
+	return m, nil
+}
+
+// publish stores m, job's message, in JOBS, retried as Submit says.
+func publish(ctx context.Context, js jetstream.JetStream, job *Job, m *nats.Msg) error {
 	err := jsretry.Within(ctx, func(ctx context.Context) error {
 		_, err := jspub.Publish(ctx, js.Conn(), m)
 		return err

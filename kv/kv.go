@@ -593,6 +593,9 @@ func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte,
 	m.Header.Set(hdrState, string(rec.State))
 	if rec.State == Pending && !rec.LeaseUntil.IsZero() {
 		m.Header.Set(hdrLease, strconv.FormatInt(rec.LeaseUntil.UnixMilli(), 10))
+		if rec.Worker != "" {
+			m.Header.Set(hdrWorker, rec.Worker) // for the sweeps' owner checks (LeaseWatch.Owned)
+		}
 	}
 	if rec.Billable() {
 		m.Header.Set(hdrBill, "1")

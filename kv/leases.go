@@ -45,7 +45,10 @@ type LeaseWatch struct {
 	billDropped int
 }
 
-type pendingAt struct{ lease, written time.Time }
+type pendingAt struct {
+	lease, written time.Time
+	worker         string // the pool the record names (Record.Worker); "" if none
+}
 
 // WatchLeases returns a LeaseWatch on the bucket.
 func (s *Store) WatchLeases() *LeaseWatch {
@@ -105,6 +108,26 @@ func (w *LeaseWatch) Expired(ctx context.Context, now time.Time) ([]Expired, err
 		return cmp.Or(a.LeaseUntil.Compare(b.LeaseUntil), strings.Compare(a.Key, b.Key))
 	})
 	return out, nil
+}
+
+// Owned is a PENDING record whose lease still runs and which names its worker pool.
+type Owned struct {
+	Key, Worker string
+}
+
+// Owned lists the PENDING records that name a worker and whose lease runs past now, as the
+// last Expired read found them (it reads nothing itself), by key.
+func (w *LeaseWatch) Owned(now time.Time) []Owned {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []Owned
+	for key, p := range w.pending {
+		if p.worker != "" && !now.After(p.lease) {
+			out = append(out, Owned{Key: key, Worker: p.worker})
+		}
+	}
+	slices.SortFunc(out, func(a, b Owned) int { return strings.Compare(a.Key, b.Key) })
+	return out
 }
 
 // Close deletes the watch's consumer (else the server does once it has been idle for
@@ -223,5 +246,5 @@ func (w *LeaseWatch) apply(key string, h nats.Header, written time.Time, rev uin
 		delete(w.pending, key)
 		return
 	}
-	w.pending[key] = pendingAt{lease: time.UnixMilli(ms), written: written}
+	w.pending[key] = pendingAt{lease: time.UnixMilli(ms), written: written, worker: h.Get(hdrWorker)}
 }

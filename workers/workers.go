@@ -730,7 +730,86 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 			Func(intent.LeaderRead(p.store)).Msg("re-driven after lease expiry")
 		n++
 	}
+	gone, err := p.takeOverGone(ctx, now)
+	return n + gone, err
+}
+
+// takeOverGone takes over the PENDING records, their lease still running, whose worker is
+// another pool that is gone (jobs.PoolGone), and queues their job again: a held job's
+// (held.go) whose node died, which no redelivery brings back. Each such worker is asked
+// once per sweep, all of them at once; a pool that answers, or cannot be told gone, keeps
+// its executions until their lease runs out (Sweep). It returns how many it re-drove.
+func (p *Pool) takeOverGone(ctx context.Context, now time.Time) (int, error) {
+	byWorker := map[string][]string{}
+	for _, o := range p.leases.Owned(now) {
+		if o.Worker != p.opts.ID {
+			byWorker[o.Worker] = append(byWorker[o.Worker], o.Key)
+		}
+	}
+	if len(byWorker) == 0 {
+		return 0, nil
+	}
+	var mu sync.Mutex
+	var gone []string
+	var wg sync.WaitGroup
+	for worker := range byWorker {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if jobs.PoolGone(ctx, p.js.Conn(), worker) {
+				mu.Lock()
+				gone = append(gone, worker)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	slices.Sort(gone)
+	n := 0
+	for _, worker := range gone {
+		for _, key := range byWorker[worker] {
+			redriven, err := p.takeOverFrom(ctx, key, worker)
+			if err != nil {
+				return n, err
+			}
+			if redriven {
+				n++
+			}
+		}
+	}
 	return n, nil
+}
+
+// takeOverFrom takes over key's execution from worker, gone, and queues its job again, if
+// the record (read from the leader) is still that worker's PENDING epoch: true if it did. A
+// job still in JOBS is left to its redelivery, and a claim stored after its request was
+// refused is released, as Sweep does.
+func (p *Pool) takeOverFrom(ctx context.Context, key, worker string) (bool, error) {
+	if queued, err := jobs.Queued(ctx, p.js, key); err != nil || queued {
+		return false, nil
+	}
+	if p.runs(key) {
+		return false, nil
+	}
+	rec, rev, err := p.store.Latest(ctx, key)
+	if err != nil || rec.State != kv.Pending || rec.Cancelled || rec.Worker != worker {
+		return false, nil
+	}
+	if released, err := intent.ReleaseRefused(ctx, p.store, key, rec, rev); err != nil || released {
+		return false, nil
+	}
+	job, _, _, err := intent.TakeOver(ctx, p.js, p.store, key, rec, rev, p.opts.Now, p.opts.Lease)
+	if err != nil {
+		return false, nil // another taker won, or the record moved on
+	}
+	p.opts.Metrics.Takeover()
+	p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "its worker is gone: re-driven by the sweep")
+	if err := jobs.Submit(ctx, p.js, job); err != nil {
+		return false, err
+	}
+	p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, key).Int(fieldEpoch, job.Epoch).Str("gone_worker", worker).
+		Str("server", p.js.Conn().ConnectedServerName()).Msg("re-driven: its worker is gone")
+	return true, nil
 }
 
 // announce writes the terminal chunk of rec's epoch, a finished record's, unless the chunk

@@ -313,7 +313,7 @@ func New(l Labels) *Metrics {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: "nats_connected",
 		Help: "1 when every NATS connection of the process is connected, else 0."}, m.natsConnected))
 	m.reg.MustRegister(&backlogCollector{m: m, desc: prometheus.NewDesc(namespace+"_jobs_backlog",
-		"JOBS messages not yet acked (pending and in flight), read from the consumer at scrape time.", nil, nil)})
+		"Queued JOBS messages not yet acked (pending and in flight), read from the consumer at scrape time; a job the admitting node runs at once in a free worker slot (held) is never queued.", nil, nil)})
 	m.reg.MustRegister(&partitionCollector{m: m,
 		admits: prometheus.NewDesc(namespace+"_partition_admits",
 			"1 while the partition's record and job streams each have a leader with a quorum, as this node's last readiness check found them; only with nats.partitions above 1.", []string{"partition"}, nil),
