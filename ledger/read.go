@@ -159,6 +159,12 @@ func (l *Ledger) scanStream(ctx context.Context, st jetstream.Stream, subject st
 	if err != nil {
 		return fmt.Errorf("ledger: read %s: %w", subject, err)
 	}
+	// Next's context does not reach nats.go's re-making of a lost consumer, which retries
+	// without end while the stream has no leader: a node whose cluster stopped first hung in
+	// its shutdown's reconcile for 20 minutes (bench/results/i44/round13). Stopping the
+	// iterator ends those retries.
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
 	defer func() {
 		it.Stop()
 		// Do not leave the ephemeral consumer to its inactivity timeout.
