@@ -54,6 +54,10 @@ func (t *Tier) apply(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cold: consume: %w", err)
 	}
+	// Both, for nats.go 1.55's ordered iterator: Stop ends a re-making of the consumer that
+	// retries without end (Next's context does not reach it), and Next's context ends a wait
+	// on the pull a re-making started just after Stop, which Stop no longer reaches (the
+	// gateway's shutdown hung 7 minutes there in CI: TestReadyzWhileIDEMsOnlyReplicaIsDown).
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer it.Stop()
@@ -62,9 +66,9 @@ func (t *Tier) apply(ctx context.Context) error {
 	n, seq, wm := 0, uint64(0), time.Time{}
 	lastExpiry := time.Now()
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return err

@@ -162,7 +162,8 @@ func (l *Ledger) scanStream(ctx context.Context, st jetstream.Stream, subject st
 	// Next's context does not reach nats.go's re-making of a lost consumer, which retries
 	// without end while the stream has no leader: a node whose cluster stopped first hung in
 	// its shutdown's reconcile for 20 minutes (bench/results/i44/round13). Stopping the
-	// iterator ends those retries.
+	// iterator ends those retries; Next's context ends the wait on a pull made just after
+	// (cold/apply.go says more).
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
 	defer func() {
