@@ -6,9 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/oncegate/oncegate/internal/testkit"
 	"github.com/oncegate/oncegate/internal/testkit/gatewaykit"
 	"github.com/oncegate/oncegate/jobs"
@@ -24,15 +21,7 @@ func TestHeldOnACluster(t *testing.T) {
 	for _, gw := range gws {
 		testkit.CheckFor(t, time.Minute, 50*time.Millisecond, func() error { return testkit.Ready(gatewaykit.Client(), "http://"+gw.Addr()) })
 	}
-	nc, err := nats.Connect(gws[0].NATSURL(), nats.Name("held-on-a-cluster"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := (&gatewaykit.Gateway{Gateway: gws[0]}).JetStream(t, "held-on-a-cluster")
 	ctx := context.Background()
 	read := func() (stored, delivered uint64) {
 		t.Helper()

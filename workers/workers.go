@@ -695,40 +695,22 @@ func (p *Pool) Sweep(ctx context.Context) (int, error) {
 	defer p.sweepCharges(ctx, now) // also when a re-drive fails: the read found them
 	n := 0
 	for _, e := range expired {
-		// A job still in JOBS will run, or be redelivered after its AckWait: not ours to re-drive.
-		if queued, err := jobs.Queued(ctx, p.js, e.Key); err != nil || queued {
-			continue
-		}
-		if p.runs(e.Key) {
-			continue // ours, still retrying its outcome's write past the lease (finalRetry)
-		}
-		rec, rev, err := p.store.Get(ctx, e.Key)
-		if err != nil || rec.Cancelled {
-			continue
-		}
-		if released, err := intent.ReleaseRefused(ctx, p.store, e.Key, rec, rev); err != nil || released {
-			if released {
-				p.opts.Log.Warn().Str(fieldJobID, rec.JobID).Str(fieldKey, e.Key).Int(fieldEpoch, rec.Epoch).Time("admit_by", rec.AdmitBy).
-					Msg("a claim stored after its request was refused (503): released, not executed")
-			}
+		rec, rev, ok := p.sweepCandidate(ctx, e.Key, p.store.Get, func(*kv.Record) bool { return true })
+		if !ok {
 			continue
 		}
 		abandoned, unheard := intent.Abandoned(ctx, p.js, p.store, e.Key, rec, now, p.opts.Lease)
 		if !abandoned {
 			continue
 		}
-		job, _, _, err := intent.TakeOver(ctx, p.js, p.store, e.Key, rec, rev, p.opts.Now, p.opts.Lease)
+		redriven, err := p.redrive(ctx, e.Key, rec, rev, "lease expired with no job left: re-driven by the sweep",
+			"re-driven after lease expiry", func(ev *zerolog.Event) { ev.AnErr("owner_unheard", unheard) })
 		if err != nil {
-			continue // another taker won, or the record moved on
-		}
-		p.opts.Metrics.Takeover()
-		p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "lease expired with no job left: re-driven by the sweep")
-		if err := jobs.Submit(ctx, p.js, job); err != nil {
 			return n, err
 		}
-		p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, e.Key).Int(fieldEpoch, job.Epoch).AnErr("owner_unheard", unheard).Str("server", p.js.Conn().ConnectedServerName()).
-			Func(intent.LeaderRead(p.store)).Msg("re-driven after lease expiry")
-		n++
+		if redriven {
+			n++
+		}
 	}
 	gone, err := p.takeOverGone(ctx, now)
 	return n + gone, err
@@ -781,34 +763,62 @@ func (p *Pool) takeOverGone(ctx context.Context, now time.Time) (int, error) {
 }
 
 // takeOverFrom takes over key's execution from worker, gone, and queues its job again, if
-// the record (read from the leader) is still that worker's PENDING epoch: true if it did. A
-// job still in JOBS is left to its redelivery, and a claim stored after its request was
-// refused is released, as Sweep does.
+// the record (read from the leader) is still that worker's PENDING epoch and a candidate
+// (sweepCandidate): true if it did.
 func (p *Pool) takeOverFrom(ctx context.Context, key, worker string) (bool, error) {
-	if queued, err := jobs.Queued(ctx, p.js, key); err != nil || queued {
+	rec, rev, ok := p.sweepCandidate(ctx, key, p.store.Latest, func(rec *kv.Record) bool {
+		return rec.State == kv.Pending && rec.Worker == worker
+	})
+	if !ok {
 		return false, nil
+	}
+	return p.redrive(ctx, key, rec, rev, "its worker is gone: re-driven by the sweep",
+		"re-driven: its worker is gone", func(ev *zerolog.Event) { ev.Str("gone_worker", worker) })
+}
+
+// sweepCandidate reads key's record with read for a re-drive by the sweep, and reports
+// whether it is one: not while a job of the key is in JOBS (it will run, or be redelivered
+// after its AckWait), nor while this pool runs the key (still retrying its outcome's write
+// past the lease: finalRetry), nor when cancelled or not kept by keep; a claim stored after
+// its request was refused (503) is released instead.
+func (p *Pool) sweepCandidate(ctx context.Context, key string, read func(context.Context, string) (*kv.Record, uint64, error),
+	keep func(*kv.Record) bool) (*kv.Record, uint64, bool) {
+	if queued, err := jobs.Queued(ctx, p.js, key); err != nil || queued {
+		return nil, 0, false
 	}
 	if p.runs(key) {
-		return false, nil
+		return nil, 0, false
 	}
-	rec, rev, err := p.store.Latest(ctx, key)
-	if err != nil || rec.State != kv.Pending || rec.Cancelled || rec.Worker != worker {
-		return false, nil
+	rec, rev, err := read(ctx, key)
+	if err != nil || rec.Cancelled || !keep(rec) {
+		return nil, 0, false
 	}
 	if released, err := intent.ReleaseRefused(ctx, p.store, key, rec, rev); err != nil || released {
-		return false, nil
+		if released {
+			p.opts.Log.Warn().Str(fieldJobID, rec.JobID).Str(fieldKey, key).Int(fieldEpoch, rec.Epoch).Time("admit_by", rec.AdmitBy).
+				Msg("a claim stored after its request was refused (503): released, not executed")
+		}
+		return nil, 0, false
 	}
+	return rec, rev, true
+}
+
+// redrive takes key's execution rec (at rev) over and queues its job again, noting why on
+// the dashboard and logging msg with what fields adds: false if another taker won or the
+// record moved on.
+func (p *Pool) redrive(ctx context.Context, key string, rec *kv.Record, rev uint64, why, msg string, fields func(*zerolog.Event)) (bool, error) {
 	job, _, _, err := intent.TakeOver(ctx, p.js, p.store, key, rec, rev, p.opts.Now, p.opts.Lease)
 	if err != nil {
-		return false, nil // another taker won, or the record moved on
+		return false, nil
 	}
 	p.opts.Metrics.Takeover()
-	p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, "its worker is gone: re-driven by the sweep")
+	p.noteEvent(dashboard.EventTakeover, job.ID, job.Tenant, job.Model, why)
 	if err := jobs.Submit(ctx, p.js, job); err != nil {
 		return false, err
 	}
-	p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, key).Int(fieldEpoch, job.Epoch).Str("gone_worker", worker).
-		Str("server", p.js.Conn().ConnectedServerName()).Msg("re-driven: its worker is gone")
+	ev := p.opts.Log.Warn().Str(fieldJobID, job.ID).Str(fieldKey, key).Int(fieldEpoch, job.Epoch).Str("server", p.js.Conn().ConnectedServerName())
+	fields(ev)
+	ev.Func(intent.LeaderRead(p.store)).Msg(msg)
 	return true, nil
 }
 
