@@ -266,6 +266,9 @@ func (p *Pool) Run(ctx context.Context) error {
 	defer func() { _ = presence.Unsubscribe() }()
 	jobCtx, cancelJobs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelJobs()
+	// Held and local executions may start from here on: once the consumer pulls, the node is
+	// running every way a job can reach it.
+	p.openLocal(jobCtx)
 	var wg sync.WaitGroup
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		select {
@@ -282,9 +285,11 @@ func (p *Pool) Run(ctx context.Context) error {
 		}()
 	}, jetstream.PullMaxMessages(p.opts.Concurrency), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
+		p.closeLocal()
+		cancelJobs() // their leases lapse; a sweep elsewhere takes them over
+		p.localWG.Wait()
 		return fmt.Errorf("workers: consume: %w", err)
 	}
-	p.openLocal(jobCtx)
 	sweepDone, postDone, discardDone, beatDone := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(beatDone)
