@@ -271,9 +271,14 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	job := JobEncoded(key, rec, rev, data)
 	hub := c.hubOf(key)
 	open := hub.Open
+	var local jobs.LocalNotices
 	if !rec.Stream {
-		// Its outcome comes as a notice when the hub follows notices; the job says so.
+		// Its outcome comes as a notice when the hub follows notices; the job says so. A held
+		// job's comes in process (Hub.OpenHeld).
 		open, job.Notice = hub.OpenNonStream, hub.Notices()
+		if slot != nil && job.Notice {
+			open, local = hub.OpenHeld, hub
+		}
 	}
 	fl, err := open(ctx, job.Subject())
 	if err != nil {
@@ -285,7 +290,7 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	if c.offer != nil {
 		withdraw = c.offer.Offer(key, rec.Epoch, rev, rec)
 	}
-	if err := c.submit(ctx, job, slot); err != nil {
+	if err := c.submit(ctx, job, slot, local); err != nil {
 		fl.Close()
 		withdraw()
 		c.release(key, rec, rev)
@@ -306,9 +311,9 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	return adm, nil
 }
 
-// submit stores job in JOBS: held and run in slot when there is one, else queued for any
-// node's workers.
-func (c *Core) submit(ctx context.Context, job *jobs.Job, slot HeldSlot) error {
+// submit stores job in JOBS: held and run in slot when there is one (its notices going to
+// local first), else queued for any node's workers.
+func (c *Core) submit(ctx context.Context, job *jobs.Job, slot HeldSlot, local jobs.LocalNotices) error {
 	if slot == nil {
 		return jobs.Submit(ctx, c.js, job)
 	}
@@ -317,7 +322,7 @@ func (c *Core) submit(ctx context.Context, job *jobs.Job, slot HeldSlot) error {
 		slot.Release()
 		return err
 	}
-	slot.Run(m, time.Now()) // the workers trust a fresh job by the wall clock (trustSent)
+	slot.Run(m, time.Now(), local) // the workers trust a fresh job by the wall clock (trustSent)
 	return nil
 }
 

@@ -165,11 +165,11 @@ type Holder interface {
 }
 
 // HeldSlot is a reserved worker slot. The claim names its Worker; then Run runs the held job
-// m, stored in JOBS at at (jobs.SubmitHeld), or Release gives the slot back: one of the two,
-// once.
+// m, stored in JOBS at at (jobs.SubmitHeld), its notices going first to local (the hub that
+// follows it here, nil for a stream), or Release gives the slot back: one of the two, once.
 type HeldSlot interface {
 	Worker() string
-	Run(m *nats.Msg, at time.Time)
+	Run(m *nats.Msg, at time.Time, local jobs.LocalNotices)
 	Release()
 }
 

@@ -183,7 +183,22 @@ type Publisher struct {
 	expiring bool
 	// notice: a terminal chunk that is the execution's first is a notice (SetNotice).
 	notice bool
+	// local takes the notice in process first (SetLocal): the hub of the node that admitted
+	// a held job; nil: none.
+	local LocalNotices
 }
+
+// LocalNotices takes an execution's notice in process: the hub of the node where a held job
+// was admitted and runs (Hub.Notice). It reports whether a follower there took it.
+type LocalNotices interface {
+	Notice(subject string, hdr nats.Header, data []byte) bool
+}
+
+// SetLocal makes l the first taker of the notice (SetNotice): a held job's outcome goes to
+// the follower that admitted it in process, whose feed does not subscribe on a cluster
+// (Hub.OpenHeld). It is also published, unanswered, for the followers of copies on other
+// nodes; when l takes nothing (the client left), the notice goes out as a request as usual.
+func (p *Publisher) SetLocal(l LocalNotices) { p.local = l }
 
 // minTTL is the shortest per-message TTL: the server counts them in whole seconds.
 const minTTL = time.Second
@@ -294,9 +309,17 @@ const noticeWait = time.Second
 // chunk reaches it through its node's tail. A follower that left has nobody to answer either,
 // which costs the same stored chunk a cluster always wrote before.
 func (p *Publisher) heard(ctx context.Context, c Chunk) bool {
+	msg := c.msg(NoticeSubject(p.subject))
+	if p.local != nil && p.local.Notice(p.subject, msg.Header, msg.Data) {
+		// Copies followed on other nodes listen on the notice subject; one whose interest has
+		// not reached this server yet reads the outcome from the record, as it would had
+		// another follower answered first.
+		_ = p.js.Conn().PublishMsg(msg)
+		return true
+	}
 	ctx, cancel := context.WithTimeout(ctx, noticeWait)
 	defer cancel()
-	_, err := p.js.Conn().RequestMsgWithContext(ctx, c.msg(NoticeSubject(p.subject)))
+	_, err := p.js.Conn().RequestMsgWithContext(ctx, msg)
 	return err == nil
 }
 

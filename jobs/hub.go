@@ -126,6 +126,42 @@ func (h *Hub) OpenNonStream(ctx context.Context, subject string) (*Follower, err
 	return h.Open(ctx, subject)
 }
 
+// OpenHeld is OpenNonStream for a new execution this node's workers run (a held job), whose
+// outcome their publisher hands to this hub in process (Hub.Notice, Publisher.SetLocal). On a
+// cluster it makes no notice subscription: its interest would cross the routes and back (two
+// RS+ and two RS- per intent, issue 44), and a fence or a cancellation sent from another node
+// is stored in CHUNKS as well as sent (terminate), so the node's tail carries it. On one
+// server the subscription's interest stays on the server, and it is OpenNonStream.
+func (h *Hub) OpenHeld(ctx context.Context, subject string) (*Follower, error) {
+	if !h.notices || h.coreFast {
+		return h.OpenNonStream(ctx, subject)
+	}
+	if err := h.tail.start(ctx); err != nil {
+		return nil, err
+	}
+	fl, _, _, err := h.register(subject)
+	return fl, err
+}
+
+// Notice hands a notice of the execution on subject (its chunk subject) to the feed this hub
+// follows it with, as the feed's notice subscription would; false when it follows none.
+func (h *Hub) Notice(subject string, hdr nats.Header, data []byte) bool {
+	h.mu.Lock()
+	f := h.feeds[subject]
+	h.mu.Unlock()
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	done := f.done
+	f.mu.Unlock()
+	if done {
+		return false
+	}
+	f.deliver(hdr, data)
+	return true
+}
+
 // Notices reports whether OpenNonStream follows notices (HubOptions.Notices): the jobs it
 // follows must then say so (Job.Notice).
 func (h *Hub) Notices() bool { return h.notices }

@@ -227,3 +227,91 @@ func chunksCluster(t *testing.T) (context.Context, *nats.Conn, jetstream.JetStre
 	}
 	return ctx, nc, js, worker
 }
+
+// TestHeldNoticesOnACluster (issue 44): a held job's follower, opened on a cluster with
+// OpenHeld, makes no subscription (whose interest would cross the routes and back per intent):
+// its outcome comes in process from the publisher (SetLocal), and is published as well for a
+// copy followed on another node; a fence sent from another node reaches it through the tail;
+// with its follower gone, the outcome is sent as a request and, unanswered, stored.
+func TestHeldNoticesOnACluster(t *testing.T) {
+	ctx, nc, js, worker := chunksCluster(t)
+	hub := jobs.NewHub(nc, js, zerolog.Nop(), jobs.HubOptions{Notices: true})
+	t.Cleanup(hub.Close)
+	other := jobs.NewHub(worker.Conn(), worker, zerolog.Nop(), jobs.HubOptions{Notices: true}) // another node's
+	t.Cleanup(other.Close)
+	open := func(key string) (*jobs.Job, *jobs.Follower) {
+		t.Helper()
+		job := newJob(key)
+		fl, err := hub.OpenHeld(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(fl.Close)
+		return job, fl
+	}
+	next := func(fl *jobs.Follower) jobs.Chunk {
+		t.Helper()
+		wait, stop := context.WithTimeout(ctx, 10*time.Second)
+		defer stop()
+		c, err := fl.Next(wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	open("held-notice-tail") // starts the tail, the hub's one subscription on a cluster
+	subs := nc.NumSubscriptions()
+
+	t.Run("outcome in process, and to a copy elsewhere", func(t *testing.T) {
+		job, fl := open("held-notice-outcome")
+		joined, err := other.JoinNonStream(ctx, job.Subject())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer joined.Close()
+		if got := nc.NumSubscriptions(); got != subs {
+			t.Fatalf("a held follower made %d subscriptions; want none", got-subs)
+		}
+		pub := jobs.NewPublisher(worker, job)
+		pub.SetNotice()
+		pub.SetLocal(hub)
+		if err := pub.Publish(ctx, jobs.KindResult, http.StatusOK, []byte(`{"held":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		if !pub.ExpiresAlone() {
+			t.Fatal("the outcome was stored; want it taken in process")
+		}
+		for name, f := range map[string]*jobs.Follower{"held": fl, "joined elsewhere": joined} {
+			if c := next(f); c.Kind != jobs.KindResult || string(c.Payload) != `{"held":1}` {
+				t.Fatalf("%s follower: %s %q; want the outcome", name, c.Kind, c.Payload)
+			}
+		}
+		if n := chunksStored(t, &testkit.JetStream{JS: js}, job.Subject()); n != 0 {
+			t.Fatalf("%d chunks stored; want none", n)
+		}
+	})
+
+	t.Run("fence from another node", func(t *testing.T) {
+		job, fl := open("held-notice-fence")
+		if err := jobs.Fence(ctx, worker, job.Key, job.ID, job.Epoch); err != nil {
+			t.Fatal(err)
+		}
+		if c := next(fl); c.Kind != jobs.KindFence {
+			t.Fatalf("held follower: %s; want the fence", c.Kind)
+		}
+	})
+
+	t.Run("follower gone", func(t *testing.T) {
+		job, fl := open("held-notice-gone")
+		fl.Close()
+		pub := jobs.NewPublisher(worker, job)
+		pub.SetNotice()
+		pub.SetLocal(hub)
+		if err := pub.Publish(ctx, jobs.KindResult, http.StatusOK, []byte(`{"held":2}`)); err != nil {
+			t.Fatal(err)
+		}
+		if n := chunksStored(t, &testkit.JetStream{JS: js}, job.Subject()); n != 1 {
+			t.Fatalf("%d chunks stored; want the unheard outcome stored", n)
+		}
+	})
+}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/oncegate/oncegate/jobs"
 )
 
 // A held job is a new execution that the node which admitted it runs itself (issue 44). Its
@@ -67,14 +69,15 @@ func (h *Held) Release() {
 	}
 }
 
-// Run runs the held job m, stored in JOBS at at, as if the workers' consumer had delivered it.
-func (h *Held) Run(m *nats.Msg, at time.Time) {
+// Run runs the held job m, stored in JOBS at at, as if the workers' consumer had delivered it;
+// its notices go to local first (nil: none).
+func (h *Held) Run(m *nats.Msg, at time.Time, local jobs.LocalNotices) {
 	if !h.state.CompareAndSwap(heldReserved, heldRunning) {
 		return
 	}
 	go func() {
 		defer h.p.localWG.Done()
-		h.p.runHeld(h.ctx, &heldMsg{msg: m, at: at, delivered: 1})
+		h.p.runHeld(h.ctx, &heldMsg{msg: m, at: at, delivered: 1, local: local})
 	}()
 }
 
@@ -107,8 +110,9 @@ func (p *Pool) runHeld(ctx context.Context, m *heldMsg) {
 
 // heldMsg is a held job as the pool handles it: the message it stored, delivered in process.
 type heldMsg struct {
-	msg *nats.Msg
-	at  time.Time
+	msg   *nats.Msg
+	at    time.Time
+	local jobs.LocalNotices // the admitting hub, which takes the outcome's notice (nil: none)
 
 	mu        sync.Mutex
 	delivered uint64        // 1, then one more each time it is handed back

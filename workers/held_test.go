@@ -40,7 +40,7 @@ func submitHeld(t *testing.T, r *rig, h *workers.Held, key string, rec *kv.Recor
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Run(m, time.Now())
+	h.Run(m, time.Now(), nil)
 	return rev
 }
 

@@ -483,7 +483,7 @@ func (p *Pool) handle(ctx context.Context, m jetstream.Msg) {
 		log.Warn().Int("previous_epoch", wire.Epoch).AnErr("owner_unheard", unheard).Str("server", p.js.Conn().ConnectedServerName()).
 			Func(intent.LeaderRead(p.store)).Msg("took over execution after lease expiry or its owner's death")
 	}
-	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job, wire.Notice), rec: rec, rev: rev, log: log})
+	p.execute(ctx, &execution{pool: p, job: job, msg: m, pub: p.publisher(job, wire.Notice, m), rec: rec, rev: rev, log: log})
 }
 
 // deliveredAgain reports whether another pool runs the epoch of rec, which a first delivery of
@@ -528,12 +528,16 @@ func (p *Pool) storedRequest(ctx context.Context, key string, rec *kv.Record, re
 
 // publisher writes job's chunks to CHUNKS; a lone terminal chunk expires after the discard
 // grace. A non-stream job whose follower listens on its notice subject (notice: Job.Notice)
-// has its outcome sent there instead, unstored.
-func (p *Pool) publisher(job *jobs.Job, notice bool) *jobs.Publisher {
+// has its outcome sent there instead, unstored; a held job's (m) goes to the hub that
+// admitted it first, in process.
+func (p *Pool) publisher(job *jobs.Job, notice bool, m jetstream.Msg) *jobs.Publisher {
 	pub := jobs.NewPublisher(p.js, job)
 	pub.SetFinalTTL(p.opts.DiscardChunksAfter)
 	if notice && !job.Stream {
 		pub.SetNotice() // its followers listen for the outcome on the notice subject
+		if h, ok := m.(*heldMsg); ok && h.local != nil {
+			pub.SetLocal(h.local)
+		}
 	}
 	return pub
 }
