@@ -649,14 +649,15 @@ func (g *Gateway) startAPI(ctx context.Context, connect func(string) (*nats.Conn
 			parts[p].Cold = tier
 		}
 	}
-	var local intent.LocalRunner // a bypass runs on this node's workers, when it has some
-	var offer intent.Offerer     // and they take the jobs admitted here from memory
-	var hold intent.Holder       // and run them here while they have a free slot
+	var local intent.LocalRunner   // a bypass runs on this node's workers, when it has some
+	var offer intent.Offerer       // and they take the jobs admitted here from memory
+	var hold intent.Holder         // and run them here while they have a free slot
+	var check intent.HolderChecker // and ask at once for another node's holder a copy waits on
 	if g.pool != nil {
-		local, offer, hold = poolOf(g.pools), poolOf(g.pools), poolOf(g.pools)
+		local, offer, hold, check = poolOf(g.pools), poolOf(g.pools), poolOf(g.pools), poolOf(g.pools)
 	}
 	intents := intent.New(intent.Deps{JS: js, Partitions: parts, Budgets: budgets, Prices: prices(g.cfg.Ledger), Log: apiLog, Metrics: g.metrics,
-		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer, Hold: hold,
+		Tally: tally, Queue: g.startQueueWatch(ctx, js, apiLog), Local: local, Offer: offer, Hold: hold, CheckHolder: check,
 		Options: intent.Options{Lease: idem.Lease.D(), TTL: idem.TTL.D(), AutoWindow: idem.AutoWindow.D(),
 			StoreWait: adm.StoreWait.D(), StoreWaitMax: adm.StoreWaitMax.D(),
 			ReplayCacheBytes: idem.ReplayCacheBytes, DefaultMaxTokens: g.cfg.Ledger.DefaultMaxTokens,
@@ -816,6 +817,12 @@ func (ps poolOf) Hold(key string) intent.HeldSlot {
 		}
 	}
 	return nil
+}
+
+func (ps poolOf) CheckHolder(key string, rec *kv.Record) {
+	if p := ps.pool(key); p != nil {
+		p.CheckHolder(key, rec)
+	}
 }
 
 func (ps poolOf) Offer(key string, epoch int, rev uint64, rec *kv.Record) (withdraw func()) {

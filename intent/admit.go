@@ -437,6 +437,7 @@ func (c *Core) attach(ctx context.Context, req *Request, held *kv.ExistsError, f
 			}
 			return explain(adm, rule, req.RetryHeader, rec), err
 		}
+		c.checkHolder(req.Key, rec) // usually a retry: its first try's node may have died
 		// The feed first, the places after: a place given back is observed as a follower
 		// that left (oncegate_followers_per_execution), so none is taken for a join that fails.
 		fl, err := c.joinExecution(ctx, req.Key, rec.JobID, rec.Epoch, rec.Stream)
@@ -468,6 +469,14 @@ func (c *Core) archive(ctx context.Context, key string, rec *kv.Record) {
 	}
 	if err := c.storeOf(key).IndexJob(ctx, rec.JobID, archived); err != nil {
 		c.log.Warn().Err(err).Str(fieldJobID, rec.JobID).Msg("re-indexing an archived execution")
+	}
+}
+
+// checkHolder has the holder of key's held execution rec asked for at once (Deps.CheckHolder):
+// a dead holder's execution is taken over without waiting for a sweep.
+func (c *Core) checkHolder(key string, rec *kv.Record) {
+	if c.checker != nil && rec.Worker != "" {
+		c.checker.CheckHolder(key, rec)
 	}
 }
 

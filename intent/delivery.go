@@ -289,6 +289,7 @@ func (d *Delivery) fromRecord(ctx context.Context, ended bool) (ev Event, end bo
 		}
 		return d.finished(rec), true, nil
 	case rec.Epoch == d.epoch && !ended:
+		d.core.checkHolder(d.key, rec) // silence: its holder may be gone
 		return Event{}, false, nil
 	case d.sent.any && rec.Epoch != d.epoch: // taken over after this client got output
 		return Event{Kind: Restarted, Sent: true}, true, nil

@@ -132,6 +132,10 @@ type Deps struct {
 	// then runs here as a held job (jobs.SubmitHeld, workers.Pool.Hold) instead of going
 	// through the JOBS queue; nil (a node without workers) queues every job.
 	Hold Holder
+	// CheckHolder asks, when a copy joins a held execution of another node or waits on it in
+	// silence, whether its holder is still there (workers.Pool.CheckHolder); nil (a node
+	// without workers): the holder's death is found by the sweeps of the nodes that have them.
+	CheckHolder HolderChecker
 	// Offer hands this node's workers the record, request included, of each job it submits
 	// (workers.Pool.Offer); nil (a node without workers): they decode the job's message, and
 	// read a request stored in REQUESTS from there.
@@ -162,6 +166,12 @@ type LocalRunner interface {
 // nil when none is free, or no pool of key's partition runs here.
 type Holder interface {
 	Hold(key string) HeldSlot
+}
+
+// HolderChecker checks at once, in the background, that the pool holding key's PENDING
+// execution rec (kv.Record.Worker) is still there, and has the execution taken over if not.
+type HolderChecker interface {
+	CheckHolder(key string, rec *kv.Record)
 }
 
 // HeldSlot is a reserved worker slot. The claim names its Worker; then Run runs the held job
@@ -205,6 +215,7 @@ type Core struct {
 	local     LocalRunner // nil: no workers here
 	offer     Offerer     // nil: no workers here
 	holder    Holder      // nil: no workers here
+	checker   HolderChecker
 	// executions counts the new executions admitted here and not answered (MaxExecutions).
 	executions atomic.Int64
 	// bodyBytes sums their request bodies (MaxBodyBytesInFlight).
@@ -219,7 +230,7 @@ type Core struct {
 // New builds the core.
 func New(d Deps) *Core {
 	c := &Core{js: d.JS, parts: d.Partitions, budgets: d.Budgets, prices: d.Prices, opts: d.Options,
-		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, holder: d.Hold, now: d.Now,
+		live: newLiveKeys(), log: d.Log, metrics: d.Metrics, tally: d.Tally, queue: d.Queue, local: d.Local, offer: d.Offer, holder: d.Hold, checker: d.CheckHolder, now: d.Now,
 		limits: newTenantLimits(d.Options.Limits)}
 	if c.now == nil {
 		c.now = time.Now

@@ -86,33 +86,60 @@ func TestHeldJobRunsWhereItIsHeld(t *testing.T) {
 
 // TestHeldJobOfADeadPoolIsTakenOver: the pool running a held job dies (its connection closes,
 // as a killed process's does) after sending its attempt. No JetStream redelivery can bring
-// the job back: another pool's sweep finds the record's worker gone and takes the execution
-// over at once, counting the sent attempt, instead of after the one-minute lease.
+// the job back; another pool takes the execution over at once, counting the sent attempt,
+// instead of after the one-minute lease:
+//   - its sweep finds the record's worker gone;
+//   - with its sweeps off, asked by a copy of the request that joined the execution on its
+//     node (CheckHolder, as the admission of a copy does): a client's retry is not left
+//     waiting for the next sweep.
 func TestHeldJobOfADeadPoolIsTakenOver(t *testing.T) {
-	r := resources(t)
-	ctx := context.Background()
-	const lease = time.Minute
-	var logs testkit.SyncBuffer
-	ownerNC, doomed, gate := startDoomed(t, r, lease, &logs)
-	defer gate.Open()
+	for _, tc := range []struct {
+		name  string
+		sweep time.Duration
+		ask   bool
+	}{
+		{name: "by the sweep", sweep: 200 * time.Millisecond},
+		{name: "asked by a copy", sweep: -1, ask: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := resources(t)
+			ctx := context.Background()
+			const lease = time.Minute
+			var logs testkit.SyncBuffer
+			ownerNC, doomed, gate := startDoomed(t, r, lease, &logs)
+			defer gate.Open()
 
-	const key = "held-dead-owner"
-	rec := pendingRecord(lease, "the holder dies")
-	rev := submitHeld(t, r, hold(t, doomed), key, rec)
-	sentByDoomed(t, r, gate, rec)
-	ownerNC.Close() // the process is gone: its presence and its writes with it
-	if cur, crev, err := r.store.Get(ctx, key); err != nil || crev != rev || cur.Worker != "doomed" {
-		t.Fatalf("record %+v at %d (%v): want the claim, naming the dead pool", cur, crev, err)
+			const key = "held-dead-owner"
+			rec := pendingRecord(lease, "the holder dies")
+			rev := submitHeld(t, r, hold(t, doomed), key, rec)
+			sentByDoomed(t, r, gate, rec)
+			ownerNC.Close() // the process is gone: its presence and its writes with it
+			cur, crev, err := r.store.Get(ctx, key)
+			if err != nil || crev != rev || cur.Worker != "doomed" {
+				t.Fatalf("record %+v at %d (%v): want the claim, naming the dead pool", cur, crev, err)
+			}
+
+			mock, _ := newGated(t)
+			taker := workers.New(r.srv.JS, r.store, workers.Options{ID: "taker", Concurrency: 2, Lease: lease, RenewEvery: 20 * time.Second,
+				Backends: map[string]workers.Backend{"mock": mock}, Log: zerolog.New(&logs).With().Str("pool", "taker").Logger(), SweepEvery: tc.sweep})
+			run(t, taker)
+			if tc.ask { // asked again until its pool runs (one that does not asks nothing); one check at a time
+				testkit.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+					taker.CheckHolder(key, cur)
+					if now, _, err := r.store.Get(ctx, key); err != nil || now.Epoch == 1 {
+						return fmt.Errorf("record %+v %v: still the dead holder's epoch", now, err)
+					}
+					return nil
+				})
+			}
+			takenOverEarly(t, r, key, rec, &logs)
+		})
 	}
-
-	mock, _ := newGated(t)
-	run(t, workers.New(r.srv.JS, r.store, workers.Options{ID: "taker", Concurrency: 2, Lease: lease, RenewEvery: 20 * time.Second,
-		Backends: map[string]workers.Backend{"mock": mock}, Log: zerolog.New(&logs).With().Str("pool", "taker").Logger(), SweepEvery: 200 * time.Millisecond}))
-	takenOverEarly(t, r, key, rec, &logs)
 }
 
 // TestHeldJobOfALivePoolIsLeftToIt: the sweep of another pool leaves a held execution whose
-// pool answers for itself, however long it runs within its lease.
+// pool answers for itself, however long it runs within its lease, and so does a check asked
+// by a copy (CheckHolder).
 func TestHeldJobOfALivePoolIsLeftToIt(t *testing.T) {
 	r := resources(t)
 	ctx := context.Background()
@@ -122,6 +149,7 @@ func TestHeldJobOfALivePoolIsLeftToIt(t *testing.T) {
 	run(t, holder)
 	sweeper := workers.New(r.srv.JS, r.store, workers.Options{ID: "sweeper", Concurrency: 2, Lease: time.Minute, RenewEvery: 20 * time.Second,
 		Log: zerolog.Nop(), SweepEvery: -1})
+	run(t, sweeper)
 	const key = "held-live-owner"
 	rec := pendingRecord(time.Minute, "slow")
 	submitHeld(t, r, hold(t, holder), key, rec)
@@ -131,6 +159,15 @@ func TestHeldJobOfALivePoolIsLeftToIt(t *testing.T) {
 			t.Fatalf("sweep re-drove %d (%v): the holder answers for itself", n, err)
 		}
 	}
+	cur, _, err := r.store.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		sweeper.CheckHolder(key, cur)
+	}
+	// A check that found the holder gone would decide after the presence span and take over.
+	time.Sleep(jobs.PresenceSpan + time.Second)
 	gate.Open()
 	testkit.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		cur, _, err := r.store.Get(ctx, key)

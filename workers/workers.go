@@ -138,6 +138,8 @@ type Pool struct {
 	localMu  sync.Mutex
 	localCtx context.Context
 	localWG  sync.WaitGroup
+	// holderChecks are the presence checks of other pools asked by CheckHolder.
+	holderChecks holderChecks
 	// testHookBeforeCharge, when set (tests), is called after a COMPLETED outcome was stored
 	// and announced; true makes the worker stop there as if it died.
 	testHookBeforeCharge func() bool
