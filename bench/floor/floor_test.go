@@ -37,7 +37,9 @@ const (
 // BenchmarkNewIntent runs new intents through the stored messages of the design, 64 at a time
 // as bench/peers.sh's c=64 does (c64: the process's CPU per intent, user + system time of
 // everything: the embedded server, the client connections, the worker loop) and one at a time
-// (c1: ns/op is one intent's time through NATS, the floor under peers.sh's added p50 at c=1).
+// (c1: ns/op is one intent's time through NATS, the floor under peers.sh's added p50 at c=1),
+// and 16 and 4 at a time, beside BenchmarkClusterIntent's (the floor of issue 44's ratio of a
+// cluster intent to one node's).
 //
 // Per intent: the API side subscribes for the terminal chunk (one wildcard subscription,
 // demultiplexed here), claims the key (KV create on a file bucket), publishes the job
@@ -54,7 +56,7 @@ func BenchmarkNewIntent(b *testing.B) {
 		sync time.Duration
 	}{{"sync_1s", time.Second}, {"synced", 0}} {
 		for _, notice := range []bool{false, true} {
-			for _, c := range []int{64, 1} {
+			for _, c := range []int{64, 16, 4, 1} {
 				name := mode.name + "/c" + strconv.Itoa(c)
 				if notice {
 					name = mode.name + "/notice/c" + strconv.Itoa(c)
