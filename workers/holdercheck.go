@@ -93,7 +93,7 @@ func (p *Pool) CheckHolder(key string, rec *kv.Record) {
 			}
 		}
 		for _, key := range slices.Sorted(maps.Keys(keys)) {
-			if _, err := p.takeOverFrom(ctx, key, worker); err != nil {
+			if _, err := p.takeOverFrom(ctx, key, worker, "a copy's check"); err != nil {
 				p.opts.Log.Warn().Err(err).Str(fieldKey, key).Str("gone_worker", worker).Msg("taking over an execution of a gone worker")
 			}
 		}

@@ -761,7 +761,7 @@ func (p *Pool) takeOverGone(ctx context.Context, now time.Time) (int, error) {
 	n := 0
 	for _, worker := range gone {
 		for _, key := range byWorker[worker] {
-			redriven, err := p.takeOverFrom(ctx, key, worker)
+			redriven, err := p.takeOverFrom(ctx, key, worker, "the sweep")
 			if err != nil {
 				return n, err
 			}
@@ -775,16 +775,16 @@ func (p *Pool) takeOverGone(ctx context.Context, now time.Time) (int, error) {
 
 // takeOverFrom takes over key's execution from worker, gone, and queues its job again, if
 // the record (read from the leader) is still that worker's PENDING epoch and a candidate
-// (sweepCandidate): true if it did.
-func (p *Pool) takeOverFrom(ctx context.Context, key, worker string) (bool, error) {
+// (sweepCandidate): true if it did. by says who found the worker gone.
+func (p *Pool) takeOverFrom(ctx context.Context, key, worker, by string) (bool, error) {
 	rec, rev, ok := p.sweepCandidate(ctx, key, p.store.Latest, func(rec *kv.Record) bool {
 		return rec.State == kv.Pending && rec.Worker == worker
 	})
 	if !ok {
 		return false, nil
 	}
-	return p.redrive(ctx, key, rec, rev, "its worker is gone: re-driven by the sweep",
-		"re-driven: its worker is gone", func(ev *zerolog.Event) { ev.Str("gone_worker", worker) })
+	return p.redrive(ctx, key, rec, rev, "its worker is gone: re-driven by "+by,
+		"re-driven: its worker is gone", func(ev *zerolog.Event) { ev.Str("gone_worker", worker).Str("found_by", by) })
 }
 
 // sweepCandidate reads key's record with read for a re-drive by the sweep, and reports
