@@ -25,7 +25,8 @@
 # configuration), ROUTES (1: the cluster's route ports captured with tcpdump during each measured
 # run, and what crossed per intent and kind written to OUT/cluster-cC-routes.txt by
 # bench/route-traffic.py; tcpdump shares the CPUs too, so compare captured runs with each other). Nothing is pinned: the load tool and the nodes share the machine, as the issue
-# measured. Run it on a quiet machine. Raw outputs, node logs and table.md go to OUT.
+# measured. Run it on a quiet machine. Raw outputs, node logs, table.md and leaders.txt (which cluster
+# node led each stream after each measured run: bench/leaders) go to OUT.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,6 +50,8 @@ die() { echo "cluster-cost.sh: $*" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . "$here/lib.sh"
 cluster_run_setup # OUT, tmp, the binary, cfg: the default configuration with nats.sync set
+# Which node leads each stream, recorded per cluster run (leaders.txt): the load goes to node 1.
+(cd "$here/.." && go build -o "$tmp/leaders" ./bench/leaders) || die "building bench/leaders failed"
 if [ -n "$ROUTES" ]; then
 	command -v tcpdump >/dev/null || die "ROUTES=1 needs tcpdump (apt-get install tcpdump)"
 	command -v python3 >/dev/null || die "ROUTES=1 needs python3"
@@ -115,6 +118,9 @@ measure() {
 	for p in "${profiling[@]}"; do wait "$p" || echo "(a profile failed: $raw-n*.pprof)"; done
 	t1=$(ticks "${serve_pids[@]}")
 	alive "during $setup c=$c"
+	if [ "$setup" = cluster ]; then
+		echo "c=$c after: $("$tmp/leaders" nats://127.0.0.1:$((NATS_BASE + 1)) nats://127.0.0.1:$((NATS_BASE + 2)) nats://127.0.0.1:$((NATS_BASE + 3)) 2>&1)" >>"$OUT/leaders.txt"
+	fi
 	awk -v setup="$setup" -v c="$c" -v d=$((t1 - t0)) -v hz="$HZ" '
 		$1 == "successes" { ok = $2 }
 		$1 == "errors" { err = $2 }

@@ -86,6 +86,7 @@ var shared = map[int]bool{0: true, 1: true}
 // that starts a whole gateway (it imports the composition root, and only tests import it).
 var testOnly = map[string]bool{
 	"bench/floor":                 true,
+	"bench/leaders":               true,
 	"bench/retention":             true,
 	"deploy":                      true,
 	"docs":                        true,
