@@ -92,10 +92,8 @@ func (p *Pool) CheckHolder(key string, rec *kv.Record) {
 				keys[o.Key] = struct{}{}
 			}
 		}
-		for _, key := range slices.Sorted(maps.Keys(keys)) {
-			if _, err := p.takeOverFrom(ctx, key, worker, "a copy's check"); err != nil {
-				p.opts.Log.Warn().Err(err).Str(fieldKey, key).Str("gone_worker", worker).Msg("taking over an execution of a gone worker")
-			}
+		if _, err := p.takeOverAll(ctx, worker, slices.Sorted(maps.Keys(keys)), "a copy's check"); err != nil {
+			p.opts.Log.Warn().Err(err).Str("gone_worker", worker).Msg("taking over the executions of a gone worker (the sweep tries again)")
 		}
 	}()
 }

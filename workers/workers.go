@@ -760,14 +760,27 @@ func (p *Pool) takeOverGone(ctx context.Context, now time.Time) (int, error) {
 	slices.Sort(gone)
 	n := 0
 	for _, worker := range gone {
-		for _, key := range byWorker[worker] {
-			redriven, err := p.takeOverFrom(ctx, key, worker, "the sweep")
-			if err != nil {
-				return n, err
-			}
-			if redriven {
-				n++
-			}
+		redriven, err := p.takeOverAll(ctx, worker, byWorker[worker], "the sweep")
+		n += redriven
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// takeOverAll takes over, with takeOverFrom, the executions of keys that worker, gone, still
+// holds; it stops at the first error and returns how many it re-drove. by says who found the
+// worker gone.
+func (p *Pool) takeOverAll(ctx context.Context, worker string, keys []string, by string) (int, error) {
+	n := 0
+	for _, key := range keys {
+		redriven, err := p.takeOverFrom(ctx, key, worker, by)
+		if err != nil {
+			return n, err
+		}
+		if redriven {
+			n++
 		}
 	}
 	return n, nil
@@ -775,7 +788,7 @@ func (p *Pool) takeOverGone(ctx context.Context, now time.Time) (int, error) {
 
 // takeOverFrom takes over key's execution from worker, gone, and queues its job again, if
 // the record (read from the leader) is still that worker's PENDING epoch and a candidate
-// (sweepCandidate): true if it did. by says who found the worker gone.
+// (sweepCandidate): true if it did.
 func (p *Pool) takeOverFrom(ctx context.Context, key, worker, by string) (bool, error) {
 	rec, rev, ok := p.sweepCandidate(ctx, key, p.store.Latest, func(rec *kv.Record) bool {
 		return rec.State == kv.Pending && rec.Worker == worker
