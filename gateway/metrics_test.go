@@ -421,7 +421,7 @@ func TestMetricsOutcomes(t *testing.T) {
 	// The API listener serves the same registry (open: no tenants are configured), with the
 	// gauges read at scrape time: connected, and the JOBS backlog. The stalled in_use job is
 	// not in it: this node admitted it with a worker slot free, so it runs here as a held job
-	// (jobs.SubmitHeld), never queued; the backlog counts the queue alone.
+	// (jobs.HeldMsg), never queued; the backlog counts the queue alone.
 	s := scrapeURL(t, gw.URL+"/metrics", nil)
 	if s[req("chat", "openai", "conflict", "4xx")] != 1 {
 		t.Errorf("the API listener's /metrics does not show the conflict")

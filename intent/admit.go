@@ -107,7 +107,7 @@ func (c *Core) create(ctx context.Context, req *Request, key, jobID string, outc
 	rec.AdmitBy = admitBy(ctx)
 	slot := c.holdSlot(key)
 	if slot != nil {
-		rec.Worker = slot.Worker() // its death is how another node finds the job (jobs.SubmitHeld)
+		rec.Worker = slot.Worker() // its death is how another node finds the job (jobs.HeldMsg)
 	}
 	data, err := kv.Encode(rec) // written by the claim, and the job message's record
 	if err != nil {
@@ -250,8 +250,9 @@ func (c *Core) runLocal(ctx context.Context, req *Request, key, jobID string) (a
 // re-drive could not run again); the job names it (jobs.Job.RequestStored) and its worker
 // reads it from there, so the request is not in JOBS as well. A worker of this node takes the
 // record, request included, from the offer made to it (Deps.Offer) until the admission closes.
-// With slot (a worker slot of this node the claim names, else nil), the job is held: stored
-// and run here, not queued (jobs.SubmitHeld); launch runs or releases the slot.
+// With slot (a worker slot of this node the claim names, else nil), the job is held: run here,
+// not queued, its claim its only stored message (jobs.HeldMsg); launch runs or releases the
+// slot.
 func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Record, rev uint64, data []byte, outcome Outcome, newJob bool, slot HeldSlot) (*Admission, error) {
 	if rec.RequestAt > 0 && rec.RequestAt == rec.Epoch {
 		if err := c.storeOf(key).PutRequest(ctx, key, rec); err != nil {
@@ -311,13 +312,13 @@ func (c *Core) launch(ctx context.Context, req *Request, key string, rec *kv.Rec
 	return adm, nil
 }
 
-// submit stores job in JOBS: held and run in slot when there is one (its notices going to
-// local first), else queued for any node's workers.
+// submit runs job in slot when there is one (held: its notices going to local first), else
+// stores it in JOBS, queued for any node's workers.
 func (c *Core) submit(ctx context.Context, job *jobs.Job, slot HeldSlot, local jobs.LocalNotices) error {
 	if slot == nil {
 		return jobs.Submit(ctx, c.js, job)
 	}
-	m, err := jobs.SubmitHeld(ctx, c.js, job)
+	m, err := jobs.HeldMsg(job)
 	if err != nil {
 		slot.Release()
 		return err

@@ -129,7 +129,7 @@ type Deps struct {
 	// (a node without workers) sends every execution through JOBS.
 	Local LocalRunner
 	// Hold reserves a slot of this node's workers for a new execution admitted here, which
-	// then runs here as a held job (jobs.SubmitHeld, workers.Pool.Hold) instead of going
+	// then runs here as a held job (jobs.HeldMsg, workers.Pool.Hold) instead of going
 	// through the JOBS queue; nil (a node without workers) queues every job.
 	Hold Holder
 	// CheckHolder asks, when a copy joins a held execution of another node or waits on it in
@@ -175,7 +175,7 @@ type HolderChecker interface {
 }
 
 // HeldSlot is a reserved worker slot. The claim names its Worker; then Run runs the held job
-// m, stored in JOBS at at (jobs.SubmitHeld), its notices going first to local (the hub that
+// m (jobs.HeldMsg), its claim stored at at, its notices going first to local (the hub that
 // follows it here, nil for a stream), or Release gives the slot back: one of the two, once.
 type HeldSlot interface {
 	Worker() string

@@ -33,8 +33,9 @@ const (
 	// JobsSubjects is the JOBS subject space; a job of record key k is on jobs.run.<k>.
 	JobsSubjects = "jobs.run.>"
 	jobsPrefix   = "jobs.run."
-	// heldPrefix starts the subject of a held job (SubmitHeld): in JOBS, outside the subjects
-	// the workers' consumer takes.
+	// heldPrefix starts the subject of a held job's message (HeldMsg), outside the subjects
+	// the workers' consumer takes. JOBS still takes it: a node of an older version stores its
+	// held jobs there during a rolling upgrade.
 	heldPrefix   = "jobs.held."
 	ChunksStream = "CHUNKS"
 	chunksPrefix = "chunks."
@@ -191,7 +192,8 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, cfg StreamConfig
 		Storage:    jetstream.MemoryStorage,
 		Duplicates: 2 * time.Minute,
 		Replicas:   cfg.Replicas,
-		// A held job (SubmitHeld) expires by itself: no consumer takes it. Once on, it stays on.
+		// A held job an older version stored here (HeldMsg) expires by itself: no consumer
+		// takes it. Once on, it stays on.
 		AllowMsgTTL: true,
 	}, {
 		Name:              ChunksStreamOf(cfg.Partition),
@@ -229,29 +231,17 @@ func Submit(ctx context.Context, js jetstream.JetStream, job *Job) error {
 	return publish(ctx, js, job, m)
 }
 
-// HeldTTL is how long JOBS keeps a held job (SubmitHeld): the shortest TTL the server keeps.
-// Nothing reads it back (its worker has it, a takeover reads the record), so a longer one
-// would only hold every record's bytes in three servers' memory.
-const HeldTTL = time.Second
-
-// SubmitHeld publishes job to JOBS as held by a worker of this node, which runs it without
-// JetStream delivering it (intent.Holder): on a subject the workers' consumer does not take,
-// under its own message id (a job given to the queue later, Submit, is not a copy of it), for
-// HeldTTL. Like every job it is stored before it runs and deduplicated by its id; unlike a
-// queued one it costs no consumer delivery, ack or work-queue removal, three of a cluster
+// HeldMsg is job's message as a worker of this node takes it when it runs the job itself (a
+// held job, intent.Holder), without JetStream storing or delivering it. Nothing else needs it:
+// the job is its record (Job.Record), which the claim stored with everything that re-drives the
+// job, under a Nats-Msg-Id of its own (kv.ClaimMsgID); a takeover reads the record. So a held
+// job costs no JOBS write, consumer delivery, ack or work-queue removal: four of a cluster
 // intent's eight replicated writes (issue 44). Its worker's death is found by the other nodes'
-// sweeps: the record names the worker (kv.Record.Worker), which stops answering for itself
-// (PoolGone). It returns the message as published, which the worker takes (Decode).
-func SubmitHeld(ctx context.Context, js jetstream.JetStream, job *Job) (*nats.Msg, error) {
-	m, err := message(job, heldPrefix, "held.")
-	if err != nil {
-		return nil, err
-	}
-	m.Header.Set(jetstream.MsgTTLHeader, HeldTTL.String())
-	if err := publish(ctx, js, job, m); err != nil {
-		return nil, err
-	}
-	return m, nil
+// pools: the record names the worker (kv.Record.Worker), which stops answering for itself
+// (PoolGone). Until this version a held job was also stored in JOBS for a second, on a subject
+// of heldPrefix; nothing read it back.
+func HeldMsg(job *Job) (*nats.Msg, error) {
+	return message(job, heldPrefix, "held.")
 }
 
 // message is job's message on its key's subject under prefix (a partition's), its message id

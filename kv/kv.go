@@ -270,14 +270,21 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, err
 // sends those bytes elsewhere. Transient NATS failures are retried (the same create, so it
 // can only be applied once) until rec.AdmitBy when it is set, else for jsretry.Window, or
 // until ctx ends; then ErrUnavailable.
+//
+// The claim carries what re-drives its job (DESIGN.md's durability budget) and is published
+// with a Nats-Msg-Id (ClaimMsgID): the request's deduplicated JetStream message, for a job its
+// node runs itself (a held job, which is stored nowhere else, issue 44) as for a queued one. A
+// try whose answer was lost is answered by the bucket's duplicate window with the revision it
+// stored.
 func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data []byte) (uint64, error) {
 	var rev uint64
 	until := rec.AdmitBy
 	if until.IsZero() {
 		until = time.Now().Add(jsretry.Window)
 	}
+	id := ClaimMsgID(key, rec)
 	err := jsretry.Do(ctx, until, func(ctx context.Context) error {
-		r, err := s.write(ctx, key, rec, data, 0)
+		r, err := s.writeWithID(ctx, key, rec, data, 0, id)
 		if err == nil {
 			rev = r
 			return nil
@@ -285,8 +292,8 @@ func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data 
 		if !errors.Is(err, errWrongLast) {
 			return err
 		}
-		// A retried create whose first try succeeded answers "exists" too: the owner nonce
-		// says whose record it is.
+		// A retried create whose first try succeeded answers "exists" too once the
+		// duplicate window is past: the owner nonce says whose record it is.
 		cur, curRev, gerr := s.get(ctx, key)
 		switch {
 		case gerr == nil && cur.Owner == rec.Owner && cur.Epoch == rec.Epoch:
@@ -588,8 +595,27 @@ var errWrongLast = errors.New("wrong last sequence")
 // write is a KV put conditional on the key's last revision (0: the key must not exist),
 // exactly what kv.Create and kv.Update send, plus the state headers.
 func (s *Store) write(ctx context.Context, key string, rec *Record, data []byte, rev uint64) (uint64, error) {
+	return s.writeWithID(ctx, key, rec, data, rev, "")
+}
+
+// ClaimMsgID is the Nats-Msg-Id of rec's claim of key: the claimant's owner nonce and its job's
+// id are in it, so two claimants racing for a key are never taken for copies of one another,
+// nor a key claimed again after its record expired for a copy of the last claim. Empty (no
+// deduplication) for a record without an owner.
+func ClaimMsgID(key string, rec *Record) string {
+	if rec.Owner == "" {
+		return ""
+	}
+	return "claim." + key + "." + strconv.Itoa(rec.Epoch) + "." + rec.JobID + "." + rec.Owner
+}
+
+// writeWithID is write with a Nats-Msg-Id (none when msgID is empty).
+func (s *Store) writeWithID(ctx context.Context, key string, rec *Record, data []byte, rev uint64, msgID string) (uint64, error) {
 	m := nats.NewMsg(s.names.subjects + key)
 	m.Data = data
+	if msgID != "" {
+		m.Header.Set(jetstream.MsgIDHeader, msgID)
+	}
 	m.Header.Set(hdrState, string(rec.State))
 	if rec.State == Pending && !rec.LeaseUntil.IsZero() {
 		m.Header.Set(hdrLease, strconv.FormatInt(rec.LeaseUntil.UnixMilli(), 10))

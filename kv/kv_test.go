@@ -109,6 +109,45 @@ func TestClaimRetryIsRecognised(t *testing.T) {
 	}
 }
 
+// TestClaimCarriesItsMsgID: the claim is published under its Nats-Msg-Id (kv.ClaimMsgID), so on
+// a cluster a retry whose first try was stored is answered by the duplicate window with the
+// claim's own revision, even once the record has moved on (the owner nonce alone would answer
+// the record's latest revision); a claim of the same key by another claimant is not a
+// duplicate. (One server checks the expected revision before the message id: there the retry
+// is answered by the owner nonce, TestClaimRetryIsRecognised.)
+func TestClaimCarriesItsMsgID(t *testing.T) {
+	st, _, js := openReplicated(t)
+	ctx := context.Background()
+	rec := pending("owner-1")
+	rev, err := st.Claim(ctx, "k", rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idem, err := js.Stream(ctx, st.Stream())
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := idem.GetMsg(ctx, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := claim.Header.Get(jetstream.MsgIDHeader); id == "" || id != kv.ClaimMsgID("k", rec) {
+		t.Fatalf("the claim's Nats-Msg-Id is %q, want %q", id, kv.ClaimMsgID("k", rec))
+	}
+	done := pending("owner-1")
+	done.State = kv.Completed
+	if _, err := st.Update(ctx, "k", done, rev); err != nil {
+		t.Fatal(err)
+	}
+	again, err := st.Claim(ctx, "k", pending("owner-1"))
+	if err != nil || again != rev {
+		t.Fatalf("retried claim: rev %d err %v; want the claim's own revision %d", again, err, rev)
+	}
+	if _, err := st.Claim(ctx, "k", pending("owner-2")); !errors.Is(err, kv.ErrExists) {
+		t.Fatalf("another claimant: %v, want ErrExists", err)
+	}
+}
+
 // TestUpdateIsCompareAndSet: the revision fences writers; a stale one gets ErrConflict and
 // changes nothing.
 func TestUpdateIsCompareAndSet(t *testing.T) {

@@ -13,9 +13,9 @@ import (
 )
 
 // A held job is a new execution that the node which admitted it runs itself (issue 44). Its
-// job is stored in JOBS (jobs.SubmitHeld) on a subject the workers' consumer does not take,
-// and handed to the pool in process: no consumer delivery, ack or work-queue removal, three
-// of a cluster intent's eight replicated writes, and the consumer's hop off the latency.
+// job is its claim, stored under a Nats-Msg-Id (kv.ClaimMsgID), and handed to the pool in
+// process (jobs.HeldMsg): no JOBS write, consumer delivery, ack or work-queue removal, four of
+// a cluster intent's eight replicated writes, and the consumer's hop off the latency.
 //
 // What JetStream's redelivery gave a queued job, the pool gives a held one:
 //   - a job handed back (a NakWithDelay: its key busy here, a read that failed, a terminal

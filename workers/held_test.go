@@ -36,7 +36,7 @@ func submitHeld(t *testing.T, r *rig, h *workers.Held, key string, rec *kv.Recor
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := jobs.SubmitHeld(ctx, r.srv.JS, mustJob(t, key, rec, rev))
+	m, err := jobs.HeldMsg(mustJob(t, key, rec, rev))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,8 +45,8 @@ func submitHeld(t *testing.T, r *rig, h *workers.Held, key string, rec *kv.Recor
 }
 
 // TestHeldJobRunsWhereItIsHeld: a held job runs on the pool that holds it, never on another
-// pool sharing the workers' consumer, and its message is in JOBS until its TTL, outside the
-// queue (jobs.Queued says no: nothing would be redelivered).
+// pool sharing the workers' consumer, and JOBS never holds it (jobs.Queued says no: nothing
+// would be redelivered): its claim is its stored message (kv/TestClaimCarriesItsMsgID).
 func TestHeldJobRunsWhereItIsHeld(t *testing.T) {
 	r := resources(t)
 	ctx := context.Background()
@@ -61,13 +61,6 @@ func TestHeldJobRunsWhereItIsHeld(t *testing.T) {
 	const key = "held-here"
 	rec := pendingRecord(time.Minute, "held")
 	submitHeld(t, r, hold(t, holder), key, rec)
-	st, err := r.srv.JS.Stream(ctx, jobs.JobsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := st.CachedInfo().State.Msgs; n != 1 {
-		t.Fatalf("JOBS holds %d messages, want the held job", n)
-	}
 	if queued, err := jobs.Queued(ctx, r.srv.JS, key); err != nil || queued {
 		t.Fatalf("queued %v %v: a held job is not in the queue", queued, err)
 	}
@@ -75,13 +68,13 @@ func TestHeldJobRunsWhereItIsHeld(t *testing.T) {
 	if got.State != kv.Completed || got.Epoch != 1 || got.Worker != "holder" || got.Attempts != 1 {
 		t.Fatalf("record %s epoch %d worker %q attempts %d; want COMPLETED by the holder in one attempt", got.State, got.Epoch, got.Worker, got.Attempts)
 	}
-	testkit.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
-		info, err := st.Info(ctx)
-		if err != nil || info.State.Msgs != 0 {
-			return fmt.Errorf("JOBS info %v, %v: want the held job expired", info, err)
-		}
-		return nil
-	})
+	st, err := r.srv.JS.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := st.Info(ctx); err != nil || info.State.LastSeq != 0 {
+		t.Fatalf("JOBS info %+v, %v: a held job is stored nowhere but its claim", info, err)
+	}
 }
 
 // TestHeldJobOfADeadPoolIsTakenOver: the pool running a held job dies (its connection closes,
