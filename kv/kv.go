@@ -273,9 +273,10 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record) (uint64, err
 //
 // The claim carries what re-drives its job (DESIGN.md's durability budget) and is published
 // with a Nats-Msg-Id (ClaimMsgID): the request's deduplicated JetStream message, for a job its
-// node runs itself (a held job, which is stored nowhere else, issue 44) as for a queued one. A
-// try whose answer was lost is answered by the bucket's duplicate window with the revision it
-// stored.
+// node runs itself (a held job, which is stored nowhere else, issue 44) as for a queued one. On
+// a cluster a try whose answer was lost is answered by the bucket's duplicate window with the
+// revision it stored; one server checks the expected revision first, and the owner nonce
+// answers it below.
 func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data []byte) (uint64, error) {
 	var rev uint64
 	until := rec.AdmitBy
@@ -292,8 +293,8 @@ func (s *Store) ClaimEncoded(ctx context.Context, key string, rec *Record, data 
 		if !errors.Is(err, errWrongLast) {
 			return err
 		}
-		// A retried create whose first try succeeded answers "exists" too once the
-		// duplicate window is past: the owner nonce says whose record it is.
+		// A retried create whose first try succeeded answers "exists" too on one server, or
+		// once the duplicate window is past: the owner nonce says whose record it is.
 		cur, curRev, gerr := s.get(ctx, key)
 		switch {
 		case gerr == nil && cur.Owner == rec.Owner && cur.Epoch == rec.Epoch:
