@@ -553,7 +553,7 @@ func (g *Gateway) startWorkers(ctx context.Context, connect func(string) (*nats.
 	pool := workers.New(js, store, workers.Options{
 		ID: id, Concurrency: g.cfg.Workers.Concurrency,
 		Lease: g.cfg.Idempotency.Lease.D(), RenewEvery: g.cfg.Idempotency.RenewEvery.D(),
-		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), Board: board,
+		ShutdownGrace: g.cfg.HTTP.ShutdownGrace.D(), Backends: backends, SweepEvery: g.cfg.Workers.SweepEvery.D(), ChargeGrace: g.cfg.Workers.ChargeGrace.D(), Board: board,
 		DiscardChunksAfter: g.cfg.Workers.DiscardChunksAfter.D(), ChunkLinger: g.cfg.Workers.ChunkLinger.D(),
 		Ledger: led, Metrics: g.metrics, Tracer: g.tracer, CaptureContent: g.cfg.Tracing.CaptureContent, Dialects: g.dialects, Running: posts.Posting,
 		Partition: own[0], Log: g.log.With().Str("component", "workers").Logger(),

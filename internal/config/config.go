@@ -203,6 +203,11 @@ type Workers struct {
 	// the records written since the last one: at a few seconds they are still in the server's
 	// block cache (kept 10 s), at a minute the sweep loads a minute of blocks back from disk.
 	SweepEvery Duration `yaml:"sweep_every"`
+	// ChargeGrace is how long after a finished record with something to charge was written a
+	// worker's charge sweep makes sure it is in the ledger (charging it if its own worker did
+	// not): a charge missing after a crash is written within charge_grace + sweep_every. Shorter
+	// catches it sooner, and has the sweeps read records their workers are still charging.
+	ChargeGrace Duration `yaml:"charge_grace"`
 	// DiscardChunksAfter is how long a finished execution's chunks stay in the CHUNKS memory
 	// stream after its terminal chunk (later copies answer from the record); 0 keeps them for
 	// the stream's whole retention (15 min).
@@ -661,7 +666,7 @@ func Default() *Config {
 			IdleTimeout:     Duration(120 * time.Second),
 			ShutdownGrace:   Duration(10 * time.Second),
 		},
-		Workers: Workers{Concurrency: 256, SweepEvery: Duration(5 * time.Second), DiscardChunksAfter: Duration(10 * time.Second)},
+		Workers: Workers{Concurrency: 256, SweepEvery: Duration(5 * time.Second), ChargeGrace: Duration(30 * time.Second), DiscardChunksAfter: Duration(10 * time.Second)},
 		Idempotency: Idempotency{
 			TTL:        Duration(24 * time.Hour),
 			HotTTL:     Duration(15 * time.Minute),

@@ -699,3 +699,28 @@ func TestLimitsShare(t *testing.T) {
 		})
 	}
 }
+
+// TestChargeGrace: workers.charge_grace keeps its default when a workers section leaves it out,
+// is read when set, and is refused under a second.
+func TestChargeGrace(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want time.Duration
+		err  string
+	}{
+		{yaml: "workers: {sweep_every: 1s}\n", want: 30 * time.Second},
+		{yaml: "workers: {charge_grace: 5s}\n", want: 5 * time.Second},
+		{yaml: "workers: {charge_grace: 500ms}\n", err: "workers.charge_grace: must be at least 1s, got 500ms"},
+	} {
+		c, err := Parse([]byte(tc.yaml))
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !errors.Is(err, ErrInvalid) {
+				t.Errorf("%q: err %v, want %q", tc.yaml, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || c.Workers.ChargeGrace.D() != tc.want {
+			t.Errorf("%q: charge_grace %v (%v), want %s", tc.yaml, c.Workers.ChargeGrace, err, tc.want)
+		}
+	}
+}

@@ -348,6 +348,9 @@ func (v *validator) workers(w *Workers) {
 	if w.SweepEvery.D() < time.Second {
 		v.add("workers.sweep_every", "must be at least 1s, got %s", w.SweepEvery)
 	}
+	if w.ChargeGrace.D() < time.Second {
+		v.add("workers.charge_grace", "must be at least 1s, got %s", w.ChargeGrace)
+	}
 	if w.ChunkLinger < 0 || w.ChunkLinger.D() > maxChunkLinger {
 		v.add("workers.chunk_linger", "must be between 0 (off) and %s, got %s", maxChunkLinger, w.ChunkLinger)
 	}
